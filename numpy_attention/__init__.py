@@ -1,0 +1,27 @@
+"""numpy_attention: attention layers in NumPy alone, each forward beside its hand-derived backward.
+
+Shape legend used everywhere: B batch, H heads, N query length, M key/value length, C model
+width, D head width, Dv value head width.
+"""
+
+from . import functional, masks
+from .functional import attention, attention_backward, attention_forward
+from .gradcheck import GradcheckReport, gradcheck
+from .layers import Dropout, Linear
+from .module import Module, ModuleList, is_grad_enabled, no_grad
+
+__all__ = [
+    "Dropout",
+    "GradcheckReport",
+    "Linear",
+    "Module",
+    "ModuleList",
+    "attention",
+    "attention_backward",
+    "attention_forward",
+    "functional",
+    "gradcheck",
+    "is_grad_enabled",
+    "masks",
+    "no_grad",
+]

@@ -1,0 +1,180 @@
+"""Linear and Dropout: the pure forward/backward pairs and the thin layers that hold them.
+
+Shape legend: "..." leading axes, C_in / C_out the feature widths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import validation
+from .module import Module
+
+# -- linear -----------------------------------------------------------------------------------
+
+
+class LinearCtx(NamedTuple):
+    x: np.ndarray  # (..., C_in)
+    weight: np.ndarray  # (C_out, C_in)
+
+
+def linear_forward(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None
+) -> tuple[np.ndarray, LinearCtx]:
+    """y = x W^T + b, with torch's layout: weight (C_out, C_in), bias (C_out,)."""
+    out = x @ weight.T  # (..., C_in) @ (C_in, C_out) -> (..., C_out)
+    if bias is not None:
+        out = out + bias
+    return out, LinearCtx(x, weight)
+
+
+def linear_backward(
+    dout: np.ndarray, ctx: LinearCtx
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dx = dy W;  dW = dy^T x (summed over every leading axis);  db = sum of dy.
+
+    Derivation: docs/derivations/linear.md.
+
+    Returns:
+        dx (..., C_in), dweight (C_out, C_in), dbias (C_out,).
+    """
+    x, weight = ctx
+    dx = dout @ weight  # (..., C_out) @ (C_out, C_in) -> (..., C_in)
+    flat_dout = dout.reshape(-1, dout.shape[-1])  # (..., C_out) -> (R, C_out)
+    flat_x = x.reshape(-1, x.shape[-1])  # (..., C_in) -> (R, C_in)
+    dweight = flat_dout.T @ flat_x  # (C_out, R) @ (R, C_in) -> (C_out, C_in)
+    dbias = flat_dout.sum(axis=0)
+    return dx, dweight, dbias
+
+
+class Linear(Module):
+    """``nn.Linear``'s twin: parameters ``weight`` (C_out, C_in) and ``bias`` (C_out,).
+
+    Initialised as torch does by default: weight and bias uniform in [-1/sqrt(C_in), 1/sqrt(C_in)]
+    (kaiming_uniform with a = sqrt(5) reduces to that bound), drawn from ``rng``; float32.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(
+                f"Linear needs positive widths, got in_features={in_features}, "
+                f"out_features={out_features}"
+            )
+        rng = np.random.default_rng(rng)
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        weight = rng.uniform(-bound, bound, (out_features, in_features))
+        self.register_parameter("weight", weight.astype(np.float32))
+        if bias:
+            self.register_parameter("bias", rng.uniform(-bound, bound, out_features).astype(np.float32))
+        self.has_bias = bias
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (..., C_in) -> (..., C_out)."""
+        x = validation.float_array("x", x)
+        if x.ndim < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear expects x (..., {self.in_features}), got shape {x.shape}")
+        if x.dtype != self.weight.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but Linear's parameters are {self.weight.dtype}; "
+                "cast one with module.astype(...) or x.astype(...)"
+            )
+        out, ctx = linear_forward(x, self.weight, self.bias if self.has_bias else None)
+        self._save_ctx(ctx)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        dx, dweight, dbias = linear_backward(dout, self._pop_ctx())
+        self._accumulate("weight", dweight)
+        if self.has_bias:
+            self._accumulate("bias", dbias)
+        return dx
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+
+
+# -- dropout ----------------------------------------------------------------------------------
+
+
+class DropoutCtx(NamedTuple):
+    keep: np.ndarray | None  # bool keep-mask, or None when dropout is the identity
+    rescale: Any  # 1 / (1 - p) in x's dtype
+
+
+def dropout_forward(
+    x: np.ndarray, p: float, keep: np.ndarray | None
+) -> tuple[np.ndarray, DropoutCtx]:
+    """Inverted dropout: y = x * keep / (1 - p). ``keep=None`` is the identity."""
+    rescale = x.dtype.type(1.0 / (1.0 - p))
+    if keep is None:
+        return x, DropoutCtx(None, rescale)
+    return x * keep * rescale, DropoutCtx(keep, rescale)
+
+
+def dropout_backward(dout: np.ndarray, ctx: DropoutCtx) -> np.ndarray:
+    """dx = dy * keep / (1 - p): the kept entries pass the gradient, scaled like the forward."""
+    if ctx.keep is None:
+        return dout
+    return dout * ctx.keep * ctx.rescale
+
+
+def dropout_keep_mask(
+    name: str,
+    p: float,
+    shape: tuple[int, ...],
+    training: bool,
+    mask: np.ndarray | None,
+    rng: np.random.Generator,
+) -> np.ndarray | None:
+    """The keep-mask a dropout in ``training`` mode uses: the explicit ``mask`` (checked), one
+    drawn from ``rng`` with P(keep) = 1 - p, or None where dropout is the identity."""
+    if mask is not None:
+        if not training:
+            raise ValueError(f"{name} was given in eval mode, where dropout is the identity")
+        if p == 0.0:
+            raise ValueError(f"{name} was given but the dropout probability is 0")
+        mask = validation.bool_array(name, mask)
+        if mask.shape != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {mask.shape}")
+        return mask
+    if not training or p == 0.0:
+        return None
+    return rng.random(shape) >= p
+
+
+class Dropout(Module):
+    """Inverted dropout with its own ``np.random.Generator``; the identity in eval mode.
+
+    ``forward(x, mask=None)`` takes an explicit bool keep-mask shaped like x (True = kept), so
+    tests and parity runs can share one mask with torch.
+    """
+
+    def __init__(self, p: float = 0.5, *, rng: np.random.Generator | int | None = None) -> None:
+        super().__init__()
+        self.p = validation.dropout_p(p, "p")
+        self.rng = np.random.default_rng(rng)
+
+    def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        x = validation.float_array("x", x)
+        keep = dropout_keep_mask("mask", self.p, x.shape, self.training, mask, self.rng)
+        out, ctx = dropout_forward(x, self.p, keep)
+        self._save_ctx(ctx)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        return dropout_backward(dout, self._pop_ctx())
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

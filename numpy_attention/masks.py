@@ -1,0 +1,65 @@
+"""Masks as boolean "may attend" arrays that broadcast against the scores (..., N, M).
+
+Conventions (DESIGN.md): ``key_padding_mask`` is bool (B, M) with True = padding, never attended;
+``attn_mask`` follows ``F.scaled_dot_product_attention``: bool True = may attend, or a float mask
+added to the scores; ``causal`` is aligned top-left, query i sees keys j <= i, also when N != M.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import validation
+
+
+@functools.lru_cache(maxsize=64)
+def causal_mask(n: int, m: int) -> np.ndarray:
+    """Bool (N, M), True where query i may see key j (j <= i). Built once per shape, read-only."""
+    mask = np.tril(np.ones((n, m), dtype=bool))
+    mask.flags.writeable = False
+    return mask
+
+
+def key_padding_allowed(key_padding_mask: np.ndarray, q_shape: tuple[int, ...], m: int) -> np.ndarray:
+    """Turn a (B, M) padding mask (True = pad) into "may attend", shaped to broadcast on scores.
+
+    It applies along the first axis of q: q (B, N, D) sees it as (B, 1, M), q (B, H, N, D) as
+    (B, 1, 1, M).
+    """
+    key_padding_mask = validation.bool_array("key_padding_mask", key_padding_mask)
+    if len(q_shape) < 3:
+        raise ValueError(
+            f"key_padding_mask needs a batched q (B, ..., N, D); got q of shape {q_shape}"
+        )
+    expected = (q_shape[0], m)
+    if key_padding_mask.shape != expected:
+        raise ValueError(
+            f"key_padding_mask must have shape (B, M) = {expected} for q {q_shape} and M = {m}, "
+            f"got {key_padding_mask.shape}"
+        )
+    return ~key_padding_mask.reshape((q_shape[0],) + (1,) * (len(q_shape) - 2) + (m,))
+
+
+def split_attn_mask(
+    attn_mask: np.ndarray, score_shape: tuple[int, ...], dtype: np.dtype
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Split an SDPA-style ``attn_mask`` into (allowed, bias): bool masks are "may attend",
+    float masks are added to the scores (cast to the compute dtype, never promoting it)."""
+    attn_mask = np.asarray(attn_mask)
+    if attn_mask.dtype == np.bool_:
+        validation.broadcasts_to("attn_mask", attn_mask, score_shape)
+        return attn_mask, None
+    if np.issubdtype(attn_mask.dtype, np.floating):
+        validation.broadcasts_to("attn_mask", attn_mask, score_shape)
+        return None, attn_mask.astype(dtype, copy=False)
+    raise TypeError(f"attn_mask must be bool (True = may attend) or float, got {attn_mask.dtype}")
+
+
+def combine(*masks: np.ndarray | None) -> np.ndarray | None:
+    """Logical AND of the "may attend" masks that are present (None when there are none)."""
+    present = [mask for mask in masks if mask is not None]
+    if not present:
+        return None
+    return functools.reduce(np.logical_and, present)

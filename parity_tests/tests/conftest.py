@@ -1,0 +1,52 @@
+"""Shared test pieces: the seeded rng, NumPy <-> torch converters, and the one ``assert_close``.
+
+No test invents its own tolerance: each picks one of the constants of
+``parity_tests.tolerances`` (FLOAT64_RTOL, FLOAT32_RTOL, GRADCHECK_RTOL), through ``assert_close``
+or ``assert_gradcheck``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity_tests.tolerances import GRADCHECK_RTOL, rel_error, rtol_for
+
+SEED = 20261121
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fresh generator with a fixed seed per test, so every run sees the same numbers."""
+    return np.random.default_rng(SEED)
+
+
+def to_torch(array, *, device: str = "cpu", requires_grad: bool = False):
+    """A NumPy array as a torch tensor of the same dtype (bool masks stay bool)."""
+    import torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A torch tensor (any device) as a NumPy array."""
+    return tensor.detach().cpu().numpy()
+
+
+def assert_close(actual, expected, *, dtype=None, name: str = "") -> None:
+    """Norm-wise relative error within the suite's tolerance for ``dtype`` (default: expected's).
+
+    float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL. Shapes must match exactly.
+    """
+    actual = to_numpy(actual) if hasattr(actual, "detach") else np.asarray(actual)
+    expected = to_numpy(expected) if hasattr(expected, "detach") else np.asarray(expected)
+    rtol = rtol_for(dtype if dtype is not None else expected.dtype)
+    error = rel_error(actual, expected)
+    assert error <= rtol, f"{name or 'value'}: relative error {error:.3e} > {rtol:.1e}"
+
+
+def assert_gradcheck(report) -> None:
+    """Every tensor of a ``numpy_attention.gradcheck`` report within GRADCHECK_RTOL."""
+    bad = [row for row in report.rows if not row.max_rel <= GRADCHECK_RTOL]
+    assert not bad, f"gradcheck above {GRADCHECK_RTOL:.0e}:\n{report}"
