@@ -35,7 +35,7 @@ class GradcheckRow:
 
 @dataclass
 class GradcheckReport:
-    """Per-tensor errors: inputs are named ``input0, input1, ...``, parameters by state-dict name."""
+    """Per-tensor errors; inputs are named ``input0, input1, ...``, parameters by state-dict key."""
 
     rows: list[GradcheckRow] = field(default_factory=list)
 
@@ -89,7 +89,7 @@ def gradcheck(
         ValueError: if the forward is not deterministic (dropout drawing its own mask: pass an
             explicit keep-mask or call ``eval()``), or if ``backward`` is missing for a function.
     """
-    arrays = [np.array(x, dtype=np.float64) for x in inputs]
+    arrays = [np.array(x, dtype=np.float64, order="C") for x in inputs]
     if isinstance(target, Module):
         module = copy.deepcopy(target).astype(np.float64)
         params = module.named_parameters()

@@ -31,9 +31,7 @@ def linear_forward(
     return out, LinearCtx(x, weight)
 
 
-def linear_backward(
-    dout: np.ndarray, ctx: LinearCtx
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def linear_backward(dout: np.ndarray, ctx: LinearCtx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dx = dy W;  dW = dy^T x (summed over every leading axis);  db = sum of dy.
 
     Derivation: docs/derivations/linear.md.
@@ -77,7 +75,9 @@ class Linear(Module):
         weight = rng.uniform(-bound, bound, (out_features, in_features))
         self.register_parameter("weight", weight.astype(np.float32))
         if bias:
-            self.register_parameter("bias", rng.uniform(-bound, bound, out_features).astype(np.float32))
+            self.register_parameter(
+                "bias", rng.uniform(-bound, bound, out_features).astype(np.float32)
+            )
         self.has_bias = bias
 
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -102,7 +102,8 @@ class Linear(Module):
         return dx
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+        sizes = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{sizes}, bias={self.has_bias}"
 
 
 # -- dropout ----------------------------------------------------------------------------------

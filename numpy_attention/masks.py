@@ -22,7 +22,9 @@ def causal_mask(n: int, m: int) -> np.ndarray:
     return mask
 
 
-def key_padding_allowed(key_padding_mask: np.ndarray, q_shape: tuple[int, ...], m: int) -> np.ndarray:
+def key_padding_allowed(
+    key_padding_mask: np.ndarray, q_shape: tuple[int, ...], m: int
+) -> np.ndarray:
     """Turn a (B, M) padding mask (True = pad) into "may attend", shaped to broadcast on scores.
 
     It applies along the first axis of q: q (B, N, D) sees it as (B, 1, M), q (B, H, N, D) as

@@ -56,7 +56,9 @@ def broadcasts_to(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} of shape {array.shape} does not broadcast to {tuple(shape)}")
 
 
-def layer_input(name: str, x: Any, width: int, ranks: tuple[int, ...], param_dtype: Any) -> np.ndarray:
+def layer_input(
+    name: str, x: Any, width: int, ranks: tuple[int, ...], param_dtype: Any
+) -> np.ndarray:
     """Check a layer's input: float, of an allowed rank, last axis ``width``, the layer's dtype."""
     x = float_array(name, x)
     if x.ndim not in ranks:

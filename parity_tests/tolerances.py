@@ -47,9 +47,10 @@ def rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return max_abs / scale
 
 
-def rtol_for(dtype: np.dtype | str) -> float:
-    """The parity tolerance for a float dtype (float64 or float32)."""
-    dtype = np.dtype(str(dtype).replace("torch.", ""))
+def rtol_for(dtype: object) -> float:
+    """The parity tolerance for a NumPy or torch float dtype (float64 or float32)."""
+    name = str(dtype)
+    dtype = np.dtype(name.removeprefix("torch.") if name.startswith("torch.") else dtype)
     if dtype not in RTOL:
         raise ValueError(f"no parity tolerance for dtype {dtype}; use the kernel checker's policy")
     return RTOL[dtype]
