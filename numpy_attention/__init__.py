@@ -5,18 +5,31 @@ width, D head width, Dv value head width.
 """
 
 from . import functional, masks
-from .functional import attention, attention_backward, attention_forward
+from .attention import (
+    CausalAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttentionV1,
+    SelfAttentionV2,
+    SimpleSelfAttention,
+)
+from .functional import attention_backward, attention_forward
 from .gradcheck import GradcheckReport, gradcheck
 from .layers import Dropout, Linear
 from .module import Module, ModuleList, is_grad_enabled, no_grad
 
 __all__ = [
+    "CausalAttention",
+    "MultiHeadAttention",
+    "MultiHeadAttentionWrapper",
+    "SelfAttentionV1",
+    "SelfAttentionV2",
+    "SimpleSelfAttention",
     "Dropout",
     "GradcheckReport",
     "Linear",
     "Module",
     "ModuleList",
-    "attention",
     "attention_backward",
     "attention_forward",
     "functional",

@@ -1,0 +1,462 @@
+"""The book family: the attention layers of chapter 3 of *Build a Large Language Model (From
+Scratch)*, each forward beside its hand-derived backward.
+
+SimpleSelfAttention (no weights) -> SelfAttentionV1 (weight matrices) -> SelfAttentionV2 (Linear
+layers) -> CausalAttention (causal buffer, attention dropout) -> MultiHeadAttentionWrapper (stacked
+heads) -> MultiHeadAttention (split weights, output projection). The math lives in the pure pairs of
+``functional`` and ``layers``; the layers hold parameters, call those pairs and keep the last ctx.
+
+Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
+Derivations: docs/derivations/self-attention.md and docs/derivations/multi-head.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import validation
+from .functional import (
+    AttentionCtx,
+    HeadsCtx,
+    attention_backward,
+    attention_forward,
+    merge_heads_backward,
+    merge_heads_forward,
+    split_heads_backward,
+    split_heads_forward,
+)
+from .layers import Linear, dropout_keep_mask
+from .module import Module, ModuleList
+
+
+def _check_sizes(**sizes: int) -> None:
+    """``ValueError`` unless every size is a positive integer, naming the offending argument."""
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+
+
+def _causal_buffer(context_length: int) -> np.ndarray:
+    """The book's buffer: triu(ones(L, L), diagonal=1) as float32, 1 = masked (a future key)."""
+    return np.triu(np.ones((context_length, context_length), dtype=np.float32), k=1)
+
+
+def _check_length(x: np.ndarray, context_length: int) -> int:
+    n = x.shape[-2]
+    if n > context_length:
+        raise ValueError(
+            f"x has N = {n} tokens (shape {x.shape}), more than context_length = {context_length}"
+        )
+    return n
+
+
+def _check_dout(dout: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    dout = validation.float_array("dout", dout)
+    if dout.shape != shape:
+        raise ValueError(f"dout must have the output's shape {shape}, got {dout.shape}")
+    return dout
+
+
+# -- weight-free self-attention ---------------------------------------------------------------
+
+
+class SimpleSelfAttention(Module):
+    """Attention with no weights: x is query, key and value, and the scores are unscaled.
+
+    out = softmax(x x^T) x, for x (N, C) or (B, N, C).
+    """
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (N, C) or (B, N, C) -> out of the same shape."""
+        x = validation.float_array("x", x)
+        if x.ndim not in (2, 3):
+            raise ValueError(f"x must have rank 2 or 3, (N, C) or (B, N, C), got shape {x.shape}")
+        out, ctx = attention_forward(x, x, x, scale=1.0)
+        self._save_ctx(ctx)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """x feeds query, key and value, so its gradient is the sum of three paths.
+
+        S = X X^T; P = softmax(S); O = P X  ->  dxq = dS X;  dxk = dS^T X;  dxv = P^T dO;
+        dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
+        """
+        dxq, dxk, dxv = attention_backward(dout, self._pop_ctx())
+        return dxq + dxk + dxv
+
+
+# -- self-attention with weight matrices ------------------------------------------------------
+
+
+class ProjectionCtx(NamedTuple):
+    x: np.ndarray  # (..., N, C)
+    weight: np.ndarray  # (C, D)
+
+
+def projection_forward(x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, ProjectionCtx]:
+    """y = x W with the book's V1 layout: weight (C, D), no bias."""
+    out = x @ weight  # (..., N, C) @ (C, D) -> (..., N, D)
+    return out, ProjectionCtx(x, weight)
+
+
+def projection_backward(dout: np.ndarray, ctx: ProjectionCtx) -> tuple[np.ndarray, np.ndarray]:
+    """dx = dy W^T;  dW = x^T dy, summed over every leading axis.
+
+    Derivation: docs/derivations/self-attention.md (V1 vs V2).
+
+    Returns:
+        dx (..., N, C) and dweight (C, D).
+    """
+    x, weight = ctx
+    dx = dout @ weight.T  # (..., N, D) @ (D, C) -> (..., N, C)
+    flat_x = x.reshape(-1, x.shape[-1])  # (..., N, C) -> (R, C)
+    flat_dout = dout.reshape(-1, dout.shape[-1])  # (..., N, D) -> (R, D)
+    dweight = flat_x.T @ flat_dout  # (C, R) @ (R, D) -> (C, D)
+    return dx, dweight
+
+
+class SelfAttentionV1Ctx(NamedTuple):
+    query: ProjectionCtx
+    key: ProjectionCtx
+    value: ProjectionCtx
+    attn: AttentionCtx
+
+
+class SelfAttentionV1(Module):
+    """Scaled self-attention with weight matrices ``W_query, W_key, W_value`` of shape (C, D).
+
+    Initialised like the book's ``torch.rand``: uniform in [0, 1), float32, drawn from ``rng`` in
+    the order W_query, W_key, W_value. Scale 1/sqrt(d_out); no mask.
+    """
+
+    def __init__(
+        self, d_in: int, d_out: int, *, rng: np.random.Generator | int | None = None
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out)
+        rng = np.random.default_rng(rng)
+        self.d_in, self.d_out = d_in, d_out
+        for name in ("W_query", "W_key", "W_value"):
+            self.register_parameter(name, rng.random((d_in, d_out)).astype(np.float32))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
+        x = validation.layer_input("x", x, self.d_in, (2, 3), self.dtype)
+        q, q_ctx = projection_forward(x, self.W_query)  # (..., N, C) -> (..., N, D)
+        k, k_ctx = projection_forward(x, self.W_key)
+        v, v_ctx = projection_forward(x, self.W_value)
+        out, attn_ctx = attention_forward(q, k, v)
+        self._save_ctx(SelfAttentionV1Ctx(q_ctx, k_ctx, v_ctx, attn_ctx))
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Q = X W_q, K = X W_k, V = X W_v, O = attention(Q, K, V), walked in reverse:
+
+        dQ, dK, dV = attention_backward(dO);  dW_q = X^T dQ (likewise dW_k, dW_v);
+        dx = dQ W_q^T + dK W_k^T + dV W_v^T. Derivation: docs/derivations/self-attention.md.
+        """
+        q_ctx, k_ctx, v_ctx, attn_ctx = self._pop_ctx()
+        dq, dk, dv = attention_backward(dout, attn_ctx)
+        dxq, dw_query = projection_backward(dq, q_ctx)
+        dxk, dw_key = projection_backward(dk, k_ctx)
+        dxv, dw_value = projection_backward(dv, v_ctx)
+        self._accumulate("W_query", dw_query)
+        self._accumulate("W_key", dw_key)
+        self._accumulate("W_value", dw_value)
+        return dxq + dxk + dxv
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+# -- self-attention with Linear layers --------------------------------------------------------
+
+
+class SelfAttentionV2(Module):
+    """V1 with ``Linear(d_in, d_out, bias=qkv_bias)`` projections; weights are V1's transposed."""
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        qkv_bias: bool = False,
+        *,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out)
+        rng = np.random.default_rng(rng)
+        self.d_in, self.d_out = d_in, d_out
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
+        x = validation.layer_input("x", x, self.d_in, (2, 3), self.dtype)
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (..., N, C) -> (..., N, D)
+        out, attn_ctx = attention_forward(q, k, v)
+        self._save_ctx(attn_ctx)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dQ, dK, dV = attention_backward(dO); each Linear adds dW = dQ^T X (V1's X^T dQ
+        transposed); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
+        """
+        dq, dk, dv = attention_backward(dout, self._pop_ctx())
+        dxq = self.W_query.backward(dq)
+        dxk = self.W_key.backward(dk)
+        dxv = self.W_value.backward(dv)
+        return dxq + dxk + dxv
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+# -- causal attention with dropout ------------------------------------------------------------
+
+
+class CausalAttention(Module):
+    """V2 plus the book's causal buffer and dropout on the attention weights.
+
+    ``mask`` is a persistent float32 buffer triu(ones(L, L), diagonal=1), 1 = masked, exactly the
+    book's, so torch state dicts load; forward uses ``mask[:N, :N]``, so a loaded buffer is
+    honoured. ``dropout`` is the probability of dropping an attention weight in train mode.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        qkv_bias: bool = False,
+        *,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length)
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.rng = np.random.default_rng(rng)
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.register_buffer("mask", _causal_buffer(context_length))
+
+    def forward(self, x: np.ndarray, attn_dropout_mask: np.ndarray | None = None) -> np.ndarray:
+        """x (B, N, d_in) -> out (B, N, d_out), N <= context_length.
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, N, N) keep-mask (True = kept), train mode and dropout > 0
+                only. Without it, train mode draws one from the layer's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], n, n),
+            self.training,
+            attn_dropout_mask,
+            self.rng,
+        )
+        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
+        p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
+        out, attn_ctx = attention_forward(
+            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
+        )
+        self._save_ctx(attn_ctx)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """As V2's: masked and dropped weights carry no gradient (attention_backward handles
+        both); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
+        """
+        dq, dk, dv = attention_backward(dout, self._pop_ctx())
+        dxq = self.W_query.backward(dq)
+        dxk = self.W_key.backward(dk)
+        dxv = self.W_value.backward(dv)
+        return dxq + dxk + dxv
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"dropout={self.dropout_p}"
+        )
+
+
+# -- multi-head attention ---------------------------------------------------------------------
+
+
+class WrapperCtx(NamedTuple):
+    out_shape: tuple[int, ...]  # (B, N, H*D)
+
+
+class MultiHeadAttentionWrapper(Module):
+    """``num_heads`` independent CausalAttention heads, outputs concatenated on the last axis.
+
+    Every head has width d_out, so the output is (B, N, num_heads * d_out). Heads are built in
+    order from one shared generator, as torch's ModuleList builds them.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        *,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.rng = np.random.default_rng(rng)
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.num_heads = num_heads
+        self.heads = ModuleList(
+            [
+                CausalAttention(d_in, d_out, context_length, dropout, qkv_bias, rng=self.rng)
+                for _ in range(num_heads)
+            ]
+        )
+
+    def forward(self, x: np.ndarray, attn_dropout_mask: np.ndarray | None = None) -> np.ndarray:
+        """x (B, N, d_in) -> out (B, N, num_heads * d_out).
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, H, N, N) keep-mask; head h uses ``[:, h]``. Without it,
+                train mode draws one from the layer's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], self.num_heads, n, n),
+            self.training,
+            attn_dropout_mask,
+            self.rng,
+        )
+        outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
+        out = np.concatenate(outs, axis=-1)  # H x (B, N, D) -> (B, N, H*D)
+        self._save_ctx(WrapperCtx(out.shape))
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Concatenation routes each slice of dO back to its head; x feeds every head, so
+        dx = sum over h of head_h.backward(dO[..., h*D:(h+1)*D]).
+        Derivation: docs/derivations/multi-head.md.
+        """
+        dout = _check_dout(dout, self._pop_ctx().out_shape)
+        douts = np.split(dout, self.num_heads, axis=-1)  # (B, N, H*D) -> H x (B, N, D)
+        dxs = [head.backward(dout_h) for head, dout_h in zip(self.heads, douts, strict=True)]
+        return np.sum(dxs, axis=0)  # H x (B, N, d_in) -> (B, N, d_in)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+class MultiHeadAttentionCtx(NamedTuple):
+    split: HeadsCtx  # how q, k and v were split into heads
+    attn: AttentionCtx
+    merge: HeadsCtx
+    out_shape: tuple[int, ...]  # (B, N, d_out)
+
+
+class MultiHeadAttention(Module):
+    """Causal multi-head attention with split weights: one projection per role, cut into heads.
+
+    Q = x W_q^T (likewise K, V), each (B, N, d_out) -> (B, H, N, D) with D = d_out // num_heads
+    (head h takes columns h*D:(h+1)*D); causal attention per head with the book's ``mask`` buffer
+    and attention dropout; heads merged back to (B, N, d_out); then ``out_proj`` (with bias).
+    Parameters are drawn in the order W_query, W_key, W_value, out_proj.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        *,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out = {d_out} must be divisible by num_heads = {num_heads}")
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.rng = np.random.default_rng(rng)
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.num_heads, self.head_dim = num_heads, d_out // num_heads
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
+        self.out_proj = Linear(d_out, d_out, rng=self.rng)
+        self.register_buffer("mask", _causal_buffer(context_length))
+
+    def forward(self, x: np.ndarray, attn_dropout_mask: np.ndarray | None = None) -> np.ndarray:
+        """x (B, N, d_in) -> out (B, N, d_out).
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, H, N, N) keep-mask (True = kept), train mode and
+                dropout > 0 only. Without it, train mode draws one from the layer's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], self.num_heads, n, n),
+            self.training,
+            attn_dropout_mask,
+            self.rng,
+        )
+        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        q, split_ctx = split_heads_forward(self.W_query(x), self.num_heads)  # -> (B, H, N, D)
+        k, _ = split_heads_forward(self.W_key(x), self.num_heads)  # -> (B, H, N, D)
+        v, _ = split_heads_forward(self.W_value(x), self.num_heads)  # -> (B, H, N, D)
+        p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
+        heads, attn_ctx = attention_forward(
+            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
+        )  # (B, H, N, D)
+        merged, merge_ctx = merge_heads_forward(heads)  # (B, H, N, D) -> (B, N, d_out)
+        out = self.out_proj(merged)
+        self._save_ctx(MultiHeadAttentionCtx(split_ctx, attn_ctx, merge_ctx, out.shape))
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """The forward in reverse: out_proj, merge (its gradient is a split), attention, split
+        (its gradient is a merge), projections; x feeds all three, so dx = dxq + dxk + dxv.
+        Derivation: docs/derivations/multi-head.md.
+        """
+        split_ctx, attn_ctx, merge_ctx, out_shape = self._pop_ctx()
+        dout = _check_dout(dout, out_shape)
+        dmerged = self.out_proj.backward(dout)  # (B, N, d_out)
+        dheads = merge_heads_backward(dmerged, merge_ctx)  # (B, N, d_out) -> (B, H, N, D)
+        dq, dk, dv = attention_backward(dheads, attn_ctx)
+        dq = split_heads_backward(dq, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        dk = split_heads_backward(dk, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        dv = split_heads_backward(dv, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        dxq = self.W_query.backward(dq)
+        dxk = self.W_key.backward(dk)
+        dxv = self.W_value.backward(dv)
+        return dxq + dxk + dxv
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"dropout={self.dropout_p}, num_heads={self.num_heads}"
+        )
