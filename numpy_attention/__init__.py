@@ -4,7 +4,7 @@ Shape legend used everywhere: B batch, H heads, N query length, M key/value leng
 width, D head width, Dv value head width.
 """
 
-from . import functional, masks
+from . import convert, functional, fused, masks
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -14,11 +14,18 @@ from .attention import (
     SimpleSelfAttention,
 )
 from .functional import attention_backward, attention_forward
+from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .gradcheck import GradcheckReport, gradcheck
 from .layers import Dropout, Linear
 from .module import Module, ModuleList, is_grad_enabled, no_grad
 
 __all__ = [
+    "BidirectionalAttention",
+    "CausalSelfAttention",
+    "CrossAttention",
+    "SingleHeadAttention",
+    "convert",
+    "fused",
     "CausalAttention",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
