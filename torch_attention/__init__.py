@@ -1,0 +1,44 @@
+"""torch_attention: the mirror of numpy_attention as torch.nn.Modules, on any device and dtype.
+
+File for file and name for name the twin of ``numpy_attention``: the same layers, constructor
+signatures and state-dict keys, with autograd (or, for the ``"manual"`` backend, the same
+hand-derived backward) instead of hand-written layer backwards. As in ``numpy_attention``,
+``torch_attention.attention`` is the module of the book family and the attention function is
+``torch_attention.functional.attention``. docs/torch-backends.md describes the attention backends.
+
+Shape legend used everywhere: B batch, H heads, N query length, M key/value length, C model
+width, D head width, Dv value head width.
+"""
+
+from . import functional, fused, masks
+from .attention import (
+    CausalAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttentionV1,
+    SelfAttentionV2,
+    SimpleSelfAttention,
+)
+from .convert import from_numpy, to_numpy
+from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
+from .layers import Dropout, Linear
+
+__all__ = [
+    "BidirectionalAttention",
+    "CausalAttention",
+    "CausalSelfAttention",
+    "CrossAttention",
+    "Dropout",
+    "Linear",
+    "MultiHeadAttention",
+    "MultiHeadAttentionWrapper",
+    "SelfAttentionV1",
+    "SelfAttentionV2",
+    "SimpleSelfAttention",
+    "SingleHeadAttention",
+    "from_numpy",
+    "functional",
+    "fused",
+    "masks",
+    "to_numpy",
+]

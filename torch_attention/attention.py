@@ -1,0 +1,325 @@
+"""The book family in torch: the attention layers of chapter 3 of *Build a Large Language Model
+(From Scratch)*, twins of ``numpy_attention.attention``.
+
+SimpleSelfAttention (no weights) -> SelfAttentionV1 (weight matrices) -> SelfAttentionV2 (Linear
+layers) -> CausalAttention (causal buffer, attention dropout) -> MultiHeadAttentionWrapper (stacked
+heads) -> MultiHeadAttention (split weights, output projection). Parameters are created in the
+book's order, so ``torch.manual_seed(123)`` reproduces the book's numbers. Every layer takes a
+keyword ``backend`` passed to ``functional.attention``.
+
+Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import validation
+from .functional import BACKENDS, attention, merge_heads, split_heads
+from .layers import Linear, dropout_keep_mask
+
+
+def _check_sizes(**sizes: int) -> None:
+    """``ValueError`` unless every size is a positive integer, naming the offending argument."""
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def _causal_buffer(context_length: int) -> torch.Tensor:
+    """The book's buffer: triu(ones(L, L), diagonal=1), float, 1 = masked (a future key)."""
+    return torch.triu(torch.ones(context_length, context_length), diagonal=1)
+
+
+def _check_length(x: torch.Tensor, context_length: int) -> int:
+    n = x.shape[-2]
+    if n > context_length:
+        raise ValueError(
+            f"x has N = {n} tokens (shape {tuple(x.shape)}), more than "
+            f"context_length = {context_length}"
+        )
+    return n
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype:
+    return next(module.parameters()).dtype
+
+
+# -- weight-free self-attention ---------------------------------------------------------------
+
+
+class SimpleSelfAttention(nn.Module):
+    """Attention with no weights: x is query, key and value, and the scores are unscaled.
+
+    out = softmax(x x^T) x, for x (N, C) or (B, N, C).
+    """
+
+    def __init__(self, *, backend: str = "auto") -> None:
+        super().__init__()
+        self.backend = _check_backend(backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, C) or (B, N, C) -> out of the same shape."""
+        x = validation.float_tensor("x", x)
+        if x.ndim not in (2, 3):
+            raise ValueError(
+                f"x must have rank 2 or 3, (N, C) or (B, N, C), got shape {tuple(x.shape)}"
+            )
+        return attention(x, x, x, scale=1.0, backend=self.backend)
+
+
+# -- self-attention with weight matrices ------------------------------------------------------
+
+
+class SelfAttentionV1(nn.Module):
+    """Scaled self-attention with weight matrices ``W_query, W_key, W_value`` of shape (C, D).
+
+    Initialised with ``torch.rand`` (uniform [0, 1)) in the order W_query, W_key, W_value.
+    Scale 1/sqrt(d_out); no mask.
+    """
+
+    def __init__(self, d_in: int, d_out: int, *, backend: str = "auto") -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out)
+        self.d_in, self.d_out = d_in, d_out
+        self.backend = _check_backend(backend)
+        self.W_query = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_key = nn.Parameter(torch.rand(d_in, d_out))
+        self.W_value = nn.Parameter(torch.rand(d_in, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
+        x = validation.layer_input("x", x, self.d_in, (2, 3), self.W_query.dtype)
+        q = x @ self.W_query  # (..., N, C) @ (C, D) -> (..., N, D)
+        k = x @ self.W_key  # (..., N, C) @ (C, D) -> (..., N, D)
+        v = x @ self.W_value  # (..., N, C) @ (C, D) -> (..., N, D)
+        return attention(q, k, v, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+# -- self-attention with Linear layers --------------------------------------------------------
+
+
+class SelfAttentionV2(nn.Module):
+    """V1 with ``Linear(d_in, d_out, bias=qkv_bias)`` projections; weights are V1's transposed."""
+
+    def __init__(
+        self, d_in: int, d_out: int, qkv_bias: bool = False, *, backend: str = "auto"
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out)
+        self.d_in, self.d_out = d_in, d_out
+        self.backend = _check_backend(backend)
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
+        x = validation.layer_input("x", x, self.d_in, (2, 3), _param_dtype(self))
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (..., N, C) -> (..., N, D)
+        return attention(q, k, v, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+# -- causal attention with dropout ------------------------------------------------------------
+
+
+class CausalAttention(nn.Module):
+    """V2 plus the book's causal buffer and dropout on the attention weights.
+
+    ``mask`` is a persistent float buffer triu(ones(L, L), diagonal=1), 1 = masked, exactly the
+    book's; forward uses ``mask[:N, :N]``, so a loaded buffer is honoured. ``dropout_p`` is the
+    probability of dropping an attention weight in train mode.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        qkv_bias: bool = False,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length)
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.backend = _check_backend(backend)
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias)
+        self.register_buffer("mask", _causal_buffer(context_length))
+
+    def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
+        """x (B, N, d_in) -> out (B, N, d_out), N <= context_length.
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, N, N) keep-mask (True = kept), train mode and dropout > 0
+                only. Without it, train mode draws one from torch's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], n, n),
+            self.training,
+            attn_dropout_mask,
+            x.device,
+        )
+        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
+        p = self.dropout_p if self.training else 0.0
+        return attention(
+            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"dropout={self.dropout_p}"
+        )
+
+
+# -- multi-head attention ---------------------------------------------------------------------
+
+
+class MultiHeadAttentionWrapper(nn.Module):
+    """``num_heads`` independent CausalAttention heads, outputs concatenated on the last axis.
+
+    Every head has width d_out, so the output is (B, N, num_heads * d_out).
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.num_heads = num_heads
+        self.heads = nn.ModuleList(
+            [
+                CausalAttention(d_in, d_out, context_length, dropout, qkv_bias, backend=backend)
+                for _ in range(num_heads)
+            ]
+        )
+
+    def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
+        """x (B, N, d_in) -> out (B, N, num_heads * d_out).
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, H, N, N) keep-mask; head h uses ``[:, h]``. Without it,
+                train mode draws one from torch's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], self.num_heads, n, n),
+            self.training,
+            attn_dropout_mask,
+            x.device,
+        )
+        outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
+        return torch.cat(outs, dim=-1)  # H x (B, N, D) -> (B, N, H*D)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal multi-head attention with split weights: one projection per role, cut into heads.
+
+    Q = x W_q^T (likewise K, V), each (B, N, d_out) -> (B, H, N, D) with D = d_out // num_heads
+    (head h takes columns h*D:(h+1)*D); causal attention per head with the book's ``mask`` buffer
+    and attention dropout; heads merged back to (B, N, d_out); then ``out_proj`` (with bias).
+    Parameters are created in the order W_query, W_key, W_value, out_proj.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out = {d_out} must be divisible by num_heads = {num_heads}")
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.num_heads, self.head_dim = num_heads, d_out // num_heads
+        self.backend = _check_backend(backend)
+        self.W_query = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = Linear(d_out, d_out)
+        self.register_buffer("mask", _causal_buffer(context_length))
+
+    def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
+        """x (B, N, d_in) -> out (B, N, d_out).
+
+        Args:
+            x: (B, N, d_in) input.
+            attn_dropout_mask: bool (B, H, N, N) keep-mask (True = kept), train mode and
+                dropout > 0 only. Without it, train mode draws one from torch's generator.
+        """
+        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
+        n = _check_length(x, self.context_length)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], self.num_heads, n, n),
+            self.training,
+            attn_dropout_mask,
+            x.device,
+        )
+        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        q = split_heads(self.W_query(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
+        k = split_heads(self.W_key(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
+        v = split_heads(self.W_value(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
+        p = self.dropout_p if self.training else 0.0
+        heads = attention(
+            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
+        )  # (B, H, N, D)
+        return self.out_proj(merge_heads(heads))  # (B, H, N, D) -> (B, N, d_out) -> (B, N, d_out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
+            f"dropout={self.dropout_p}, num_heads={self.num_heads}"
+        )
