@@ -7,6 +7,8 @@ an element-wise ratio measures nothing but rounding noise.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 # float64 against float64 (NumPy hand-derived backward vs torch autograd): both sides round at
@@ -29,10 +31,12 @@ FLOAT32_RTOL = 2e-5
 RTOL = {np.dtype(np.float64): FLOAT64_RTOL, np.dtype(np.float32): FLOAT32_RTOL}
 
 
-def rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Norm-wise relative error ``max |actual - expected| / max |expected|`` (0 if both are 0).
+def rel_error(actual: np.ndarray, expected: np.ndarray, scale: float = 0.0) -> float:
+    """Norm-wise relative error ``max |actual - expected| / max(max |expected|, scale)``.
 
-    NaN or inf anywhere in ``actual`` where ``expected`` is finite gives ``inf``.
+    ``scale`` floors the denominator for tensors that can be exactly zero by cancellation; the
+    parity suite passes ``grad_scale`` of all gradients of the run. NaN or inf anywhere in
+    ``actual`` where ``expected`` is finite gives ``inf``.
     """
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
@@ -41,7 +45,7 @@ def rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
     if not np.all(np.isfinite(actual[np.isfinite(expected)])):
         return float("inf")
     max_abs = float(np.max(np.abs(actual - expected), initial=0.0))
-    scale = float(np.max(np.abs(expected), initial=0.0))
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), scale)
     if scale == 0.0:
         return 0.0 if max_abs == 0.0 else float("inf")
     return max_abs / scale
@@ -54,3 +58,16 @@ def rtol_for(dtype: object) -> float:
     if dtype not in RTOL:
         raise ValueError(f"no parity tolerance for dtype {dtype}; use the kernel checker's policy")
     return RTOL[dtype]
+
+
+def grad_scale(grads: Iterable[np.ndarray]) -> float:
+    """The ``scale`` floor for comparing gradients: the largest |entry| of any of them.
+
+    Each gradient of a run is judged against the whole gradient's scale (as
+    ``numpy_attention.gradcheck`` does), because some gradients are exactly zero by cancellation:
+    the key projection's bias always (softmax ignores a constant added to a row of scores), and
+    the whole query path when a query sees a single key. Both sides then hold rounding noise
+    whose ratio to itself reads as a 100% error. A real error still shows: a 100% error in a
+    gradient 1e-3 times smaller than the largest reads 1e-3, far above either tolerance.
+    """
+    return max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)

@@ -34,15 +34,16 @@ def to_numpy(tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
 
 
-def assert_close(actual, expected, *, dtype=None, name: str = "") -> None:
+def assert_close(actual, expected, *, dtype=None, name: str = "", scale: float = 0.0) -> None:
     """Norm-wise relative error within the suite's tolerance for ``dtype`` (default: expected's).
 
-    float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL. Shapes must match exactly.
+    float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL. Shapes must match exactly. ``scale`` floors
+    the denominator for gradients that are zero by cancellation (``tolerances.grad_scale``).
     """
     actual = to_numpy(actual) if hasattr(actual, "detach") else np.asarray(actual)
     expected = to_numpy(expected) if hasattr(expected, "detach") else np.asarray(expected)
     rtol = rtol_for(dtype if dtype is not None else expected.dtype)
-    error = rel_error(actual, expected)
+    error = rel_error(actual, expected, scale=scale)
     assert error <= rtol, f"{name or 'value'}: relative error {error:.3e} > {rtol:.1e}"
 
 

@@ -1,0 +1,413 @@
+"""The one registry of layer parity cases: NumPy layer vs torch twin, output and every gradient.
+
+A case is a layer and a set of options that change the math (causal, key padding with a fully
+padded batch element, train mode with shared dropout keep-masks, eval mode, cross attention with
+N != M, odd lengths, B = H = 1, rank-2 input). ``run_case`` builds the NumPy layer from a seeded
+generator, moves its state dict into the torch layer unchanged, feeds both the same inputs, masks
+and upstream gradient, and compares the output, the input gradient(s) and the gradient of every
+parameter by name. pytest (``test_layer_parity.py``) and the CLI (``python -m parity_tests``) both
+iterate over ``CASES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .tolerances import grad_scale, rel_error, rtol_for
+
+BACKENDS = ("math", "manual", "sdpa")
+DTYPES = ("float64", "float32")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How to call a layer: which file, which forward keywords, which mask shapes."""
+
+    module: str  # "attention" (book family) or "fused"
+    attn_dropout: str = "none"  # "none", "single" (B, N, N) or "multi" (B, H, N, M)
+    out_dropout: bool = False  # output dropout, mask (B, N, C)
+    padding: bool = False  # takes a key padding mask as ``mask=``
+    cross: bool = False  # forward(x, y, ...)
+    parameters: bool = True  # False: nothing to initialise, the NumPy constructor takes no rng
+
+
+LAYERS = {
+    "SimpleSelfAttention": LayerSpec("attention", parameters=False),
+    "SelfAttentionV1": LayerSpec("attention"),
+    "SelfAttentionV2": LayerSpec("attention"),
+    "CausalAttention": LayerSpec("attention", attn_dropout="single"),
+    "MultiHeadAttentionWrapper": LayerSpec("attention", attn_dropout="multi"),
+    "MultiHeadAttention": LayerSpec("attention", attn_dropout="multi"),
+    "SingleHeadAttention": LayerSpec("fused"),
+    "BidirectionalAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True),
+    "CausalSelfAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True),
+    "CrossAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True, cross=True),
+}
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    """One layer with one set of options.
+
+    Attributes:
+        name: unique, readable id, e.g. ``CrossAttention/causal-N37-M113``.
+        layer: class name, the same in numpy_attention and torch_attention.
+        args: constructor arguments (without ``rng`` / ``backend``).
+        width: the input's last axis (d_in or hidden_size).
+        heads: number of heads (shapes the dropout masks).
+        batch: B, or None for a rank-2 (N, C) input.
+        n: query length N.
+        m: key/value length M of cross attention (None otherwise).
+        padded: pass a key padding mask whose last batch element is fully padded.
+        train: train mode with explicit keep-masks shared by both sides.
+        kwargs: constructor keywords.
+    """
+
+    name: str
+    layer: str
+    args: tuple[Any, ...]
+    width: int
+    heads: int = 1
+    batch: int | None = 2
+    n: int = 5
+    m: int | None = None
+    padded: bool = False
+    train: bool = False
+    kwargs: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def spec(self) -> LayerSpec:
+        return LAYERS[self.layer]
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.name.encode())
+
+    def applies_to(self, backend: str) -> bool:
+        """SDPA cannot take an explicit dropout keep-mask, so train cases with dropout skip it."""
+        has_dropout = self.spec.attn_dropout != "none" or self.spec.out_dropout
+        return not (backend == "sdpa" and self.train and has_dropout)
+
+
+def _book_cases() -> list[LayerCase]:
+    cases = []
+    for layer in ("SimpleSelfAttention", "SelfAttentionV1", "SelfAttentionV2"):
+        args = () if layer == "SimpleSelfAttention" else (3, 4)
+        width = 4 if layer == "SimpleSelfAttention" else 3
+        cases += [
+            LayerCase(f"{layer}/B2-N5", layer, args, width),
+            LayerCase(f"{layer}/rank2-N7", layer, args, width, batch=None, n=7),
+            LayerCase(f"{layer}/B1-N37", layer, args, width, batch=1, n=37),
+        ]
+    cases.append(
+        LayerCase(
+            "SelfAttentionV2/qkv_bias",
+            "SelfAttentionV2",
+            (3, 4, True),
+            3,
+            n=6,
+        )
+    )
+    for layer, heads in (
+        ("CausalAttention", 1),
+        ("MultiHeadAttentionWrapper", 2),
+        ("MultiHeadAttention", 2),
+    ):
+        extra = (heads,) if heads > 1 else ()
+        for bias in (False, True):
+            tag = "-qkv_bias" if bias else ""
+            cases += [
+                LayerCase(f"{layer}/eval-N5{tag}", layer, (3, 4, 8, 0.0, *extra, bias), 3, heads),
+                LayerCase(
+                    f"{layer}/train-dropout-N7{tag}",
+                    layer,
+                    (3, 4, 8, 0.25, *extra, bias),
+                    3,
+                    heads,
+                    n=7,
+                    train=True,
+                ),
+            ]
+        cases.append(
+            LayerCase(f"{layer}/B1-N37", layer, (5, 6, 40, 0.1, *extra), 5, heads, batch=1, n=37)
+        )
+    cases.append(
+        LayerCase(
+            "MultiHeadAttention/one-head-B1", "MultiHeadAttention", (3, 4, 8, 0.0, 1), 3, 1, batch=1
+        )
+    )
+    return cases
+
+
+def _fused_cases() -> list[LayerCase]:
+    cases = [
+        LayerCase("SingleHeadAttention/B2-N5", "SingleHeadAttention", (8,), 8),
+        LayerCase(
+            "SingleHeadAttention/no-bias-B1-N37",
+            "SingleHeadAttention",
+            (12, False),
+            12,
+            batch=1,
+            n=37,
+        ),
+    ]
+    for layer in ("BidirectionalAttention", "CausalSelfAttention"):
+        ctx = (64,) if layer == "CausalSelfAttention" else ()
+        cases += [
+            LayerCase(f"{layer}/eval-N5", layer, (8, 2, *ctx), 8, 2),
+            LayerCase(f"{layer}/padded-N7", layer, (8, 2, *ctx), 8, 2, n=7, padded=True),
+            LayerCase(
+                f"{layer}/train-dropout-padded-N7",
+                layer,
+                (8, 2, *ctx, 0.2, 0.3),
+                8,
+                2,
+                n=7,
+                padded=True,
+                train=True,
+            ),
+            LayerCase(f"{layer}/one-head-B1-N37", layer, (6, 1, *ctx), 6, 1, batch=1, n=37),
+            LayerCase(f"{layer}/no-bias-N5", layer, (8, 4, *ctx), 8, 4, kwargs=(("bias", False),)),
+        ]
+    for causal in (False, True):
+        tag = "causal-" if causal else ""
+        kwargs = (("causal", causal),)
+        cases += [
+            LayerCase(
+                f"CrossAttention/{tag}N5-M7", "CrossAttention", (8, 2), 8, 2, m=7, kwargs=kwargs
+            ),
+            LayerCase(
+                f"CrossAttention/{tag}N7-M5-padded",
+                "CrossAttention",
+                (8, 2),
+                8,
+                2,
+                n=7,
+                m=5,
+                padded=True,
+                kwargs=kwargs,
+            ),
+            LayerCase(
+                f"CrossAttention/{tag}train-dropout-N5-M7",
+                "CrossAttention",
+                (8, 2, 0.2, 0.3),
+                8,
+                2,
+                m=7,
+                padded=True,
+                train=True,
+                kwargs=kwargs,
+            ),
+            LayerCase(
+                f"CrossAttention/{tag}B1-one-head-N37-M113",
+                "CrossAttention",
+                (4, 1),
+                4,
+                1,
+                batch=1,
+                n=37,
+                m=113,
+                kwargs=kwargs,
+            ),
+        ]
+    return cases
+
+
+CASES: tuple[LayerCase, ...] = tuple(_book_cases() + _fused_cases())
+
+# The smaller set behind ``--quick``: every layer once in eval mode and once in train mode.
+QUICK_CASES: tuple[LayerCase, ...] = tuple(
+    case
+    for case in CASES
+    if case.name.split("/")[1]
+    in {"B2-N5", "eval-N5", "train-dropout-N7", "train-dropout-padded-N7", "N5-M7"}
+    or case.name in {"CrossAttention/causal-train-dropout-N5-M7"}
+)
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """One compared tensor: ``passed`` iff ``error <= bound`` (norm-wise relative error)."""
+
+    case: str
+    layer: str
+    dtype: str
+    device: str
+    backend: str
+    tensor: str
+    error: float
+    bound: float
+    passed: bool
+
+
+@dataclass
+class CaseData:
+    """What both sides are fed: inputs, forward keywords (NumPy arrays) and the upstream grad."""
+
+    inputs: list[np.ndarray]
+    forward_kwargs: dict[str, np.ndarray]
+    dout: np.ndarray
+
+
+def make_data(case: LayerCase, dtype: str) -> CaseData:
+    """Seeded inputs, masks and upstream gradient for ``case`` (the same for every backend)."""
+    rng = np.random.default_rng(case.seed + 1)
+    spec = case.spec
+    lead = () if case.batch is None else (case.batch,)
+    x = rng.standard_normal((*lead, case.n, case.width)).astype(dtype)
+    inputs = [x]
+    m = case.n
+    if spec.cross:
+        m = case.m
+        inputs.append(rng.standard_normal((*lead, m, case.width)).astype(dtype))
+    kwargs: dict[str, np.ndarray] = {}
+    if case.padded:
+        padding = rng.random((case.batch, m)) < 0.3
+        padding[:, 0] = False  # every element but the last keeps a key
+        padding[-1] = True  # the last batch element is fully padded: its rows attend to nothing
+        kwargs["mask"] = padding
+    if case.train and spec.attn_dropout != "none":
+        p = _dropout_prob(case, "attn")
+        shape = (
+            (case.batch, case.n, m)
+            if spec.attn_dropout == "single"
+            else (case.batch, case.heads, case.n, m)
+        )
+        kwargs["attn_dropout_mask"] = rng.random(shape) >= p
+    if case.train and spec.out_dropout:
+        p = _dropout_prob(case, "out")
+        kwargs["out_dropout_mask"] = rng.random((case.batch, case.n, case.width)) >= p
+    out_width = _out_width(case)
+    dout = rng.standard_normal((*lead, case.n, out_width)).astype(dtype)
+    return CaseData(inputs, kwargs, dout)
+
+
+def _dropout_prob(case: LayerCase, which: str) -> float:
+    """The dropout probability a train case's constructor sets (used to draw keep-masks)."""
+    if case.spec.module == "attention":
+        return float(case.args[3])
+    offset = 2 if case.layer == "CrossAttention" else 2 + (case.layer == "CausalSelfAttention")
+    return float(case.args[offset + (which == "out")])
+
+
+def _out_width(case: LayerCase) -> int:
+    if case.layer == "SimpleSelfAttention":
+        return case.width
+    if case.layer == "MultiHeadAttentionWrapper":
+        return case.args[1] * case.args[4]
+    if case.spec.module == "attention":
+        return case.args[1]
+    return case.width
+
+
+def build_layers(case: LayerCase, dtype: str, device: str, backend: str) -> tuple[Any, Any]:
+    """The NumPy layer (seeded) and its torch twin holding the very same state."""
+    import torch
+
+    from torch_attention import from_numpy
+
+    kwargs = dict(case.kwargs)
+    if case.spec.parameters:
+        kwargs["rng"] = np.random.default_rng(case.seed)
+    np_class = getattr(importlib.import_module(f"numpy_attention.{case.spec.module}"), case.layer)
+    np_layer = np_class(*case.args, **kwargs)
+    kwargs.pop("rng", None)
+    np_layer.astype(dtype).train(case.train)
+    torch_class = getattr(
+        importlib.import_module(f"torch_attention.{case.spec.module}"), case.layer
+    )
+    torch_layer = torch_class(*case.args, **kwargs, backend=backend)
+    torch_layer.to(device=device, dtype=getattr(torch, dtype)).train(case.train)
+    from_numpy(torch_layer, np_layer.state_dict())
+    return np_layer, torch_layer
+
+
+def run_case(
+    case: LayerCase, *, dtype: str = "float64", device: str = "cpu", backend: str = "math"
+) -> list[ParityRow]:
+    """Run ``case`` on both sides and compare the output and every gradient by name."""
+    import torch
+
+    if not case.applies_to(backend):
+        raise ValueError(f"{case.name} does not apply to backend {backend!r}")
+    np_layer, torch_layer = build_layers(case, dtype, device, backend)
+    data = make_data(case, dtype)
+
+    np_out = np_layer(*data.inputs, **data.forward_kwargs)
+    np_input_grads = np_layer.backward(data.dout)
+    if not isinstance(np_input_grads, tuple):
+        np_input_grads = (np_input_grads,)
+
+    def tensor(array: np.ndarray, grad: bool = False) -> torch.Tensor:
+        return torch.from_numpy(array).to(device).requires_grad_(grad)
+
+    torch_inputs = [tensor(x, grad=True) for x in data.inputs]
+    torch_kwargs = {name: tensor(value) for name, value in data.forward_kwargs.items()}
+    torch_out = torch_layer(*torch_inputs, **torch_kwargs)
+    torch_out.backward(tensor(data.dout))
+
+    compared = [("out", np_out, torch_out)]
+    input_names = ("dx", "dy")
+    compared += [
+        (name, grad, t.grad)
+        for name, grad, t in zip(input_names, np_input_grads, torch_inputs, strict=False)
+    ]
+    np_grads = np_layer.named_grads()
+    compared += [
+        (f"d[{name}]", np_grads[name], param.grad) for name, param in torch_layer.named_parameters()
+    ]
+    bound = rtol_for(dtype)
+    scale = grad_scale(expected for name, expected, _ in compared if name != "out")
+    rows = []
+    for name, expected, actual in compared:
+        actual_np = (
+            actual.detach().cpu().numpy() if actual is not None else np.full_like(expected, np.nan)
+        )
+        error = rel_error(actual_np, expected, scale=0.0 if name == "out" else scale)
+        rows.append(
+            ParityRow(
+                case.name, case.layer, dtype, device, backend, name, error, bound, error <= bound
+            )
+        )
+    return rows
+
+
+def iter_runs(
+    *,
+    dtypes: Iterable[str] = DTYPES,
+    backends: Iterable[str] = BACKENDS,
+    quick: bool = False,
+) -> list[tuple[LayerCase, str, str]]:
+    """Every (case, dtype, backend) the registry runs; a case skips backends it cannot use."""
+    cases = QUICK_CASES if quick else CASES
+    return [
+        (case, dtype, backend)
+        for case in cases
+        for dtype in dtypes
+        for backend in backends
+        if case.applies_to(backend)
+    ]
+
+
+def run_registry(
+    *,
+    device: str = "cpu",
+    dtypes: tuple[str, ...] = DTYPES,
+    backends: tuple[str, ...] = BACKENDS,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[ParityRow]:
+    """Run the whole registry (or the quick subset) and return one row per compared tensor."""
+    rows: list[ParityRow] = []
+    runs = iter_runs(dtypes=dtypes, backends=backends, quick=quick)
+    for index, (case, dtype, backend) in enumerate(runs, start=1):
+        if progress is not None:
+            progress(f"[{index}/{len(runs)}] {case.name} {dtype} {backend}")
+        rows += run_case(case, dtype=dtype, device=device, backend=backend)
+    return rows
