@@ -1,1 +1,19 @@
-"""parity_tests: weight transfer, NumPy vs torch parity, the tolerance policy and the kernel checker."""
+"""parity_tests: weight transfer, NumPy vs torch parity, tolerance policy, kernel checker.
+
+``check_kernel`` and ``KernelReport`` (from ``parity_tests.kernels``) are loaded on first use, so
+that importing the package (the tolerance constants, say) does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KernelReport", "check_kernel"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(f"module 'parity_tests' has no attribute {name!r}")

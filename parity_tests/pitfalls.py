@@ -1,0 +1,169 @@
+"""Broken attention kernels, one classic mistake each, to prove that the checker has teeth.
+
+Each pitfall has the signature of ``F.scaled_dot_product_attention`` and differs from the
+checker's own plain baseline (``kernels.plain_attention``, built from ``attention_scores`` and
+``masked_softmax``) in one step only. Several come from the tutorials this project's layers are
+drawn from (docs/pitfalls.md). ``PITFALLS`` names, for each one, a case of the default battery
+(and of the quick one) and a tensor that flags it in every dtype; the tests assert exactly that,
+and ``python -m parity_tests --calibrate 60`` measures the margin over seeds.
+
+Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .kernels import Kernel, attention_scores, masked_softmax, plain_attention
+
+
+def kv_from_query(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Keys and values built from the query projection (a tutorial's bug): key = value = query."""
+    return plain_attention(query, query, query, attn_mask, dropout_p, is_causal, scale)
+
+
+def scale_by_d(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Default scale 1 / D instead of 1 / sqrt(D)."""
+    scale = 1.0 / query.shape[-1] if scale is None else scale
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def causal_off_by_one(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """Causal mask from triu(ones, diagonal=0) instead of diagonal=1: query i no longer sees
+    itself, and row 0 sees nothing."""
+    if is_causal:
+        n, m = query.shape[-2], key.shape[-2]
+        attn_mask = ~torch.ones(n, m, dtype=torch.bool, device=query.device).triu(diagonal=0)
+    return plain_attention(query, key, value, attn_mask, dropout_p, False, scale)
+
+
+def mask_inverted(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """A bool mask read as True = masked (nn.MultiheadAttention's convention) instead of SDPA's."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = ~attn_mask
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def softmax_wrong_axis(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """Softmax over the queries (dim=-2) instead of the keys."""
+    probs = torch.softmax(attention_scores(query, key, attn_mask, is_causal, scale), dim=-2)
+    return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+
+def dropout_not_rescaled(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """Dropout keeps weights without the 1 / (1 - p) rescale, so the expected output shrinks."""
+    probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
+    if dropout_p:
+        probs = probs * (torch.rand(probs.shape, device=probs.device) >= dropout_p)
+    return probs @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+
+def assumes_equal_lengths(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """Cross-attention that assumes the keys have the queries' length N (a tutorial's bug): it
+    reads only the first N keys and values."""
+    n = query.shape[-2]
+    if attn_mask is not None:
+        attn_mask = attn_mask[..., :n]
+    key, value = key[..., :n, :], value[..., :n, :]  # (B, H, M, D) -> (B, H, min(N, M), D)
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def mask_before_scale(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """A float mask added before the scaling, so the bias is scaled too."""
+    if attn_mask is None or attn_mask.dtype == torch.bool:
+        return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1) + attn_mask) * scale  # (B, H, N, M)
+    return _dropout(masked_softmax(scores), dropout_p) @ value
+
+
+def no_max_shift(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Softmax as exp(s) / sum(exp(s)) without subtracting the row max: overflows on large logits
+    and gives 0 / 0 on fully masked rows."""
+    exps = attention_scores(query, key, attn_mask, is_causal, scale).exp()
+    probs = exps / exps.sum(dim=-1, keepdim=True)
+    return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+
+def nan_on_dead_rows(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """A plain softmax with no care for fully masked rows: NaN there, as nn.MultiheadAttention
+    with need_weights=True gives."""
+    probs = torch.softmax(attention_scores(query, key, attn_mask, is_causal, scale), dim=-1)
+    return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+
+class _NoRowsum(torch.autograd.Function):
+    """O = P' V with P' given; a hand-written backward whose softmax gradient lacks a term."""
+
+    @staticmethod
+    def forward(ctx: Any, query, key, value, weights, scale):
+        ctx.save_for_backward(query, key, value, weights)
+        ctx.scale = scale
+        return weights @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+    @staticmethod
+    def backward(ctx: Any, dout):
+        """dV = P^T dO; dP = dO V^T; dS = P * dP (wrong: the correct one is
+        P * (dP - rowsum(dP * P))); dQ = dS K * scale; dK = dS^T Q * scale."""
+        query, key, value, weights = ctx.saved_tensors
+        dv = weights.transpose(-2, -1) @ dout  # (B, H, M, N) @ (B, H, N, Dv) -> (B, H, M, Dv)
+        dscores = weights * (dout @ value.transpose(-2, -1))  # (B, H, N, M)
+        dq = (dscores @ key) * ctx.scale  # (B, H, N, M) @ (B, H, M, D) -> (B, H, N, D)
+        dk = (dscores.transpose(-2, -1) @ query) * ctx.scale  # (B, H, M, N) @ (B, H, N, D)
+        return dq, dk, dv, None, None
+
+
+def backward_without_rowsum(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+):
+    """A hand-written backward whose softmax gradient misses the rowsum term."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    with torch.no_grad():
+        probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
+    return _NoRowsum.apply(query, key, value, _dropout(probs, dropout_p), scale)
+
+
+def _dropout(probs: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Correct inverted dropout from torch's generator, for the pitfalls whose bug is elsewhere."""
+    if not dropout_p:
+        return probs
+    keep = torch.rand(probs.shape, device=probs.device) >= dropout_p
+    return probs * keep * (1.0 / (1.0 - dropout_p))
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    """A broken kernel and the (case, tensor) of the default battery that flags it."""
+
+    kernel: Kernel
+    case: str
+    tensor: str
+
+
+PITFALLS: dict[str, Pitfall] = {
+    "kv_from_query": Pitfall(kv_from_query, "plain", "out"),
+    "scale_by_d": Pitfall(scale_by_d, "plain", "out"),
+    "causal_off_by_one": Pitfall(causal_off_by_one, "causal-n<m", "out"),
+    "mask_inverted": Pitfall(mask_inverted, "bool-mask", "out"),
+    "softmax_wrong_axis": Pitfall(softmax_wrong_axis, "plain", "out"),
+    "backward_without_rowsum": Pitfall(backward_without_rowsum, "plain", "dq"),
+    "dropout_not_rescaled": Pitfall(dropout_not_rescaled, "dropout", "out"),
+    "assumes_equal_lengths": Pitfall(assumes_equal_lengths, "plain", "out"),
+    "mask_before_scale": Pitfall(mask_before_scale, "float-mask", "out"),
+    "no_max_shift": Pitfall(no_max_shift, "dead-rows-bool", "out"),
+    "nan_on_dead_rows": Pitfall(nan_on_dead_rows, "dead-rows-bool", "out"),
+}
