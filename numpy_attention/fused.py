@@ -107,6 +107,10 @@ class _FusedAttention(Module):
         super().__init__()
         self.hidden_size = _positive_int("hidden_size", hidden_size)
         self.num_heads = _positive_int("num_heads", num_heads)
+        if self.hidden_size % self.num_heads != 0:
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
+            )
         self.attn_drop = validation.dropout_p(attn_drop, "attn_drop")
         self.out_drop = validation.dropout_p(out_drop, "out_drop")
         self.rng = np.random.default_rng(rng)
@@ -305,10 +309,6 @@ class BidirectionalAttention(_FusedSelfAttention):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, rng)
-        if self.hidden_size % self.num_heads != 0:
-            raise ValueError(
-                f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
-            )
         self.Wqkv = Linear(self.hidden_size, 3 * self.hidden_size, bias=bias, rng=self.rng)
         self.Wo = Linear(self.hidden_size, self.hidden_size, bias=bias, rng=self.rng)
 
@@ -440,10 +440,6 @@ class CrossAttention(_FusedAttention):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, rng)
-        if self.hidden_size % self.num_heads != 0:
-            raise ValueError(
-                f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
-            )
         self.causal = bool(causal)
         self.Wq = Linear(self.hidden_size, self.hidden_size, bias=bias, rng=self.rng)
         self.Wkv = Linear(self.hidden_size, 2 * self.hidden_size, bias=bias, rng=self.rng)
