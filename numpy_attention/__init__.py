@@ -4,7 +4,7 @@ Shape legend used everywhere: B batch, H heads, N query length, M key/value leng
 width, D head width, Dv value head width.
 """
 
-from . import convert, functional, fused, masks
+from . import convert, functional, fused, masks, tiled
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -44,4 +44,5 @@ __all__ = [
     "is_grad_enabled",
     "masks",
     "no_grad",
+    "tiled",
 ]

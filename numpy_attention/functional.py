@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import masks, validation
+from .module import is_grad_enabled, no_grad
 
 # -- softmax ----------------------------------------------------------------------------------
 
@@ -85,7 +86,9 @@ def attention_forward(
     dropout_p: float = 0.0,
     dropout_mask: np.ndarray | None = None,
     rng: np.random.Generator | int | None = None,
-) -> tuple[np.ndarray, AttentionCtx]:
+    impl: str = "auto",
+    return_lse: bool = False,
+) -> tuple[np.ndarray, Any] | tuple[np.ndarray, np.ndarray, Any]:
     """Scaled dot-product attention: ``softmax(q k^T * scale + masks) v``.
 
     S = Q K^T * scale (+ float attn_mask); S = -inf where masked; P = softmax(S);
@@ -104,11 +107,39 @@ def attention_forward(
         dropout_mask: bool keep-mask (True = kept) broadcasting to (..., N, M); needs
             dropout_p > 0. Without it, the keep-mask is drawn from ``rng``.
         rng: a ``np.random.Generator`` or seed, used only when dropout draws its own mask.
+        impl: ``"dense"`` (this function's math, one (..., N, M) array of probabilities),
+            ``"tiled"`` (``tiled.tiled_attention_forward``: blocks, online softmax, O(N * block)
+            memory, a thread pool) or ``"auto"``: tiled from N * M >= 512 * 512 on, dense
+            below (the crossover measured in docs/benchmarks.md). Both give the same results;
+            only dropout without an explicit ``dropout_mask`` draws a different keep-mask.
+        return_lse: also return the log-sum-exp of each row of the masked scores, as
+            flash-attention does.
 
     Returns:
-        out (..., N, Dv) in the inputs' dtype, and the ctx for ``attention_backward``.
-        A query row with nothing to attend to gets output 0.
+        ``(out, ctx)``, or ``(out, lse, ctx)`` with ``return_lse``. out (..., N, Dv) is in the
+        inputs' dtype; lse (..., N) in the compute dtype (float32 for float16 inputs). A query
+        row with nothing to attend to gets output 0 and lse -inf. ``ctx`` is for
+        ``attention_backward``, which dispatches on its type; under ``no_grad()`` it is None and
+        nothing is kept.
     """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "tiled" or (impl == "auto" and _is_large(q, k)):
+        from .tiled import tiled_attention_forward  # tiled.py imports this module's checks
+
+        return tiled_attention_forward(
+            q,
+            k,
+            v,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            scale=scale,
+            dropout_p=dropout_p,
+            dropout_mask=dropout_mask,
+            rng=rng,
+            return_lse=return_lse,
+        )
     q, k, v, dtype = _check_qkv(q, k, v)
     compute = np.dtype(np.float32) if dtype == np.float16 else dtype
     n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -120,7 +151,9 @@ def attention_forward(
     allowed = masks.combine(
         allowed,
         masks.causal_mask(n, m) if causal else None,
-        None if key_padding_mask is None else masks.key_padding_allowed(key_padding_mask, q.shape, m),
+        None
+        if key_padding_mask is None
+        else masks.key_padding_allowed(key_padding_mask, q.shape, m),
     )
     keep, rescale = _dropout_keep(dropout_p, dropout_mask, score_shape, rng, compute)
     scale = compute.type(1.0 / math.sqrt(d) if scale is None else _check_scale(scale))
@@ -134,7 +167,9 @@ def attention_forward(
     probs, _ = softmax_forward(scores)
     weights = probs if keep is None else probs * keep * rescale
     out = weights @ v  # (..., N, M) @ (..., M, Dv) -> (..., N, Dv)
-    ctx = AttentionCtx(q, k, v, probs, keep, rescale, scale, dtype)
+    ctx = AttentionCtx(q, k, v, probs, keep, rescale, scale, dtype) if is_grad_enabled() else None
+    if return_lse:
+        return out.astype(dtype, copy=False), _logsumexp(scores), ctx
     return out.astype(dtype, copy=False), ctx
 
 
@@ -151,11 +186,15 @@ def attention_backward(
 
     Args:
         dout: (..., N, Dv) gradient of the output.
-        ctx: from ``attention_forward``.
+        ctx: from ``attention_forward``; a tiled ctx goes to ``tiled.tiled_attention_backward``.
 
     Returns:
         dq (..., N, D), dk (..., M, D), dv (..., M, Dv), in the inputs' dtype.
     """
+    if not isinstance(ctx, AttentionCtx):
+        from .tiled import tiled_attention_backward  # tiled.py imports this module's checks
+
+        return tiled_attention_backward(dout, ctx)
     q, k, v, probs, keep, rescale, scale, dtype = ctx
     dout = validation.float_array("dout", dout).astype(q.dtype, copy=False)
     expected = probs.shape[:-1] + v.shape[-1:]
@@ -173,9 +212,35 @@ def attention_backward(
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, **kwargs: Any) -> np.ndarray:
-    """``attention_forward`` without the ctx, for inference. Same keywords."""
-    out, _ = attention_forward(q, k, v, **kwargs)
-    return out
+    """``attention_forward`` without the ctx, for inference: it runs under ``no_grad()``, so
+    nothing is kept for a backward. Same keywords."""
+    with no_grad():
+        return attention_forward(q, k, v, **kwargs)[0]
+
+
+_IMPLS = ("auto", "dense", "tiled")
+
+# impl="auto" switches to the tiled path from this many score entries per head (N * M) on.
+# Measured on a 2-core AVX-512 machine, float32 (docs/benchmarks.md): with a causal mask the tiled
+# path overtakes the dense one between N = 384 and 512 (it skips hidden tiles); without one the
+# dense path, one BLAS call per product, stays as fast up to N ~ 768. Here either choice is
+# within ~25% of the faster one, and from here on the tiled path holds no (N, M) array. The
+# parity suite's cases (N * M at most 203 * 113) stay on the dense path.
+_TILED_FROM = 512 * 512
+
+
+def _is_large(q: Any, k: Any) -> bool:
+    q_shape, k_shape = np.shape(q), np.shape(k)
+    return len(q_shape) >= 2 and len(k_shape) >= 2 and q_shape[-2] * k_shape[-2] >= _TILED_FROM
+
+
+def _logsumexp(scores: np.ndarray) -> np.ndarray:
+    """log(sum(exp(scores))) over the last axis, shifted by the row max; -inf for a row that is
+    all -inf. (..., N, M) -> (..., N), in the scores' dtype."""
+    row_max = scores.max(axis=-1, keepdims=True)
+    shift = np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
+    with np.errstate(divide="ignore"):
+        return (shift + np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)))[..., 0]
 
 
 def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.dtype]:
@@ -183,7 +248,9 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
     dtype = validation.same_dtype(q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim < 2:
-            raise ValueError(f"{name} must have at least 2 axes (..., length, width), got {t.shape}")
+            raise ValueError(
+                f"{name} must have at least 2 axes (..., length, width), got {t.shape}"
+            )
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             f"q, k and v must share their leading axes, got q {q.shape}, k {k.shape}, v {v.shape}"
