@@ -25,10 +25,11 @@ def linear_forward(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None
 ) -> tuple[np.ndarray, LinearCtx]:
     """y = x W^T + b, with torch's layout: weight (C_out, C_in), bias (C_out,)."""
-    out = x @ weight.T  # (..., C_in) @ (C_in, C_out) -> (..., C_out)
+    flat = x.reshape(-1, x.shape[-1])  # (..., C_in) -> (R, C_in): one BLAS call, not one per row
+    out = flat @ weight.T  # (R, C_in) @ (C_in, C_out) -> (R, C_out)
     if bias is not None:
-        out = out + bias
-    return out, LinearCtx(x, weight)
+        out += bias  # in place: no second (R, C_out) array
+    return out.reshape(*x.shape[:-1], weight.shape[0]), LinearCtx(x, weight)  # -> (..., C_out)
 
 
 def linear_backward(dout: np.ndarray, ctx: LinearCtx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

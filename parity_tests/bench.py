@@ -1,0 +1,499 @@
+"""Benchmark of the NumPy attention against torch on this machine's CPU (never a timed test).
+
+    python -m parity_tests.bench
+
+prints, for causal float32 attention at each shape of ``SHAPES``: NumPy dense and tiled forward
+(inference, under ``no_grad()``) and forward+backward, torch's fused SDPA and torch eager math in
+the same run, the ratios, the achieved GFLOP/s against NumPy's own matmul rate measured in the
+same run, and NumPy's peak traced memory; then the dense/tiled crossover that sets
+``impl="auto"``, a profile of the tiled path (its products alone vs the whole), and the GPT-2
+layer (x (10, 512, 768), 12 heads) forward in NumPy against the torch mirror on SDPA. It rewrites
+the generated part of docs/benchmarks.md and, when matplotlib is installed (the ``plot`` extra),
+docs/benchmarks.png.
+
+Times are the best of ``repeats`` runs (wall clock). NumPy's peak memory is the tracemalloc peak
+of one more run (NumPy reports its array allocations to tracemalloc); torch's allocations are not
+visible to tracemalloc and are not measured.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from numpy_attention import functional, no_grad, tiled
+from numpy_attention.functional import merge_heads_forward
+from numpy_attention.fused import CausalSelfAttention, split_projection_forward
+from torch_attention.fused import CausalSelfAttention as TorchCausalSelfAttention
+
+# (B, H, N, D), causal, float32; the last one is the long sequence.
+SHAPES = [
+    (1, 12, 512, 64),
+    (10, 12, 512, 64),
+    (1, 12, 2048, 64),
+    (1, 8, 4096, 64),
+    (1, 4, 16384, 64),
+]
+# Paths that hold (B, H, N, N) arrays (NumPy dense, torch eager) skip shapes above this many
+# score entries: (1, 4, 16384, 16384) float32 is 4 GiB per array.
+DENSE_MAX_SCORES = 8 * 4096 * 4096
+CROSSOVER_N = [256, 384, 512, 640, 768]  # (1, 12, N, 64): dense vs tiled, for impl="auto"
+CROSSOVER_ROUNDS = 15  # dense and tiled alternate, so that load on a shared machine hits both
+PROFILE = (1, 12, 2048, 64)  # block-size sweep, profile and the first two targets
+BLOCK_SWEEP = [(128, 128), (256, 256), (512, 512), (128, 512), (512, 128)]  # (block_q, block_k)
+LONG = (1, 4, 16384, 64)  # the memory target
+GPT2 = {"batch": 10, "tokens": 512, "width": 768, "heads": 12}
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def best_time(run: Callable[[], object], repeats: int) -> float:
+    run()  # warm-up: caches, thread pools, lazy imports
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def traced_peak(run: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def causal_flops(b: int, h: int, n: int, d: int) -> tuple[float, float]:
+    """Model FLOPs of (forward, forward+backward) over the visible entries j <= i only: two
+    products forward (Q K^T, P V), five backward (2.5x forward, FlashAttention's convention)."""
+    forward = 4.0 * b * h * d * n * (n + 1) / 2
+    return forward, 3.5 * forward
+
+
+def matmul_rate(repeats: int) -> float:
+    """NumPy's float32 matmul throughput in GFLOP/s, (2048 x 2048) @ (2048 x 2048), all cores."""
+    a, b = (
+        np.random.default_rng(i).standard_normal((2048, 2048), dtype=np.float32) for i in (0, 1)
+    )
+    return 2 * 2048**3 / best_time(lambda: a @ b, repeats) / 1e9
+
+
+# -- one shape ---------------------------------------------------------------------------------
+
+
+def numpy_runs(
+    q, k, v, dout, impl: str, causal: bool = True
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    def forward() -> None:
+        with no_grad():
+            functional.attention_forward(q, k, v, causal=causal, impl=impl)
+
+    def forward_backward() -> None:
+        _, ctx = functional.attention_forward(q, k, v, causal=causal, impl=impl)
+        functional.attention_backward(dout, ctx)
+
+    return forward, forward_backward
+
+
+def torch_runs(q, k, v, dout, kernel) -> tuple[Callable[[], object], Callable[[], object]]:
+    tq, tk, tv = (torch.from_numpy(t).requires_grad_() for t in (q, k, v))
+    tdout = torch.from_numpy(dout)
+
+    def forward() -> None:
+        with torch.no_grad():
+            kernel(tq, tk, tv)
+
+    def forward_backward() -> None:
+        kernel(tq, tk, tv).backward(tdout)
+
+    return forward, forward_backward
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def eager_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    n, m = q.shape[-2], k.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, N, M)
+    hidden = torch.ones(n, m, dtype=torch.bool).triu(1)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+def bench_shape(shape: tuple[int, int, int, int], repeats: int) -> dict[str, float]:
+    b, h, n, d = shape
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
+    dense_fits = b * h * n * n <= DENSE_MAX_SCORES
+    runs = {
+        "tiled": numpy_runs(q, k, v, dout, "tiled"),
+        "sdpa": torch_runs(q, k, v, dout, sdpa),
+    }
+    if dense_fits:
+        runs["dense"] = numpy_runs(q, k, v, dout, "dense")
+        runs["eager"] = torch_runs(q, k, v, dout, eager_math)
+    repeats = repeats if n < 16384 else 1
+    row: dict[str, float] = {}
+    for name, (forward, forward_backward) in runs.items():
+        row[f"{name} fwd"] = best_time(forward, repeats)
+        row[f"{name} fwd+bwd"] = best_time(forward_backward, repeats)
+        if name in ("tiled", "dense"):
+            row[f"{name} peak fwd"] = traced_peak(forward)
+            row[f"{name} peak fwd+bwd"] = traced_peak(forward_backward)
+    return row
+
+
+# -- crossover, profile, GPT-2 layer -----------------------------------------------------------
+
+
+def crossover() -> list[tuple[int, float, float, float, float]]:
+    """(N, dense and tiled fwd+bwd causal, the same not causal) at (1, 12, N, 64): the best of
+    CROSSOVER_ROUNDS rounds that each run dense then tiled (times of a few ms are noisy)."""
+    rows = []
+    for n in CROSSOVER_N:
+        rng = np.random.default_rng(n)
+        q, k, v, dout = (rng.standard_normal((1, 12, n, 64), dtype=np.float32) for _ in range(4))
+        times = []
+        for causal in (True, False):
+            dense = numpy_runs(q, k, v, dout, "dense", causal)[1]
+            tiles = numpy_runs(q, k, v, dout, "tiled", causal)[1]
+            rounds = [(seconds_of(dense), seconds_of(tiles)) for _ in range(CROSSOVER_ROUNDS)]
+            times += [min(dense for dense, _ in rounds), min(tiles for _, tiles in rounds)]
+        rows.append((n, *times))
+    return rows
+
+
+def seconds_of(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def block_sweep(repeats: int) -> list[tuple[int, int, float]]:
+    """(block_q, block_k, tiled fwd+bwd) at PROFILE, causal float32."""
+    rng = np.random.default_rng(3)
+    q, k, v, dout = (rng.standard_normal(PROFILE, dtype=np.float32) for _ in range(4))
+    rows = []
+    for block_q, block_k in BLOCK_SWEEP:
+
+        def forward_backward(block_q: int = block_q, block_k: int = block_k) -> None:
+            _, ctx = tiled.tiled_attention_forward(
+                q, k, v, causal=True, block_q=block_q, block_k=block_k
+            )
+            tiled.tiled_attention_backward(dout, ctx)
+
+        rows.append((block_q, block_k, best_time(forward_backward, repeats)))
+    return rows
+
+
+def tile_products_floor(shape: tuple[int, int, int, int], repeats: int) -> dict[str, float]:
+    """The time the tiled path's matrix products alone take: per visible tile, seven
+    (g, 256, 64) x (g, 64, 256) products (2 forward, 5 backward), on the same pool. What the
+    whole path takes beyond it is elementwise work and Python overhead."""
+    b, h, n, d = shape
+    block = tiled.BLOCK_Q
+    chunk = min(b * h, tiled.TILE_ENTRIES // block**2)
+    rng = np.random.default_rng(1)
+    left = rng.standard_normal((chunk, block, d), dtype=np.float32)
+    right = rng.standard_normal((chunk, d, block), dtype=np.float32)
+    blocks = n // block
+    tiles = blocks * (blocks + 1) // 2 * math.ceil(b * h / chunk)
+
+    def seven_products(_: object) -> None:
+        for _ in range(7):
+            left @ right
+
+    def products() -> None:
+        tiled._run([(None,)] * tiles, seven_products)
+
+    return {"products": best_time(products, repeats), "tiles": tiles}
+
+
+def gpt2_layer(repeats: int) -> dict[str, float]:
+    """CausalSelfAttention(768, 12) forward in eval mode: NumPy (impl="auto") vs torch (SDPA),
+    whole and stage by stage (projections, attention, head merge), each side timed in a group."""
+    cfg = GPT2
+    b, n, c, h = cfg["batch"], cfg["tokens"], cfg["width"], cfg["heads"]
+    layer = CausalSelfAttention(c, h, 1024, rng=0).eval()
+    mirror = TorchCausalSelfAttention(c, h, 1024, backend="sdpa").eval()
+    mirror.load_state_dict({name: torch.from_numpy(t) for name, t in layer.state_dict().items()})
+    x = np.random.default_rng(2).standard_normal((b, n, c), dtype=np.float32)
+    tx = torch.from_numpy(x)
+
+    def numpy_forward() -> np.ndarray:
+        with no_grad():
+            return layer(x)
+
+    def torch_forward() -> torch.Tensor:
+        with torch.no_grad():
+            return mirror(tx)
+
+    expected = torch_forward().numpy()
+    error = np.max(np.abs(numpy_forward() - expected)) / np.max(np.abs(expected))
+    result = {
+        "numpy": best_time(numpy_forward, repeats),
+        "numpy peak": traced_peak(numpy_forward),
+        "rel error": float(error),
+    }
+    with no_grad():
+        qkv = layer.Wqkv(x)  # (B, N, C) -> (B, N, 3C)
+        (q, k, v), _ = split_projection_forward(qkv, 3, h)  # 3 x (B, H, N, D), views
+        heads = functional.attention_forward(q, k, v, causal=True)[0]
+        merged = merge_heads_forward(heads)[0]  # (B, H, N, D) -> (B, N, C)
+        flat, weight, bias = x.reshape(-1, c), layer.Wqkv.weight, layer.Wqkv.bias
+
+        def one_product() -> np.ndarray:
+            out = flat @ weight.T  # (B*N, C) @ (C, 3C): one BLAS call
+            out += bias  # in place: no second (B*N, 3C) array
+            return out
+
+        result |= {
+            "numpy Wqkv": best_time(lambda: layer.Wqkv(x), repeats),
+            "numpy Wqkv 2-D": best_time(one_product, repeats),
+            "numpy attention": best_time(
+                lambda: functional.attention_forward(q, k, v, causal=True), repeats
+            ),
+            "numpy merge": best_time(lambda: merge_heads_forward(heads), repeats),
+            "numpy Wo": best_time(lambda: layer.Wo(merged), repeats),
+        }
+    result["torch"] = best_time(torch_forward, repeats)
+    with torch.no_grad():
+        tqkv = mirror.Wqkv(tx)
+        tq, tk, tv = tqkv.view(b, n, 3, h, c // h).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, D)
+        theads = sdpa(tq, tk, tv)
+        tmerged = theads.transpose(1, 2).reshape(b, n, c)
+        result |= {
+            "torch Wqkv": best_time(lambda: mirror.Wqkv(tx), repeats),
+            "torch attention": best_time(lambda: sdpa(tq, tk, tv), repeats),
+            "torch merge": best_time(lambda: theads.transpose(1, 2).reshape(b, n, c), repeats),
+            "torch Wo": best_time(lambda: mirror.Wo(tmerged), repeats),
+        }
+    return result
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def seconds(t: float) -> str:
+    return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def mib(size: float) -> str:
+    return f"{size / 2**20:,.0f} MiB"
+
+
+def targets(rows: dict, layer: dict) -> list[str]:
+    """The issue's targets, as ratios from this run."""
+    main, long = rows[PROFILE], rows[LONG]
+    checks = [
+        (
+            f"NumPy fwd+bwd <= 2.0x torch SDPA at {PROFILE}",
+            main["tiled fwd+bwd"] / main["sdpa fwd+bwd"],
+            2.0,
+            "{:.2f}x",
+        ),
+        (
+            f"NumPy fwd+bwd <= 0.5x torch eager math at {PROFILE}",
+            main["tiled fwd+bwd"] / main["eager fwd+bwd"],
+            0.5,
+            "{:.2f}x",
+        ),
+        (
+            f"{LONG} causal fwd+bwd peak traced memory < 1.5 GiB",
+            long["tiled peak fwd+bwd"] / 2**30,
+            1.5,
+            "{:.2f} GiB",
+        ),
+        (
+            "GPT-2 layer forward <= 1.5x the torch SDPA module",
+            layer["numpy"] / layer["torch"],
+            1.5,
+            "{:.2f}x",
+        ),
+    ]
+    lines = ["| target | this run | met |", "|---|---|---|"]
+    for name, value, limit, fmt in checks:
+        lines.append(f"| {name} | {fmt.format(value)} | {'yes' if value <= limit else 'no'} |")
+    return lines
+
+
+def report(rate: float, rows: dict, sweep: list, cross: list, floor: dict, layer: dict) -> str:
+    lines = [
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores; "
+        f"NumPy {np.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads). "
+        f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s.",
+        "",
+        "### Targets",
+        "",
+        *targets(rows, layer),
+        "",
+        "### Causal attention, float32, forward+backward",
+        "",
+        "| (B, H, N, D) | NumPy dense | NumPy tiled | torch SDPA | torch eager | tiled / SDPA "
+        "| tiled / eager | tiled GFLOP/s (% of matmul) | peak dense | peak tiled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape, row in rows.items():
+        flops = causal_flops(*shape)[1]
+        tiles = row["tiled fwd+bwd"]
+        dense = "dense fwd+bwd" in row
+        vs_eager = f"{tiles / row['eager fwd+bwd']:.2f}x" if dense else "-"
+        lines.append(
+            f"| {shape} | {seconds(row['dense fwd+bwd']) if dense else 'skipped'} "
+            f"| {seconds(tiles)} | {seconds(row['sdpa fwd+bwd'])} "
+            f"| {seconds(row['eager fwd+bwd']) if dense else 'skipped'} "
+            f"| {tiles / row['sdpa fwd+bwd']:.2f}x "
+            f"| {vs_eager} "
+            f"| {flops / tiles / 1e9:.0f} ({100 * flops / tiles / 1e9 / rate:.0f}%) "
+            f"| {mib(row['dense peak fwd+bwd']) if dense else '-'} "
+            f"| {mib(row['tiled peak fwd+bwd'])} |"
+        )
+    lines += [
+        "",
+        "### Causal attention, float32, forward (inference, no_grad)",
+        "",
+        "| (B, H, N, D) | NumPy dense | NumPy tiled | torch SDPA | torch eager | tiled / SDPA "
+        "| tiled GFLOP/s (% of matmul) | peak dense | peak tiled |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape, row in rows.items():
+        flops = causal_flops(*shape)[0]
+        tiles = row["tiled fwd"]
+        dense = "dense fwd" in row
+        lines.append(
+            f"| {shape} | {seconds(row['dense fwd']) if dense else 'skipped'} | {seconds(tiles)} "
+            f"| {seconds(row['sdpa fwd'])} | {seconds(row['eager fwd']) if dense else 'skipped'} "
+            f"| {tiles / row['sdpa fwd']:.2f}x "
+            f"| {flops / tiles / 1e9:.0f} ({100 * flops / tiles / 1e9 / rate:.0f}%) "
+            f"| {mib(row['dense peak fwd']) if dense else '-'} | {mib(row['tiled peak fwd'])} |"
+        )
+    lines += [
+        "",
+        '### Dense vs tiled, forward+backward at (1, 12, N, 64): the impl="auto" crossover',
+        "",
+        "| N | causal: dense | tiled | tiled / dense | not causal: dense | tiled | tiled / dense |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {n} | {seconds(cd)} | {seconds(ct)} | {ct / cd:.2f} "
+        f"| {seconds(nd)} | {seconds(nt)} | {nt / nd:.2f} |"
+        for n, cd, ct, nd, nt in cross
+    ]
+    lines += [
+        "",
+        f"### Block sizes, tiled forward+backward at {PROFILE}",
+        "",
+        "| block_q | block_k | time |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {bq} | {bk} | {seconds(t)} |" for bq, bk, t in sweep]
+    whole = rows[PROFILE]["tiled fwd+bwd"]
+    lines += [
+        "",
+        f"### Where the tiled time goes, forward+backward at {PROFILE}",
+        "",
+        f"- the products alone, 7 per tile for {floor['tiles']} tiles (same pool, same shapes): "
+        f"{seconds(floor['products'])} ({100 * floor['products'] / whole:.0f}% of the whole)",
+        f"- the whole tiled forward+backward: {seconds(whole)}; the rest, "
+        f"{seconds(whole - floor['products'])}, is elementwise work (exp, max, masks) and "
+        "Python overhead",
+        "",
+        f"### GPT-2 attention layer forward, x ({GPT2['batch']}, {GPT2['tokens']}, "
+        f"{GPT2['width']}), {GPT2['heads']} heads, eval, no_grad",
+        "",
+        f'- NumPy `fused.CausalSelfAttention` (impl="auto"): {seconds(layer["numpy"])}, '
+        f"peak {mib(layer['numpy peak'])}",
+        f'- torch `torch_attention.fused.CausalSelfAttention` (backend="sdpa"): '
+        f"{seconds(layer['torch'])}",
+        f"- ratio NumPy / torch: {layer['numpy'] / layer['torch']:.2f}x; outputs agree to "
+        f"{layer['rel error']:.1e} (relative)",
+        "",
+        "| stage | NumPy | torch | NumPy / torch |",
+        "|---|---|---|---|",
+    ]
+    for stage, label in [
+        ("Wqkv", "Wqkv projection (B, N, C) -> (B, N, 3C)"),
+        ("attention", "attention (B, H, N, D), causal"),
+        ("merge", "merge heads"),
+        ("Wo", "Wo projection"),
+    ]:
+        numpy_time, torch_time = layer[f"numpy {stage}"], layer[f"torch {stage}"]
+        ratio = f"{numpy_time / torch_time:.2f}x" if torch_time >= 1e-4 else "- (torch: a view)"
+        lines.append(f"| {label} | {seconds(numpy_time)} | {seconds(torch_time)} | {ratio} |")
+    lines.append(
+        "| Wqkv as one (B*N, C) @ (C, 3C) product, bias added in place (not yet `Linear`'s way) "
+        f"| {seconds(layer['numpy Wqkv 2-D'])} | {seconds(layer['torch Wqkv'])} "
+        f"| {layer['numpy Wqkv 2-D'] / layer['torch Wqkv']:.2f}x |"
+    )
+    return "\n".join(lines)
+
+
+def write_doc(text: str) -> None:
+    """Replace the generated block of docs/benchmarks.md, keeping the prose around it."""
+    block = f"{BEGIN}\n{text}\n{END}"
+    doc = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    head, rest = doc.split(BEGIN, 1)
+    DOC.write_text(head + block + rest.split(END, 1)[1])
+
+
+def plot(rows: dict) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = ["dense", "tiled", "sdpa", "eager"]
+    labels = {
+        "dense": "NumPy dense",
+        "tiled": "NumPy tiled",
+        "sdpa": "torch SDPA",
+        "eager": "torch eager",
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, kind in zip(axes, ["fwd", "fwd+bwd"], strict=True):
+        x = np.arange(len(rows))
+        for i, name in enumerate(names):
+            times = [row.get(f"{name} {kind}", np.nan) for row in rows.values()]
+            ax.bar(x + (i - 1.5) * 0.2, times, 0.2, label=labels[name])
+        ax.set_xticks(x, [f"{s[0]},{s[1]},{s[2]},{s[3]}" for s in rows], rotation=15)
+        ax.set_xlabel("(B, H, N, D)")
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (log)")
+        ax.set_title(f"causal float32 attention, {kind}")
+        ax.legend()
+    fig.tight_layout()
+    path = DOC.with_suffix(".png")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(repeats: int = 3) -> None:
+    rate = matmul_rate(repeats)
+    rows = {shape: bench_shape(shape, repeats) for shape in SHAPES}
+    sweep = block_sweep(repeats)
+    cross = crossover()
+    floor = tile_products_floor(PROFILE, repeats)
+    layer = gpt2_layer(repeats)
+    text = report(rate, rows, sweep, cross, floor, layer)
+    print(text)
+    write_doc(text)
+    path = plot(rows)
+    print(f"\nwrote {DOC}" + (f" and {path}" if path else " (no plot: matplotlib not installed)"))
+
+
+if __name__ == "__main__":
+    main()
