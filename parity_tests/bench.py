@@ -252,16 +252,9 @@ def gpt2_layer(repeats: int) -> dict[str, float]:
         (q, k, v), _ = split_projection_forward(qkv, 3, h)  # 3 x (B, H, N, D), views
         heads = functional.attention_forward(q, k, v, causal=True)[0]
         merged = merge_heads_forward(heads)[0]  # (B, H, N, D) -> (B, N, C)
-        flat, weight, bias = x.reshape(-1, c), layer.Wqkv.weight, layer.Wqkv.bias
-
-        def one_product() -> np.ndarray:
-            out = flat @ weight.T  # (B*N, C) @ (C, 3C): one BLAS call
-            out += bias  # in place: no second (B*N, 3C) array
-            return out
 
         result |= {
             "numpy Wqkv": best_time(lambda: layer.Wqkv(x), repeats),
-            "numpy Wqkv 2-D": best_time(one_product, repeats),
             "numpy attention": best_time(
                 lambda: functional.attention_forward(q, k, v, causal=True), repeats
             ),
@@ -432,11 +425,6 @@ def report(rate: float, rows: dict, sweep: list, cross: list, floor: dict, layer
         numpy_time, torch_time = layer[f"numpy {stage}"], layer[f"torch {stage}"]
         ratio = f"{numpy_time / torch_time:.2f}x" if torch_time >= 1e-4 else "- (torch: a view)"
         lines.append(f"| {label} | {seconds(numpy_time)} | {seconds(torch_time)} | {ratio} |")
-    lines.append(
-        "| Wqkv as one (B*N, C) @ (C, 3C) product, bias added in place (not yet `Linear`'s way) "
-        f"| {seconds(layer['numpy Wqkv 2-D'])} | {seconds(layer['torch Wqkv'])} "
-        f"| {layer['numpy Wqkv 2-D'] / layer['torch Wqkv']:.2f}x |"
-    )
     return "\n".join(lines)
 
 
