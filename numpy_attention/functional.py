@@ -39,13 +39,17 @@ def softmax_forward(scores: np.ndarray) -> tuple[np.ndarray, SoftmaxCtx]:
     Returns:
         probs (..., M) and the ctx for ``softmax_backward``.
     """
-    row_max = scores.max(axis=-1, keepdims=True)
-    # A fully masked row has max -inf; shifting by 0 instead keeps exp(-inf) = 0 and avoids NaN.
-    row_max = np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
-    exps = np.exp(scores - row_max)
+    exps = np.exp(scores - _row_shift(scores))
     total = exps.sum(axis=-1, keepdims=True)
     probs = exps / np.where(total == 0, 1, total).astype(scores.dtype, copy=False)
     return probs, SoftmaxCtx(probs)
+
+
+def _row_shift(scores: np.ndarray) -> np.ndarray:
+    """The row max (..., 1) that keeps exp(scores - shift) <= 1; 0 for a fully masked row, whose
+    max is -inf: shifting by it would give -inf - (-inf) = NaN, by 0 keeps exp(-inf) = 0."""
+    row_max = scores.max(axis=-1, keepdims=True)
+    return np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
 
 
 def softmax_backward(dprobs: np.ndarray, ctx: SoftmaxCtx) -> np.ndarray:
@@ -237,8 +241,7 @@ def _is_large(q: Any, k: Any) -> bool:
 def _logsumexp(scores: np.ndarray) -> np.ndarray:
     """log(sum(exp(scores))) over the last axis, shifted by the row max; -inf for a row that is
     all -inf. (..., N, M) -> (..., N), in the scores' dtype."""
-    row_max = scores.max(axis=-1, keepdims=True)
-    shift = np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
+    shift = _row_shift(scores)
     with np.errstate(divide="ignore"):
         return (shift + np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)))[..., 0]
 
