@@ -15,9 +15,10 @@ from .attention import (
 )
 from .functional import attention_backward, attention_forward
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
+from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
 from .layers import Dropout, Linear
-from .module import Module, ModuleList, is_grad_enabled, no_grad
+from .module import Module, ModuleList
 
 __all__ = [
     "BidirectionalAttention",

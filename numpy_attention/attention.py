@@ -73,7 +73,7 @@ class SimpleSelfAttention(Module):
         x = validation.float_array("x", x)
         if x.ndim not in (2, 3):
             raise ValueError(f"x must have rank 2 or 3, (N, C) or (B, N, C), got shape {x.shape}")
-        out, ctx = attention_forward(x, x, x, scale=1.0)
+        out, _, ctx = attention_forward(x, x, x, scale=1.0)
         self._save_ctx(ctx)
         return out
 
@@ -83,7 +83,7 @@ class SimpleSelfAttention(Module):
         S = X X^T; P = softmax(S); O = P X  ->  dxq = dS X;  dxk = dS^T X;  dxv = P^T dO;
         dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dxq, dxk, dxv = attention_backward(dout, self._pop_ctx())
+        dxq, dxk, dxv, _ = attention_backward(dout, self._pop_ctx())
         return dxq + dxk + dxv
 
 
@@ -147,7 +147,7 @@ class SelfAttentionV1(Module):
         q, q_ctx = projection_forward(x, self.W_query)  # (..., N, C) -> (..., N, D)
         k, k_ctx = projection_forward(x, self.W_key)
         v, v_ctx = projection_forward(x, self.W_value)
-        out, attn_ctx = attention_forward(q, k, v)
+        out, _, attn_ctx = attention_forward(q, k, v)
         self._save_ctx(SelfAttentionV1Ctx(q_ctx, k_ctx, v_ctx, attn_ctx))
         return out
 
@@ -158,7 +158,7 @@ class SelfAttentionV1(Module):
         dx = dQ W_q^T + dK W_k^T + dV W_v^T. Derivation: docs/derivations/self-attention.md.
         """
         q_ctx, k_ctx, v_ctx, attn_ctx = self._pop_ctx()
-        dq, dk, dv = attention_backward(dout, attn_ctx)
+        dq, dk, dv, _ = attention_backward(dout, attn_ctx)
         dxq, dw_query = projection_backward(dq, q_ctx)
         dxk, dw_key = projection_backward(dk, k_ctx)
         dxv, dw_value = projection_backward(dv, v_ctx)
@@ -197,7 +197,7 @@ class SelfAttentionV2(Module):
         """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
         x = validation.layer_input("x", x, self.d_in, (2, 3), self.dtype)
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (..., N, C) -> (..., N, D)
-        out, attn_ctx = attention_forward(q, k, v)
+        out, _, attn_ctx = attention_forward(q, k, v)
         self._save_ctx(attn_ctx)
         return out
 
@@ -205,7 +205,7 @@ class SelfAttentionV2(Module):
         """dQ, dK, dV = attention_backward(dO); each Linear adds dW = dQ^T X (V1's X^T dQ
         transposed); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dq, dk, dv = attention_backward(dout, self._pop_ctx())
+        dq, dk, dv, _ = attention_backward(dout, self._pop_ctx())
         dxq = self.W_query.backward(dq)
         dxk = self.W_key.backward(dk)
         dxv = self.W_value.backward(dv)
@@ -267,7 +267,7 @@ class CausalAttention(Module):
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
         p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
-        out, attn_ctx = attention_forward(
+        out, _, attn_ctx = attention_forward(
             q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
         )
         self._save_ctx(attn_ctx)
@@ -277,7 +277,7 @@ class CausalAttention(Module):
         """As V2's: masked and dropped weights carry no gradient (attention_backward handles
         both); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dq, dk, dv = attention_backward(dout, self._pop_ctx())
+        dq, dk, dv, _ = attention_backward(dout, self._pop_ctx())
         dxq = self.W_query.backward(dq)
         dxk = self.W_key.backward(dk)
         dxv = self.W_value.backward(dv)
@@ -429,7 +429,7 @@ class MultiHeadAttention(Module):
         k, _ = split_heads_forward(self.W_key(x), self.num_heads)  # -> (B, H, N, D)
         v, _ = split_heads_forward(self.W_value(x), self.num_heads)  # -> (B, H, N, D)
         p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
-        heads, attn_ctx = attention_forward(
+        heads, _, attn_ctx = attention_forward(
             q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
         )  # (B, H, N, D)
         merged, merge_ctx = merge_heads_forward(heads)  # (B, H, N, D) -> (B, N, d_out)
@@ -446,7 +446,7 @@ class MultiHeadAttention(Module):
         dout = _check_dout(dout, out_shape)
         dmerged = self.out_proj.backward(dout)  # (B, N, d_out)
         dheads = merge_heads_backward(dmerged, merge_ctx)  # (B, N, d_out) -> (B, H, N, D)
-        dq, dk, dv = attention_backward(dheads, attn_ctx)
+        dq, dk, dv, _ = attention_backward(dheads, attn_ctx)
         dq = split_heads_backward(dq, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
         dk = split_heads_backward(dk, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
         dv = split_heads_backward(dv, split_ctx)  # (B, H, N, D) -> (B, N, d_out)

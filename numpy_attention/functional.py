@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import masks, validation
-from .module import is_grad_enabled, no_grad
+from .grad_mode import is_grad_enabled, no_grad
+from .scores import AttentionGrads, AttentionOutput
 
 # -- softmax ----------------------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ def attention_forward(
     rng: np.random.Generator | int | None = None,
     impl: str = "auto",
     return_lse: bool = False,
-) -> tuple[np.ndarray, Any] | tuple[np.ndarray, np.ndarray, Any]:
+) -> AttentionOutput:
     """Scaled dot-product attention: ``softmax(q k^T * scale + masks) v``.
 
     S = Q K^T * scale (+ float attn_mask); S = -inf where masked; P = softmax(S);
@@ -172,14 +173,11 @@ def attention_forward(
     weights = probs if keep is None else probs * keep * rescale
     out = weights @ v  # (..., N, M) @ (..., M, Dv) -> (..., N, Dv)
     ctx = AttentionCtx(q, k, v, probs, keep, rescale, scale, dtype) if is_grad_enabled() else None
-    if return_lse:
-        return out.astype(dtype, copy=False), _logsumexp(scores), ctx
-    return out.astype(dtype, copy=False), ctx
+    lse = _logsumexp(scores) if return_lse else None
+    return AttentionOutput(out.astype(dtype, copy=False), lse, ctx)
 
 
-def attention_backward(
-    dout: np.ndarray, ctx: AttentionCtx
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def attention_backward(dout: np.ndarray, ctx: Any) -> AttentionGrads:
     """Gradients of q, k and v.
 
     P' = P * keep / (1 - p) (P' = P without dropout), then
@@ -212,14 +210,19 @@ def attention_backward(
     dscores = softmax_backward(dprobs, SoftmaxCtx(probs))
     dq = (dscores @ k) * scale  # (..., N, M) @ (..., M, D) -> (..., N, D)
     dk = (dscores.swapaxes(-1, -2) @ q) * scale  # (..., M, N) @ (..., N, D) -> (..., M, D)
-    return dq.astype(dtype, copy=False), dk.astype(dtype, copy=False), dv.astype(dtype, copy=False)
+    return AttentionGrads(
+        dq.astype(dtype, copy=False),
+        dk.astype(dtype, copy=False),
+        dv.astype(dtype, copy=False),
+        None,
+    )
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, **kwargs: Any) -> np.ndarray:
     """``attention_forward`` without the ctx, for inference: it runs under ``no_grad()``, so
     nothing is kept for a backward. Same keywords."""
     with no_grad():
-        return attention_forward(q, k, v, **kwargs)[0]
+        return attention_forward(q, k, v, **kwargs).out
 
 
 _IMPLS = ("auto", "dense", "tiled")

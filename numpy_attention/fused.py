@@ -149,7 +149,7 @@ class _FusedAttention(Module):
         out_keep: np.ndarray | None,
     ) -> tuple[np.ndarray, _OutputCtx]:
         """q (B, H, N, D), k and v (B, H, M, D) -> out (B, N, C)."""
-        heads, attn_ctx = attention_forward(
+        heads, _, attn_ctx = attention_forward(
             q,
             k,
             v,
@@ -174,7 +174,8 @@ class _FusedAttention(Module):
         dproj = dropout_backward(dout, ctx.out_dropout)  # dproj = dout * keep / (1 - p)
         dmerged = self.Wo.backward(dproj)  # (B, N, C) -> (B, N, H*D)
         dheads = merge_heads_backward(dmerged, ctx.heads)  # (B, N, H*D) -> (B, H, N, D)
-        return attention_backward(dheads, ctx.attn)
+        dq, dk, dv, _ = attention_backward(dheads, ctx.attn)
+        return dq, dk, dv
 
 
 class _FusedSelfAttention(_FusedAttention):

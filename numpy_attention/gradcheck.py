@@ -79,10 +79,12 @@ def gradcheck(
     Args:
         target: a ``Module`` (its ``forward`` and ``backward`` are used; it is deep-copied and
             cast to float64, so the caller's module is untouched), or a pure forward function
-            ``fn(*inputs, **kwargs) -> (out, ctx)`` together with ``backward``.
+            ``fn(*inputs, **kwargs) -> (out, ..., ctx)`` (out first, ctx last, as every pure
+            forward of this package returns) together with ``backward``.
         *inputs: the differentiated inputs; float arrays, cast to float64.
         backward: for a function target, ``backward(dout, ctx)`` returning one gradient per input
-            (a tuple, or a single array for one input).
+            (a tuple, or a single array for one input); None entries, the gradient of an option
+            not in use (``dsinks`` without sinks), are left out.
         eps: the finite-difference step.
         seed: seeds the random upstream gradient.
         **kwargs: passed to the forward unchanged and not differentiated (masks, flags).
@@ -120,9 +122,10 @@ def gradcheck(
             return np.asarray(target(*xs, **kwargs)[0])
 
         def analytic(dout: np.ndarray) -> list[np.ndarray]:
-            _, ctx = target(*arrays, **kwargs)
+            ctx = target(*arrays, **kwargs)[-1]
             grads = backward(dout, ctx)
-            return list(grads) if isinstance(grads, tuple) else [grads]
+            grads = list(grads) if isinstance(grads, tuple) else [grads]
+            return [grad for grad in grads if grad is not None]
 
         names = [f"input{i}" for i in range(len(arrays))]
         tensors = arrays

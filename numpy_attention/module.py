@@ -9,31 +9,13 @@ each forward is followed by at most one backward.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from .grad_mode import is_grad_enabled
 from .validation import float_array
-
-_GRAD_ENABLED = contextvars.ContextVar("numpy_attention_grad_enabled", default=True)
-
-
-def is_grad_enabled() -> bool:
-    """Whether forwards should keep what their backward needs (False inside ``no_grad()``)."""
-    return _GRAD_ENABLED.get()
-
-
-@contextlib.contextmanager
-def no_grad() -> Iterator[None]:
-    """Inference mode: forwards cache nothing, so a later ``backward`` raises."""
-    token = _GRAD_ENABLED.set(False)
-    try:
-        yield
-    finally:
-        _GRAD_ENABLED.reset(token)
 
 
 class Module:

@@ -20,20 +20,16 @@ keys), Dv value head width; "..." the leading axes, g the leading indices of one
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import glob
 import math
-import os
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import functional, masks, validation
-from .module import is_grad_enabled
+from . import functional, masks, threads, validation
+from .grad_mode import is_grad_enabled
+from .scores import AttentionGrads, AttentionOutput
 
 # Default block sizes and the number of score entries one tile aims at (several indices of the
 # last leading axis, e.g. heads, share a tile when blocks are small). Chosen by measurement on a
@@ -90,7 +86,7 @@ def tiled_attention_forward(
     return_lse: bool = False,
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
-) -> tuple[np.ndarray, TiledAttentionCtx | None] | tuple[np.ndarray, np.ndarray, Any]:
+) -> AttentionOutput:
     """``softmax(q k^T * scale + masks) v`` in (block_q, block_k) tiles with an online softmax.
 
     Same arguments, masks, dtypes and results as ``functional.attention_forward``, except for
@@ -143,16 +139,15 @@ def tiled_attention_forward(
     out = np.empty(q.shape[:-1] + v.shape[-1:], compute)  # (..., N, Dv)
     lse = np.empty(q.shape[:-2] + (1, plan.n), compute)  # (..., 1, N): like a row of S^T
     tasks = [(part, bi) for bi in _blocks_by_work(plan.n, plan.block_q) for part in _parts(plan)]
-    _run(tasks, lambda task: _forward_tile(plan, q, k, v, out, lse, *task))
+    threads.run(tasks, lambda task: _forward_tile(plan, q, k, v, out, lse, *task))
 
     keep_ctx = is_grad_enabled()
     ctx = TiledAttentionCtx(q, k, v, out, lse, plan, dtype) if keep_ctx else None
     # The ctx keeps O for the backward's delta: hand out a copy, so that in-place work on the
     # result cannot change it.
     result = out.reshape(plan.lead + out.shape[-2:]).astype(dtype, copy=keep_ctx)  # (..., N, Dv)
-    if return_lse:
-        return result, lse.reshape(plan.lead + (plan.n,)), ctx  # (..., 1, N) -> (..., N)
-    return result, ctx
+    lse_out = lse.reshape(plan.lead + (plan.n,)) if return_lse else None  # (..., 1, N) -> (..., N)
+    return AttentionOutput(result, lse_out, ctx)
 
 
 def _forward_tile(
@@ -201,9 +196,7 @@ def _forward_tile(
         lse[..., rows] = row_max + np.log(row_sum)
 
 
-def tiled_attention_backward(
-    dout: np.ndarray, ctx: TiledAttentionCtx
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tiled_attention_backward(dout: np.ndarray, ctx: TiledAttentionCtx) -> AttentionGrads:
     """Gradients of q, k and v, tile by tile, recomputing the probabilities from ``lse``.
 
     delta = rowsum(dO * O), once; then for each tile of query block i and key block j:
@@ -240,16 +233,17 @@ def tiled_attention_backward(
     dk, dv = np.empty_like(k), np.empty_like(v)
     lock = threading.Lock()
     tasks = [(part, bj) for bj in range(_num_blocks(plan.m, plan.block_k)) for part in _parts(plan)]
-    _run(
+    threads.run(
         tasks,
         lambda task: _backward_tile(
             plan, q_scaled, k, v, dout, lse, delta, dq, dk, dv, lock, *task
         ),
     )
     dq *= plan.scale
-    return tuple(
+    dq, dk, dv = (
         grad.reshape(plan.lead + grad.shape[-2:]).astype(dtype, copy=False) for grad in (dq, dk, dv)
     )
+    return AttentionGrads(dq, dk, dv, None)
 
 
 def _backward_tile(
@@ -540,76 +534,3 @@ def _parts(plan: TilePlan) -> list[_Part]:
 def _with_lead(array: np.ndarray) -> np.ndarray:
     """(..., L, W) with at least one leading axis: an unbatched (L, W) becomes a (1, L, W) view."""
     return array if array.ndim > 2 else array[None]
-
-
-# -- threads ---------------------------------------------------------------------------------
-
-
-def _run(tasks: list[tuple[Any, ...]], work: Callable[[tuple[Any, ...]], None]) -> None:
-    """Run independent tiles, in order, on os.cpu_count() threads, each with a 1-thread BLAS.
-
-    Each thread pulls the next tile from a shared iterator: a future per tile would cost a
-    thread wake-up per tile, which measured up to ~0.1 ms on a loaded 2-core machine.
-    """
-    blas = _blas_threads()
-    workers = min(os.cpu_count() or 1, len(tasks)) if blas is not None else 1
-    if workers <= 1:
-        for task in tasks:
-            work(task)
-        return
-    pending, lock = iter(tasks), threading.Lock()
-
-    def drain() -> None:
-        while True:
-            with lock:
-                task = next(pending, None)
-            if task is None:
-                return
-            work(task)
-
-    before = blas.get()
-    try:
-        with ThreadPoolExecutor(workers, initializer=blas.set_local, initargs=(1,)) as pool:
-            for done in [pool.submit(drain) for _ in range(workers)]:
-                done.result()
-    finally:
-        # Some OpenBLAS builds apply the "local" count to every thread: give the caller's back.
-        blas.set_local(before)
-
-
-class _BlasThreads(NamedTuple):
-    get: Callable[[], int]  # the calling thread's BLAS thread count
-    set_local: Callable[[int], int]  # set it for the calling thread (in some builds: for all)
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_threads() -> _BlasThreads | None:
-    """OpenBLAS's thread-count getter and ``openblas_set_num_threads_local``, from the OpenBLAS
-    that NumPy loaded; None where there is none (MKL, Accelerate, OpenBLAS before 0.3.27)."""
-    getters = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_")
-    for path in _loaded_openblas():
-        try:
-            library = ctypes.CDLL(path)
-        except OSError:
-            continue
-        set_local = getattr(library, "openblas_set_num_threads_local", None)
-        get = next((getattr(library, name) for name in getters if hasattr(library, name)), None)
-        if set_local is not None and get is not None:
-            set_local.argtypes, set_local.restype = [ctypes.c_int], ctypes.c_int
-            get.argtypes, get.restype = [], ctypes.c_int
-            return _BlasThreads(get, set_local)
-    return None
-
-
-def _loaded_openblas() -> list[str]:
-    """Paths of OpenBLAS libraries mapped into this process (Linux), or shipped in NumPy's wheel."""
-    paths = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = [line.split(maxsplit=5)[-1].strip() for line in maps if "openblas" in line]
-    except OSError:
-        pass
-    package = os.path.dirname(np.__file__)
-    for pattern in ("../numpy.libs/*openblas*", ".dylibs/*openblas*"):
-        paths += sorted(glob.glob(os.path.join(package, pattern)))
-    return list(dict.fromkeys(os.path.realpath(path) for path in paths))

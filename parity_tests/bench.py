@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from numpy_attention import functional, no_grad, tiled
+from numpy_attention import functional, no_grad, threads, tiled
 from numpy_attention.functional import merge_heads_forward
 from numpy_attention.fused import CausalSelfAttention, split_projection_forward
 from torch_attention.fused import CausalSelfAttention as TorchCausalSelfAttention
@@ -101,7 +101,7 @@ def numpy_runs(
             functional.attention_forward(q, k, v, causal=causal, impl=impl)
 
     def forward_backward() -> None:
-        _, ctx = functional.attention_forward(q, k, v, causal=causal, impl=impl)
+        ctx = functional.attention_forward(q, k, v, causal=causal, impl=impl).ctx
         functional.attention_backward(dout, ctx)
 
     return forward, forward_backward
@@ -189,7 +189,7 @@ def block_sweep(repeats: int) -> list[tuple[int, int, float]]:
     for block_q, block_k in BLOCK_SWEEP:
 
         def forward_backward(block_q: int = block_q, block_k: int = block_k) -> None:
-            _, ctx = tiled.tiled_attention_forward(
+            _, _, ctx = tiled.tiled_attention_forward(
                 q, k, v, causal=True, block_q=block_q, block_k=block_k
             )
             tiled.tiled_attention_backward(dout, ctx)
@@ -216,7 +216,7 @@ def tile_products_floor(shape: tuple[int, int, int, int], repeats: int) -> dict[
             left @ right
 
     def products() -> None:
-        tiled._run([(None,)] * tiles, seven_products)
+        threads.run([(None,)] * tiles, seven_products)
 
     return {"products": best_time(products, repeats), "tiles": tiles}
 
@@ -250,7 +250,7 @@ def gpt2_layer(repeats: int) -> dict[str, float]:
     with no_grad():
         qkv = layer.Wqkv(x)  # (B, N, C) -> (B, N, 3C)
         (q, k, v), _ = split_projection_forward(qkv, 3, h)  # 3 x (B, H, N, D), views
-        heads = functional.attention_forward(q, k, v, causal=True)[0]
+        heads = functional.attention_forward(q, k, v, causal=True).out
         merged = merge_heads_forward(heads)[0]  # (B, H, N, D) -> (B, N, C)
 
         result |= {

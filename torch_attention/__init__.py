@@ -19,9 +19,9 @@ from .attention import (
     SelfAttentionV2,
     SimpleSelfAttention,
 )
-from .convert import from_numpy, to_numpy
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .layers import Dropout, Linear
+from .transfer import from_numpy, to_numpy
 
 __all__ = [
     "BidirectionalAttention",

@@ -59,10 +59,10 @@ def test_functional_parity(problem, backend):
     (q, k, v), options, dout = problem
     if backend == "sdpa" and "dropout_mask" in options:
         backend = "math"  # SDPA cannot take an explicit keep-mask
-    reference, ctx = attention_forward(*(t.astype(np.float64) for t in (q, k, v)), **options)
-    reference_grads = attention_backward(dout.astype(np.float64), ctx)
-    out, ctx = attention_forward(q, k, v, **options)
-    grads = attention_backward(dout, ctx)
+    reference, _, ctx = attention_forward(*(t.astype(np.float64) for t in (q, k, v)), **options)
+    reference_grads = attention_backward(dout.astype(np.float64), ctx)[:3]
+    out, _, ctx = attention_forward(q, k, v, **options)
+    grads = attention_backward(dout, ctx)[:3]
     tensors = [torch.from_numpy(t).requires_grad_() for t in (q, k, v)]
     torch_options = {
         key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value

@@ -17,7 +17,7 @@ import torch_attention as ta
 from numpy_attention import convert
 from parity_tests.tolerances import grad_scale
 
-from .conftest import assert_close, to_numpy, to_torch
+from ..conftest import assert_close, to_numpy, to_torch
 
 C, H, N, M, CTX = 8, 2, 7, 5, 16
 

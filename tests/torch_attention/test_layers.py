@@ -16,7 +16,7 @@ import numpy_attention
 import torch_attention
 from torch_attention import from_numpy, to_numpy
 
-from .conftest import assert_close, to_torch
+from ..conftest import assert_close, to_torch
 
 BACKENDS = ["auto", "sdpa", "math", "manual"]
 

@@ -19,7 +19,7 @@ from numpy_attention import convert, functional
 from torch_attention.attention import MultiHeadAttention
 from torch_attention.fused import CausalSelfAttention
 
-from .conftest import assert_close, to_numpy
+from ..conftest import assert_close, to_numpy
 
 WIDTH, HEADS, BATCH = 64, 4, 2
 # LONG * LONG >= 512 * 512: the attention of these layers runs on the tiled path (impl="auto").

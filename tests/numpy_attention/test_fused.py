@@ -14,7 +14,7 @@ from numpy_attention.fused import (
     SingleHeadAttention,
 )
 
-from .conftest import assert_close, assert_gradcheck
+from ..conftest import assert_close, assert_gradcheck
 
 B, N, M, C, H = 2, 5, 7, 6, 3  # odd sizes: head width D = 2, N != M
 CONTEXT = 8

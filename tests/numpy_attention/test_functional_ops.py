@@ -18,7 +18,7 @@ from numpy_attention.functional import (
 from numpy_attention.gradcheck import gradcheck
 from numpy_attention.layers import dropout_backward, dropout_forward
 
-from .conftest import assert_close, assert_gradcheck, to_torch
+from ..conftest import assert_close, assert_gradcheck, to_torch
 
 
 def masked_scores(rng, masked):

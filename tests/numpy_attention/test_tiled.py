@@ -13,10 +13,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from numpy_attention import functional, masks, no_grad, tiled
+from numpy_attention import functional, masks, no_grad, threads, tiled
 from numpy_attention.gradcheck import gradcheck
 
-from .conftest import assert_close, assert_gradcheck
+from ..conftest import assert_close, assert_gradcheck
 
 # (leading axes, N, M): odd lengths that no block size below divides, N == M, N < M, N > M,
 # B = H = 1, and an unbatched q.
@@ -53,8 +53,8 @@ def run_both(rng, q, k, v, *, blocks=(16, 16), tiled_kwargs=None, **kwargs):
         q, k, v, impl="dense", return_lse=True, **kwargs
     )
     dout = rng.standard_normal(out_d.shape).astype(out_d.dtype)
-    grads_t = functional.attention_backward(dout, ctx_t)
-    grads_d = functional.attention_backward(dout, ctx_d)
+    grads_t = functional.attention_backward(dout, ctx_t)[:3]
+    grads_d = functional.attention_backward(dout, ctx_d)[:3]
     names = ("out", "lse", "dq", "dk", "dv")
     return dict(
         zip(
@@ -157,8 +157,8 @@ def test_regenerated_dropout_matches_its_materialized_mask(rng, shape_name, caus
     )
     dout = rng.standard_normal(out_d.shape)
 
-    grads_t = functional.attention_backward(dout, ctx)
-    grads_d = functional.attention_backward(dout, ctx_d)
+    grads_t = functional.attention_backward(dout, ctx)[:3]
+    grads_d = functional.attention_backward(dout, ctx_d)[:3]
 
     assert_close(out_t, out_d, name="out")
     assert_close(lse_t, lse_d, name="lse")
@@ -171,10 +171,10 @@ def test_regenerated_dropout_does_not_depend_on_tile_grouping(rng, monkeypatch):
     lead, n, m = SHAPES["B2H3-N37-M113"]
     q, k, v = make_qkv(rng, lead, n, m)
     kwargs = {"dropout_p": 0.25, "rng": 7, "block_q": 16, "block_k": 8}
-    out_grouped, _ = tiled.tiled_attention_forward(q, k, v, **kwargs)
+    out_grouped = tiled.tiled_attention_forward(q, k, v, **kwargs).out
     monkeypatch.setattr(tiled, "TILE_ENTRIES", 1)  # one leading index per tile
 
-    out_single, ctx = tiled.tiled_attention_forward(q, k, v, **kwargs)
+    out_single, _, ctx = tiled.tiled_attention_forward(q, k, v, **kwargs)
 
     assert ctx.plan.group_chunk == 1
     np.testing.assert_array_equal(out_single, out_grouped)
@@ -190,7 +190,7 @@ def test_strided_heads_are_read_in_place(rng):
     )  # 3 x (B, N, H*D) -> (B, H, N, D)
 
     pairs = run_both(rng, q, k, v, causal=True)
-    _, ctx = tiled.tiled_attention_forward(q, k, v, causal=True)
+    ctx = tiled.tiled_attention_forward(q, k, v, causal=True).ctx
 
     assert_all_close(pairs)
     assert all(np.shares_memory(t, fused) for t in (ctx.q, ctx.k, ctx.v))
@@ -200,7 +200,7 @@ def test_serial_fallback_without_blas_thread_control(rng, monkeypatch):
     """Where NumPy's BLAS cannot be limited per thread, tiles run in the calling thread."""
     lead, n, m = SHAPES["B2H3-N37-M113"]
     q, k, v = make_qkv(rng, lead, n, m)
-    monkeypatch.setattr(tiled, "_blas_threads", lambda: None)
+    monkeypatch.setattr(threads, "_blas_threads", lambda: None)
 
     pairs = run_both(rng, q, k, v, causal=True)
 
@@ -209,7 +209,7 @@ def test_serial_fallback_without_blas_thread_control(rng, monkeypatch):
 
 def test_the_callers_blas_threads_are_left_as_they_were(rng):
     """Pool threads limit their BLAS to one thread; the caller's count must survive that."""
-    blas = tiled._blas_threads()
+    blas = threads._blas_threads()
     if blas is None or os.cpu_count() < 2:
         pytest.skip("no pool here: NumPy's BLAS offers no per-thread control, or one core")
     q, k, v = make_qkv(rng, (2, 3), 37, 113)
@@ -260,7 +260,9 @@ def test_float32_stays_float32(rng):
     out, lse, ctx = tiled.tiled_attention_forward(
         q, k, v, causal=True, key_padding_mask=padding, dropout_p=0.1, rng=3, return_lse=True
     )
-    grads = tiled.tiled_attention_backward(rng.standard_normal(out.shape).astype(np.float32), ctx)
+    grads = tiled.tiled_attention_backward(rng.standard_normal(out.shape).astype(np.float32), ctx)[
+        :3
+    ]
 
     stored = [ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, np.asarray(ctx.plan.scale)]
     stored.append(np.asarray(ctx.plan.rescale))
@@ -272,7 +274,9 @@ def test_float16_is_computed_in_float32(rng):
     q, k, v = make_qkv(rng, lead, n, m, dtype=np.float16)
 
     out, lse, ctx = tiled.tiled_attention_forward(q, k, v, causal=True, return_lse=True)
-    grads = tiled.tiled_attention_backward(rng.standard_normal(out.shape).astype(np.float16), ctx)
+    grads = tiled.tiled_attention_backward(rng.standard_normal(out.shape).astype(np.float16), ctx)[
+        :3
+    ]
     out_d, lse_d, _ = functional.attention_forward(
         q, k, v, causal=True, impl="dense", return_lse=True
     )
@@ -288,7 +292,7 @@ def test_no_grad_caches_nothing(rng, impl):
     q, k, v = make_qkv(rng, (2, 3), 37, 37)
 
     with no_grad():
-        out, ctx = functional.attention_forward(q, k, v, causal=True, impl=impl)
+        out, _, ctx = functional.attention_forward(q, k, v, causal=True, impl=impl)
 
     assert ctx is None
     with pytest.raises(TypeError, match="no_grad"):
@@ -300,7 +304,7 @@ def test_attention_returns_the_output_alone(rng):
 
     out = functional.attention(q, k, v, causal=True, impl="tiled")
 
-    assert_close(out, functional.attention_forward(q, k, v, causal=True, impl="dense")[0])
+    assert_close(out, functional.attention_forward(q, k, v, causal=True, impl="dense").out)
 
 
 def test_dense_lse_is_the_log_sum_exp_of_the_scores(rng):
@@ -322,7 +326,7 @@ def test_auto_picks_tiled_from_the_threshold(rng, below, expected):
     n = math.ceil(functional._TILED_FROM / m) - below  # N * M just below or at the threshold
     q, k, v = make_qkv(rng, (), n, m)
 
-    _, ctx = functional.attention_forward(q, k, v, causal=True)
+    ctx = functional.attention_forward(q, k, v, causal=True).ctx
 
     assert type(ctx) is expected
 
@@ -355,7 +359,7 @@ def test_block_sizes_must_be_positive_integers(rng, size):
 
 def test_backward_checks_dout(rng):
     q, k, v = make_qkv(rng, (2, 3), 37, 37)
-    out, ctx = tiled.tiled_attention_forward(q, k, v)
+    out, _, ctx = tiled.tiled_attention_forward(q, k, v)
 
     with pytest.raises(ValueError, match="dout"):
         tiled.tiled_attention_backward(np.ones(out.shape[:-1] + (DV + 1,)), ctx)
@@ -375,13 +379,13 @@ def test_memory_is_o_n_times_block_not_n_squared(rng):
     q, k, v, dout = (rng.standard_normal((*lead, n, d)).astype(np.float32) for _ in range(4))
     groups, itemsize = 2, 4
     tile = min(groups, tiled.TILE_ENTRIES // tiled.BLOCK_Q**2) * tiled.BLOCK_Q**2 * itemsize
-    workers = 1 if tiled._blas_threads() is None else os.cpu_count()
+    workers = 1 if threads._blas_threads() is None else os.cpu_count()
     bound = 16 * groups * n * d * itemsize + 8 * workers * tile
     assert 8 * bound <= groups * n * n * itemsize
 
     tracemalloc.start()
     try:
-        out, ctx = tiled.tiled_attention_forward(q, k, v, causal=True)
+        out, _, ctx = tiled.tiled_attention_forward(q, k, v, causal=True)
         tiled.tiled_attention_backward(dout, ctx)
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -25,7 +25,7 @@ from numpy_attention.gradcheck import GradcheckReport
 from numpy_attention.layers import Linear
 from parity_tests.tolerances import FLOAT64_RTOL
 
-from .conftest import assert_close, assert_gradcheck
+from ..conftest import assert_close, assert_gradcheck
 
 D_IN = 3
 D_OUT = 5  # single-head layers

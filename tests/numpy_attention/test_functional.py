@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from numpy_attention.functional import attention, attention_backward, attention_forward
 from numpy_attention.gradcheck import gradcheck
 
-from .conftest import assert_close, assert_gradcheck, to_torch
+from ..conftest import assert_close, assert_gradcheck, to_torch
 
 # (leading axes, N, M, D, Dv): N != M, Dv != D, B = H = 1, unbatched, odd sizes.
 SHAPES = {
@@ -119,8 +119,8 @@ def test_matches_torch_autograd_float64(rng, shape_name, causal, mask_kind, padd
         "dropout_mask": to_torch(kwargs["dropout_mask"]) if dropout else None,
     }
 
-    out, ctx = attention_forward(q, k, v, **kwargs)
-    grads = attention_backward(dout, ctx)
+    out, _, ctx = attention_forward(q, k, v, **kwargs)
+    grads = attention_backward(dout, ctx)[:3]
     expected = torch_reference(tq, tk, tv, **torch_kwargs)
     expected.backward(to_torch(dout))
 
@@ -165,8 +165,8 @@ def test_fully_masked_rows_give_zero_output_and_zero_gradient(rng):
     allowed = np.ones((4, 5), dtype=bool)
     allowed[2] = False
 
-    out, ctx = attention_forward(q, k, v, key_padding_mask=padding, attn_mask=allowed)
-    dq, dk, dv = attention_backward(rng.standard_normal(out.shape), ctx)
+    out, _, ctx = attention_forward(q, k, v, key_padding_mask=padding, attn_mask=allowed)
+    dq, dk, dv, _ = attention_backward(rng.standard_normal(out.shape), ctx)
 
     assert np.all(np.isfinite(out)) and np.all(np.isfinite(dq))
     assert np.all(out[1] == 0) and np.all(out[0, :, 2] == 0)
@@ -180,7 +180,7 @@ def test_dropout_mask_rescales_kept_weights(rng):
     keep = rng.random((1, 3, 4)) > 0.5
 
     dropped = attention(q, k, v, dropout_p=0.5, dropout_mask=keep)
-    _, ctx = attention_forward(q, k, v)
+    ctx = attention_forward(q, k, v).ctx
     expected = (ctx.probs * keep * 2.0) @ v
 
     np.testing.assert_array_equal(dropped, expected)
@@ -200,7 +200,7 @@ def test_dropout_without_mask_is_reproducible_from_the_seed(rng):
 def test_causal_is_top_left_aligned_when_n_differs_from_m(rng):
     q, k, v = make_qkv(rng, (1,), 3, 5, 2, 2)
 
-    out, ctx = attention_forward(q, k, v, causal=True)
+    out, _, ctx = attention_forward(q, k, v, causal=True)
 
     expected_allowed = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=bool)
     np.testing.assert_array_equal(ctx.probs[0] > 0, expected_allowed)
@@ -219,8 +219,8 @@ def test_low_precision_stays_in_its_dtype(rng, dtype):
     q, k, v = make_qkv(rng, (2,), 5, 6, 4, 3, dtype=dtype)
     mask = np.where(rng.random((5, 6)) > 0.5, 0.0, -1.0)  # a float64 mask must not promote
 
-    out, ctx = attention_forward(q, k, v, causal=True, attn_mask=mask, scale=np.float64(0.5))
-    grads = attention_backward(rng.standard_normal(out.shape).astype(dtype), ctx)
+    out, _, ctx = attention_forward(q, k, v, causal=True, attn_mask=mask, scale=np.float64(0.5))
+    grads = attention_backward(rng.standard_normal(out.shape).astype(dtype), ctx)[:3]
 
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
     assert ctx.probs.dtype == np.float32 and ctx.q.dtype == np.float32  # float16 -> float32 inside

@@ -19,7 +19,7 @@ from numpy_attention.attention import (
 from numpy_attention.fused import BidirectionalAttention, CausalSelfAttention, CrossAttention
 from parity_tests.tolerances import grad_scale
 
-from .conftest import assert_close, to_numpy, to_torch
+from ..conftest import assert_close, to_numpy, to_torch
 
 B, N, M, C, H = 2, 5, 7, 6, 3
 CONTEXT = 8

@@ -9,7 +9,7 @@ import torch
 from numpy_attention import Linear, Module, ModuleList, no_grad
 from numpy_attention.module import is_grad_enabled
 
-from .conftest import to_torch
+from ..conftest import to_torch
 
 
 class TwoLinears(Module):

@@ -12,7 +12,7 @@ import numpy_attention as na
 import torch_attention as ta
 from parity_tests.tolerances import FLOAT64_RTOL, rel_error
 
-from .conftest import to_torch
+from ..conftest import to_torch
 
 
 def parity_error(np_layer, torch_layer, x) -> float:
