@@ -14,12 +14,28 @@ import numpy as np
 from . import validation
 
 
-@functools.lru_cache(maxsize=64)
 def causal_mask(n: int, m: int) -> np.ndarray:
-    """Bool (N, M), True where query i may see key j (j <= i). Built once per shape, read-only."""
-    mask = np.tril(np.ones((n, m), dtype=bool))
-    mask.flags.writeable = False
-    return mask
+    """Bool (N, M), True where query i may see key j (j <= i). Built per call: N * M bytes, and
+    nothing is kept between calls (a cache of (N, N) masks would pin every size ever used)."""
+    return np.tri(n, m, dtype=bool)
+
+
+def causal_buffer(context_length: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """The book's ``mask`` buffer: triu(ones(L, L), diagonal=1), 1 = masked (a future key)."""
+    return np.triu(np.ones((context_length, context_length), dtype=dtype), k=1)
+
+
+def check_causal_buffer(name: str, mask: np.ndarray) -> None:
+    """``ValueError`` unless ``mask`` is the book's causal buffer of some length L: a loaded
+    buffer with a hole in its upper triangle would let the model see future tokens."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+        raise ValueError(f"{name} must be a square (L, L) causal buffer, got shape {mask.shape}")
+    if not np.array_equal(mask != 0, causal_buffer(mask.shape[0], bool)):
+        raise ValueError(
+            f"{name} is not the causal buffer triu(ones(L, L), diagonal=1) (1 = a future key): "
+            "a model with it would see future tokens, or miss past ones"
+        )
 
 
 def key_padding_allowed(
