@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .kernels import DTYPES, check_kernel
-from .targets import Target, builtin_targets, expected_failure
+from .checker.kernels import DTYPES, check_kernel
+from .checker.targets import Target, builtin_targets, expected_failure
 
 LAYER_DTYPES = ("float64", "float32")
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.calibrate is not None:
         if args.calibrate < 1 or kernels:
             parser.error("--calibrate takes a number of seeds >= 1 and measures built-in targets")
-        from .calibration import calibrate
+        from .checker.calibration import calibrate
 
         battery = "quick" if args.quick else "default"
         return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import KernelReport, check_kernel
-from parity_tests.battery import DEFAULT, STRESS, make_inputs, resolve
-from parity_tests.kernels import FLOOR, GRAD_FACTOR, OUTPUT_FACTOR, KernelUnsupported
-from parity_tests.targets import EXPECTED_FAILURES, builtin_targets, expected_failure
+from parity_tests.checker.battery import DEFAULT, STRESS, make_inputs, resolve
+from parity_tests.checker.kernels import FLOOR, GRAD_FACTOR, OUTPUT_FACTOR, KernelUnsupported
+from parity_tests.checker.targets import EXPECTED_FAILURES, builtin_targets, expected_failure
 from parity_tests.tolerances import FLOAT32_RTOL
 
 DTYPES = ("float32", "float16", "bfloat16")

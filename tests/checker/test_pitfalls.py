@@ -7,9 +7,9 @@ import pytest
 import torch.nn.functional as F
 
 from parity_tests import check_kernel
-from parity_tests.battery import QUICK
-from parity_tests.pitfalls import PITFALLS
-from parity_tests.targets import torch_attention_kernel
+from parity_tests.checker.battery import QUICK
+from parity_tests.checker.pitfalls import PITFALLS
+from parity_tests.checker.targets import torch_attention_kernel
 
 DTYPES = ("float32", "float16", "bfloat16")
 

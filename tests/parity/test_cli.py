@@ -10,12 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity_tests import check_kernel, registry, targets
+from parity_tests import check_kernel, registry
+from parity_tests.checker import targets
 from parity_tests.cli import main
 from parity_tests.registry import ParityRow
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
-BROKEN = "parity_tests.pitfalls:scale_by_d"
+BROKEN = "parity_tests.checker.pitfalls:scale_by_d"
 
 
 def test_user_kernel_passes_with_json(tmp_path, capsys):
@@ -71,7 +72,7 @@ def test_an_expected_failure_that_passes_is_an_xpass_and_fails_the_run(monkeypat
 
 def test_stress_findings_do_not_change_the_exit_status(tmp_path, capsys):
     path = tmp_path / "report.json"
-    argv = ["--kernel", "parity_tests.pitfalls:no_max_shift", "--dtype", "float32"]
+    argv = ["--kernel", "parity_tests.checker.pitfalls:no_max_shift", "--dtype", "float32"]
 
     code = main([*argv, "--no-kernels", "--stress", "--device", "cpu", "--json", str(path)])
 
@@ -120,8 +121,8 @@ def test_calibration_reports_the_policy_tables(capsys):
     [
         ["--kernel", "no_colon_here"],
         ["--kernel", "parity_tests.no_such_module:f"],
-        ["--kernel", "parity_tests.pitfalls:no_such_function"],
-        ["--kernel", "parity_tests.pitfalls:PITFALLS"],
+        ["--kernel", "parity_tests.checker.pitfalls:no_such_function"],
+        ["--kernel", "parity_tests.checker.pitfalls:PITFALLS"],
         ["--dtype", "float64"],
         ["--device", "tpu"],
         ["--seed", "one"],
