@@ -1,8 +1,8 @@
 """Shared test pieces: the seeded rng, NumPy <-> torch converters, and the one ``assert_close``.
 
 No test invents its own tolerance: each picks one of the constants of
-``parity_tests.tolerances`` (FLOAT64_RTOL, FLOAT32_RTOL, GRADCHECK_RTOL), through ``assert_close``
-or ``assert_gradcheck``.
+``parity_tests.tolerances`` (FLOAT64_RTOL, FLOAT32_RTOL, FLOAT16_RTOL, GRADCHECK_RTOL), through
+``assert_close`` or ``assert_gradcheck``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ def to_numpy(tensor) -> np.ndarray:
 def assert_close(actual, expected, *, dtype=None, name: str = "", scale: float = 0.0) -> None:
     """Norm-wise relative error within the suite's tolerance for ``dtype`` (default: expected's).
 
-    float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL. Shapes must match exactly. ``scale`` floors
-    the denominator for gradients that are zero by cancellation (``tolerances.grad_scale``).
+    float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL, float16 -> FLOAT16_RTOL (a result computed
+    in float32 and rounded once to float16, against a float64 golden on the same float16 inputs).
+    Shapes must match exactly. ``scale`` floors the denominator for gradients that are zero by
+    cancellation (``tolerances.grad_scale``).
     """
     actual = to_numpy(actual) if hasattr(actual, "detach") else np.asarray(actual)
     expected = to_numpy(expected) if hasattr(expected, "detach") else np.asarray(expected)
