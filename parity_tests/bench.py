@@ -328,9 +328,9 @@ def targets(rows: dict, layer: dict | None) -> list[str]:
         checks.append(
             (
                 f"{LONG} causal fwd+bwd peak traced memory < 1.5 GiB",
-                rows[LONG]["tiled peak fwd+bwd"] / 2**30,
-                1.5,
-                "{:.2f} GiB",
+                rows[LONG]["tiled peak fwd+bwd"] / 2**20,
+                1.5 * 1024,
+                "{:,.0f} MiB",  # MiB, as the tables below state it
             )
         )
     if layer is not None:
