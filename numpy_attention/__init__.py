@@ -4,7 +4,7 @@ Shape legend used everywhere: B batch, H heads, N query length, M key/value leng
 width, D head width, Dv value head width.
 """
 
-from . import convert, functional, fused, masks, tiled
+from . import convert, functional, fused, masks, merge, scores, threads, tiled, varlen
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -18,9 +18,22 @@ from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, 
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
 from .layers import Dropout, Linear
+from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
+from .scores import AttentionGrads, AttentionOutput
+from .varlen import varlen_attention_backward, varlen_attention_forward
 
 __all__ = [
+    "AttentionGrads",
+    "AttentionOutput",
+    "merge",
+    "merge_attention_backward",
+    "merge_attention_forward",
+    "scores",
+    "threads",
+    "varlen",
+    "varlen_attention_backward",
+    "varlen_attention_forward",
     "BidirectionalAttention",
     "CausalSelfAttention",
     "CrossAttention",

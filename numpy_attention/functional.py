@@ -1,14 +1,23 @@
-"""The stateless core: softmax, scaled dot-product attention, and head split/merge.
+"""The stateless core: softmax, scaled dot-product attention (the dense path), head split/merge.
 
-Every op is a pair ``x_forward(...) -> (out, ctx)`` / ``x_backward(dout, ctx)``; ``ctx`` is a
-NamedTuple holding only what the backward needs. The backward sits right below its forward and
-walks it in reverse.
+Every op is a pair ``x_forward(...) -> (out, ..., ctx)`` / ``x_backward(dout, ctx)``; ``ctx`` is a
+NamedTuple holding only what the backward needs, and the backward sits right below its forward,
+walking it in reverse. ``attention_forward`` is the one entry point of attention: it checks
+every option (``scores.prepare``), then runs the dense path below (one (..., N, M) array of
+probabilities, the readable reference) or the tiled path (``tiled.py``: blocks, O(N * block)
+memory, a thread pool), both reading the one score pipeline of ``scores.py``.
 
-Shape legend: B batch, H heads, N query length, M key/value length, C model width, D head width
-(queries and keys), Dv value head width. "..." is any number of leading batch axes.
+Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M key/value length,
+D head width (queries and keys), Dv value head width; "..." any leading axes of q (the last of
+them is the heads axis H for GQA, ALiBi and sinks), G their product.
 
-Dtypes: float64 in, float64 out; float32 in, float32 out with no float64 intermediate; float16 is
-computed in float32 and returned as float16. Integer or bool inputs are a ``TypeError``.
+Dtypes: float64 in, float64 out; float32 in, float32 out with no float64 intermediate; float16
+is computed in float32 and returned as float16 (lse stays float32). Integer or bool inputs are a
+``TypeError``.
+
+Derivation: docs/derivations/softmax.md, docs/derivations/attention.md and the pages it links
+(softcap, ALiBi and masks, windows, GQA, sinks, lse).
+Tests: tests/numpy_attention/test_functional.py, tests/numpy_attention/test_functional_ops.py.
 """
 
 from __future__ import annotations
@@ -18,11 +27,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import masks, validation
+from . import scores, tiled, validation
 from .grad_mode import is_grad_enabled, no_grad
-from .scores import AttentionGrads, AttentionOutput
+from .scores import AttentionGrads, AttentionOutput, ScoreRules, Tile
 
-# -- softmax ----------------------------------------------------------------------------------
+# -- softmax ------------------------------------------------------------------------------------
 
 
 class SoftmaxCtx(NamedTuple):
@@ -32,7 +41,8 @@ class SoftmaxCtx(NamedTuple):
 def softmax_forward(scores: np.ndarray) -> tuple[np.ndarray, SoftmaxCtx]:
     """Softmax over the last axis; entries equal to -inf are masked out.
 
-    A row whose entries are all -inf (nothing to attend to) gives probabilities 0, not NaN.
+    A row whose entries are all -inf (nothing to attend to) gives probabilities 0, not NaN; a
+    NaN anywhere in a row makes the whole row NaN.
 
     Args:
         scores: (..., M) float array.
@@ -40,17 +50,8 @@ def softmax_forward(scores: np.ndarray) -> tuple[np.ndarray, SoftmaxCtx]:
     Returns:
         probs (..., M) and the ctx for ``softmax_backward``.
     """
-    exps = np.exp(scores - _row_shift(scores))
-    total = exps.sum(axis=-1, keepdims=True)
-    probs = exps / np.where(total == 0, 1, total).astype(scores.dtype, copy=False)
+    probs, _ = _softmax(scores, None)
     return probs, SoftmaxCtx(probs)
-
-
-def _row_shift(scores: np.ndarray) -> np.ndarray:
-    """The row max (..., 1) that keeps exp(scores - shift) <= 1; 0 for a fully masked row, whose
-    max is -inf: shifting by it would give -inf - (-inf) = NaN, by 0 keeps exp(-inf) = 0."""
-    row_max = scores.max(axis=-1, keepdims=True)
-    return np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
 
 
 def softmax_backward(dprobs: np.ndarray, ctx: SoftmaxCtx) -> np.ndarray:
@@ -65,17 +66,45 @@ def softmax_backward(dprobs: np.ndarray, ctx: SoftmaxCtx) -> np.ndarray:
     return probs * (dprobs - row_dot)
 
 
-# -- attention --------------------------------------------------------------------------------
+def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """P = exp(S - lse) over the last axis, with lse = log(sum_j exp(S_j) + exp(sink)).
+
+    The shift is the row max (the sink included), or 0 for a row that is all -inf: shifting by
+    -inf would give -inf - (-inf) = NaN. Such a row gets P = 0 and lse = -inf (with a sink:
+    lse = the sink logit, its whole weight on the sink).
+
+    Returns:
+        probs (..., M) and lse (..., 1), in the scores' dtype.
+    """
+    row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., 1); -inf when M = 0
+    if sinks is not None:
+        row_max = np.maximum(row_max, sinks)
+    shift = np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
+    exps = np.exp(scores - shift)
+    total = exps.sum(axis=-1, keepdims=True)  # (..., 1)
+    if sinks is not None:
+        total += np.exp(sinks - shift)  # the sink's term: a logit with no value attached
+    probs = exps / np.where(total == 0, 1, total).astype(scores.dtype, copy=False)
+    with np.errstate(divide="ignore"):
+        lse = shift + np.log(total)  # log(0) = -inf for a dead row
+    return probs, lse
+
+
+# -- attention ----------------------------------------------------------------------------------
 
 
 class AttentionCtx(NamedTuple):
-    q: np.ndarray  # (..., N, D), compute dtype
-    k: np.ndarray  # (..., M, D)
-    v: np.ndarray  # (..., M, Dv)
-    probs: np.ndarray  # (..., N, M), softmax output before dropout
-    keep: np.ndarray | None  # dropout keep-mask broadcasting to (..., N, M), or None
-    rescale: Any  # 1 / (1 - dropout_p), in the compute dtype
-    scale: Any  # the scores' scale, in the compute dtype
+    """The dense path's ctx. q, k, v are grouped by kv head: (G_kv, group, L, W)."""
+
+    q_scaled: np.ndarray  # (G_kv, group, N, D), Q * scale in the compute dtype
+    k: np.ndarray  # (G_kv, 1, M, D)
+    v: np.ndarray  # (G_kv, 1, M, Dv)
+    probs: np.ndarray  # (G, N, M), softmax output before dropout
+    keep: np.ndarray | None  # dropout keep-mask broadcasting to (G, N, M), or None
+    capped: np.ndarray | None  # tanh(S1 / softcap), (G, N, M), or None without softcap
+    lse: np.ndarray  # (G, N, 1)
+    rules: ScoreRules
+    shapes: tuple[tuple[int, ...], ...]  # the shapes of q, k and v as given
     dtype: np.dtype  # the inputs' dtype, which the gradients are returned in
 
 
@@ -85,144 +114,186 @@ def attention_forward(
     v: np.ndarray,
     *,
     causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    align: str = "top-left",
     key_padding_mask: np.ndarray | None = None,
     attn_mask: np.ndarray | None = None,
     scale: float | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    enable_gqa: bool = False,
     dropout_p: float = 0.0,
     dropout_mask: np.ndarray | None = None,
     rng: np.random.Generator | int | None = None,
     impl: str = "auto",
     return_lse: bool = False,
 ) -> AttentionOutput:
-    """Scaled dot-product attention: ``softmax(q k^T * scale + masks) v``.
+    """Scaled dot-product attention with today's options, in the order of the score pipeline.
 
-    S = Q K^T * scale (+ float attn_mask); S = -inf where masked; P = softmax(S);
-    P' = P * keep / (1 - dropout_p) in dropout; O = P' V.
+    S = (Q * scale) K^T; S = softcap * tanh(S / softcap); S -= slope_h * |p_i - j|; S += float
+    attn_mask; S = -inf where hidden; P = softmax(S) with the sink in each row's denominator;
+    P' = P * keep / (1 - dropout_p); O = P' V.
 
     Args:
-        q: (..., N, D) queries.
-        k: (..., M, D) keys; same leading axes and dtype as q.
-        v: (..., M, Dv) values; same leading axes and dtype as q.
-        causal: top-left aligned causal mask, query i sees keys j <= i (as SDPA's is_causal).
+        q: (..., H, N, D) queries (any leading axes; the last is the heads axis).
+        k: (..., H_kv, M, D) keys; H_kv = H unless ``enable_gqa``.
+        v: (..., H_kv, M, Dv) values.
+        causal: query i sees keys j <= p_i (p_i = i, or i + M - N with ``align="bottom-right"``).
+        window: (left, right): query i sees keys p_i - left <= j <= p_i + right; either side
+            may be None (unbounded). Intersects with ``causal``.
+        align: "top-left" (SDPA's is_causal) or "bottom-right" (flash-attn's; a KV-cache decode
+            step): where query i sits on the key axis, for causal, windows and ALiBi.
         key_padding_mask: bool (B, M), True = padding, never attended. Needs a batched q.
-        attn_mask: bool (True = may attend) or float (added to the scores), broadcasting to
-            (..., N, M).
-        scale: multiplies q k^T; defaults to 1 / sqrt(D).
+        attn_mask: bool (True = may attend) or float (added to the scores; -inf hides),
+            broadcasting to (..., H, N, M).
+        scale: multiplies q k^T; a finite real number; defaults to 1 / sqrt(D).
+        softcap: > 0 caps the scores with ``softcap * tanh(S / softcap)`` (Gemma 2); 0 = off.
+        alibi_slopes: (H,) or (B, H): ALiBi, ``S -= slope_h * |p_i - j|``.
+        sinks: (H,), one logit per query head that joins every row's softmax with no value
+            (gpt-oss's attention sinks); in the inputs' dtype, used as given.
+        enable_gqa: k and v may have H_kv heads with H % H_kv == 0; query head h reads kv head
+            h // (H // H_kv).
         dropout_p: inverted dropout on the attention weights, in [0, 1).
-        dropout_mask: bool keep-mask (True = kept) broadcasting to (..., N, M); needs
-            dropout_p > 0. Without it, the keep-mask is drawn from ``rng``.
+        dropout_mask: bool keep-mask (True = kept) broadcasting to (..., H, N, M); needs
+            dropout_p > 0. Without it, the keep-mask is regenerated from one seed drawn from
+            ``rng`` (``scores.dropout_mask_from_seed``): the same on both paths.
         rng: a ``np.random.Generator`` or seed, used only when dropout draws its own mask.
-        impl: ``"dense"`` (this function's math, one (..., N, M) array of probabilities),
-            ``"tiled"`` (``tiled.tiled_attention_forward``: blocks, online softmax, O(N * block)
-            memory, a thread pool) or ``"auto"``: tiled from N * M >= 512 * 512 on, dense
-            below (the crossover measured in docs/benchmarks.md). Both give the same results;
-            only dropout without an explicit ``dropout_mask`` draws a different keep-mask.
-        return_lse: also return the log-sum-exp of each row of the masked scores, as
-            flash-attention does.
+        impl: ``"dense"`` (this module: one (..., N, M) array of probabilities), ``"tiled"``
+            (``tiled.tiled_attention_forward``: blocks, online softmax, O(N * block) memory, a
+            thread pool) or ``"auto"``: tiled from N * M >= 512 * 512 on, dense below (the
+            crossover measured in docs/benchmarks.md). Both give the same results.
+        return_lse: also return lse, the log-sum-exp of each row of scores (the sink's term
+            included), as flash-attention does.
 
     Returns:
-        ``(out, ctx)``, or ``(out, lse, ctx)`` with ``return_lse``. out (..., N, Dv) is in the
-        inputs' dtype; lse (..., N) in the compute dtype (float32 for float16 inputs). A query
-        row with nothing to attend to gets output 0 and lse -inf. ``ctx`` is for
-        ``attention_backward``, which dispatches on its type; under ``no_grad()`` it is None and
-        nothing is kept.
+        ``AttentionOutput(out, lse, ctx)``: out (..., H, N, Dv) in the inputs' dtype; lse
+        (..., H, N) in the compute dtype when ``return_lse`` (else None): -inf for a row with
+        nothing to attend to (the sink logit with sinks), whose output is 0; ``ctx`` for
+        ``attention_backward`` (None under ``no_grad()``: nothing is kept).
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    return_lse = validation.flag("return_lse", return_lse)
+    options: dict[str, Any] = {
+        "causal": causal,
+        "window": window,
+        "align": align,
+        "key_padding_mask": key_padding_mask,
+        "attn_mask": attn_mask,
+        "scale": scale,
+        "softcap": softcap,
+        "alibi_slopes": alibi_slopes,
+        "sinks": sinks,
+        "enable_gqa": enable_gqa,
+        "dropout_p": dropout_p,
+        "dropout_mask": dropout_mask,
+        "rng": rng,
+    }
     if impl == "tiled" or (impl == "auto" and _is_large(q, k)):
-        from .tiled import tiled_attention_forward  # tiled.py imports this module's checks
+        return tiled.tiled_attention_forward(q, k, v, return_lse=return_lse, **options)
+    q, k, v, dtype, rules = scores.prepare(q, k, v, **options)
+    shapes = (q.shape, k.shape, v.shape)
+    group, n, m = rules.group, rules.n, rules.m
+    g_kv = math.prod(rules.lead) // group
+    q_scaled = (q * rules.scale).reshape(g_kv, group, n, q.shape[-1])  # (G_kv, group, N, D)
+    k, v = k.reshape(g_kv, 1, m, k.shape[-1]), v.reshape(g_kv, 1, m, v.shape[-1])  # (G_kv, 1, M, W)
 
-        return tiled_attention_forward(
-            q,
-            k,
-            v,
-            causal=causal,
-            key_padding_mask=key_padding_mask,
-            attn_mask=attn_mask,
-            scale=scale,
-            dropout_p=dropout_p,
-            dropout_mask=dropout_mask,
-            rng=rng,
-            return_lse=return_lse,
-        )
-    q, k, v, dtype = _check_qkv(q, k, v)
-    compute = np.dtype(np.float32) if dtype == np.float16 else dtype
-    n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    score_shape = q.shape[:-1] + (m,)
+    logits = q_scaled @ k.swapaxes(-1, -2)  # (G_kv, group, N, D) @ (G_kv, 1, D, M)
+    logits = logits.reshape(g_kv * group, n, m)  # -> (G, N, M): S1 = (Q * scale) K^T
+    tile = Tile(slice(0, len(logits)), slice(0, n), slice(0, m), transposed=False)
+    capped = scores.apply(rules, logits, tile)  # softcap, ALiBi, float mask, hidden -> -inf
+    probs, lse = _softmax(logits, scores.sink_logits(rules, tile.groups))  # (G, N, M), (G, N, 1)
+    keep = scores.keep_tile(rules, tile)
+    weights = probs if keep is None else probs * keep * rules.rescale  # P'
+    out = weights.reshape(g_kv, group, n, m) @ v  # (G_kv, group, N, M) @ (G_kv, 1, M, Dv)
+    out = out.reshape(rules.lead + (n, v.shape[-1])).astype(dtype, copy=False)  # (..., N, Dv)
 
-    allowed, bias = None, None
-    if attn_mask is not None:
-        allowed, bias = masks.split_attn_mask(attn_mask, score_shape, compute)
-    allowed = masks.combine(
-        allowed,
-        masks.causal_mask(n, m) if causal else None,
-        None
-        if key_padding_mask is None
-        else masks.key_padding_allowed(key_padding_mask, q.shape, m),
-    )
-    keep, rescale = _dropout_keep(dropout_p, dropout_mask, score_shape, rng, compute)
-    scale = compute.type(1.0 / math.sqrt(d) if scale is None else _check_scale(scale))
-
-    q, k, v = (t.astype(compute, copy=False) for t in (q, k, v))
-    scores = (q @ k.swapaxes(-1, -2)) * scale  # (..., N, D) @ (..., D, M) -> (..., N, M)
-    if bias is not None:
-        scores += bias
-    if allowed is not None:
-        scores = np.where(allowed, scores, compute.type(-np.inf))
-    probs, _ = softmax_forward(scores)
-    weights = probs if keep is None else probs * keep * rescale
-    out = weights @ v  # (..., N, M) @ (..., M, Dv) -> (..., N, Dv)
-    ctx = AttentionCtx(q, k, v, probs, keep, rescale, scale, dtype) if is_grad_enabled() else None
-    lse = _logsumexp(scores) if return_lse else None
-    return AttentionOutput(out.astype(dtype, copy=False), lse, ctx)
+    ctx = None
+    if is_grad_enabled():
+        ctx = AttentionCtx(q_scaled, k, v, probs, keep, capped, lse, rules, shapes, dtype)
+    return AttentionOutput(out, lse.reshape(rules.lead + (n,)) if return_lse else None, ctx)
 
 
-def attention_backward(dout: np.ndarray, ctx: Any) -> AttentionGrads:
-    """Gradients of q, k and v.
+def attention_backward(
+    dout: np.ndarray, ctx: AttentionCtx | tiled.TiledAttentionCtx, dlse: np.ndarray | None = None
+) -> AttentionGrads:
+    """Gradients of q, k, v (and of the sinks), given the output's and optionally lse's.
 
     P' = P * keep / (1 - p) (P' = P without dropout), then
-    dV = P'^T dO;  dP' = dO V^T;  dP = dP' * keep / (1 - p);
-    dS = P * (dP - rowsum(dP * P));  dQ = dS K * scale;  dK = dS^T Q * scale.
-    Masked entries have P = 0, so dS = 0 there and a fully masked row gets zero gradient.
-    Derivation: docs/derivations/attention.md.
+    dV = sum over the group of P'^T dO;  dP' = dO V^T;  dP = dP' * keep / (1 - p);
+    dS = P * (dP - rowsum(dP * P)) + dlse * P;
+    dsink_h = sum over rows of P_sink * (dlse - rowsum(dP * P)), P_sink = exp(sink - lse);
+    dS1 = dS * (1 - tanh^2(S1 / softcap)) (softcap only);
+    dQ = dS1 K * scale;  dK = sum over the group of dS1^T (Q * scale).
+    Hidden entries have P = 0, so dS = 0 there, and a row with nothing to attend to gets zero
+    gradient. Derivation: docs/derivations/attention.md (and softcap.md, gqa.md, sinks.md,
+    lse.md).
 
     Args:
-        dout: (..., N, Dv) gradient of the output.
+        dout: (..., H, N, Dv) gradient of the output.
         ctx: from ``attention_forward``; a tiled ctx goes to ``tiled.tiled_attention_backward``.
+        dlse: (..., H, N), gradient of lse (attention composed through its lse, as in a merge);
+            None for 0.
 
     Returns:
-        dq (..., N, D), dk (..., M, D), dv (..., M, Dv), in the inputs' dtype.
+        ``AttentionGrads(dq, dk, dv, dsinks)`` in the inputs' dtype; dsinks (H,) with sinks,
+        else None.
     """
+    if isinstance(ctx, tiled.TiledAttentionCtx):
+        return tiled.tiled_attention_backward(dout, ctx, dlse)
     if not isinstance(ctx, AttentionCtx):
-        from .tiled import tiled_attention_backward  # tiled.py imports this module's checks
+        raise TypeError(
+            "attention_backward needs the ctx of a forward run outside no_grad(), "
+            f"got {type(ctx).__name__}"
+        )
+    q_scaled, k, v, probs, keep, capped, lse, rules, shapes, dtype = ctx
+    n, m, group = rules.n, rules.m, rules.group
+    compute = q_scaled.dtype
+    dout = validation.grad_output(dout, rules.lead + (n, v.shape[-1]), compute)
+    g_kv = len(v)
+    dout = dout.reshape(g_kv, group, n, v.shape[-1])  # (G_kv, group, N, Dv)
 
-        return tiled_attention_backward(dout, ctx)
-    q, k, v, probs, keep, rescale, scale, dtype = ctx
-    dout = validation.float_array("dout", dout).astype(q.dtype, copy=False)
-    expected = probs.shape[:-1] + v.shape[-1:]
-    if dout.shape != expected:
-        raise ValueError(f"dout must have the output's shape {expected}, got {dout.shape}")
-
-    weights = probs if keep is None else probs * keep * rescale
-    dv = weights.swapaxes(-1, -2) @ dout  # (..., M, N) @ (..., N, Dv) -> (..., M, Dv)
-    dweights = dout @ v.swapaxes(-1, -2)  # (..., N, Dv) @ (..., Dv, M) -> (..., N, M)
-    dprobs = dweights if keep is None else dweights * keep * rescale
-    dscores = softmax_backward(dprobs, SoftmaxCtx(probs))
-    dq = (dscores @ k) * scale  # (..., N, M) @ (..., M, D) -> (..., N, D)
-    dk = (dscores.swapaxes(-1, -2) @ q) * scale  # (..., M, N) @ (..., N, D) -> (..., M, D)
+    weights = probs if keep is None else probs * keep * rules.rescale  # P', (G, N, M)
+    weights = weights.reshape(g_kv, group, n, m)  # (G_kv, group, N, M)
+    # forward: out = P' V, V shared by the group
+    dv = (weights.swapaxes(-1, -2) @ dout).sum(axis=1, keepdims=True)  # (G_kv, 1, M, Dv)
+    dweights = (dout @ v.swapaxes(-1, -2)).reshape(g_kv * group, n, m)  # dP' = dO V^T, (G, N, M)
+    dprobs = dweights if keep is None else dweights * keep * rules.rescale
+    delta = (dprobs * probs).sum(axis=-1, keepdims=True)  # rowsum(dP * P), (G, N, 1)
+    dscores = softmax_backward(dprobs, SoftmaxCtx(probs))  # P * (dP - delta)
+    dsinks = None
+    if dlse is not None:
+        dlse = validation.grad_output(dlse, rules.lead + (n,), compute, name="dlse")
+        dlse = dlse.reshape(g_kv * group, n, 1)  # (G, N, 1)
+        dscores += dlse * probs  # forward: lse = log(sum exp S), d lse / d S = P
+    if rules.sinks is not None:
+        sink_probs = np.exp(scores.sink_logits(rules, slice(0, len(lse))) - lse)  # (G, N, 1)
+        upstream = -delta if dlse is None else dlse - delta
+        dsinks = _sum_to_heads((sink_probs * upstream).sum(axis=(-2, -1)), rules, dtype)
+    dscores = scores.backward(rules, dscores, capped)  # dS1, (G, N, M)
+    dscores = dscores.reshape(g_kv, group, n, m)  # (G_kv, group, N, M)
+    dq = (dscores @ k) * rules.scale  # forward: S1 = (Q * scale) K^T
+    dk = (dscores.swapaxes(-1, -2) @ q_scaled).sum(axis=1, keepdims=True)  # (G_kv, 1, M, D)
     return AttentionGrads(
-        dq.astype(dtype, copy=False),
-        dk.astype(dtype, copy=False),
-        dv.astype(dtype, copy=False),
-        None,
+        dq.reshape(shapes[0]).astype(dtype, copy=False),
+        dk.reshape(shapes[1]).astype(dtype, copy=False),
+        dv.reshape(shapes[2]).astype(dtype, copy=False),
+        dsinks,
     )
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, **kwargs: Any) -> np.ndarray:
-    """``attention_forward`` without the ctx, for inference: it runs under ``no_grad()``, so
-    nothing is kept for a backward. Same keywords."""
+def _sum_to_heads(per_group: np.ndarray, rules: ScoreRules, dtype: np.dtype) -> np.ndarray:
+    """A sink's gradient per flattened leading index (G,) summed over all but the heads: (H,)."""
+    per_group = per_group.reshape(rules.lead)
+    return per_group.sum(axis=tuple(range(len(rules.lead) - 1))).astype(dtype, copy=False)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> np.ndarray:
+    """``attention_forward(q, k, v, **options).out`` for inference: it runs under ``no_grad()``,
+    so nothing is kept for a backward. Same keywords."""
     with no_grad():
-        return attention_forward(q, k, v, **kwargs).out
+        return attention_forward(q, k, v, **options).out
 
 
 _IMPLS = ("auto", "dense", "tiled")
@@ -241,61 +312,7 @@ def _is_large(q: Any, k: Any) -> bool:
     return len(q_shape) >= 2 and len(k_shape) >= 2 and q_shape[-2] * k_shape[-2] >= _TILED_FROM
 
 
-def _logsumexp(scores: np.ndarray) -> np.ndarray:
-    """log(sum(exp(scores))) over the last axis, shifted by the row max; -inf for a row that is
-    all -inf. (..., N, M) -> (..., N), in the scores' dtype."""
-    shift = _row_shift(scores)
-    with np.errstate(divide="ignore"):
-        return (shift + np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)))[..., 0]
-
-
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.dtype]:
-    q, k, v = (validation.float_array(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
-    dtype = validation.same_dtype(q=q, k=k, v=v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim < 2:
-            raise ValueError(
-                f"{name} must have at least 2 axes (..., length, width), got {t.shape}"
-            )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            f"q, k and v must share their leading axes, got q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head width D, got q {q.shape} and k {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must share the key length M, got k {k.shape} and v {v.shape}")
-    return q, k, v, dtype
-
-
-def _check_scale(scale: Any) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-        raise TypeError(f"scale must be a real number or None, got {scale!r}")
-    return float(scale)
-
-
-def _dropout_keep(
-    dropout_p: Any,
-    dropout_mask: Any,
-    score_shape: tuple[int, ...],
-    rng: np.random.Generator | int | None,
-    compute: np.dtype,
-) -> tuple[np.ndarray | None, Any]:
-    """The keep-mask (or None when there is no dropout) and the 1 / (1 - p) rescale."""
-    p = validation.dropout_p(dropout_p)
-    if dropout_mask is not None:
-        dropout_mask = validation.bool_array("dropout_mask", dropout_mask)
-        if p == 0.0:
-            raise ValueError("dropout_mask was given with dropout_p == 0; set dropout_p > 0")
-        validation.broadcasts_to("dropout_mask", dropout_mask, score_shape)
-        return dropout_mask, compute.type(1.0 / (1.0 - p))
-    if p == 0.0:
-        return None, compute.type(1.0)
-    keep = np.random.default_rng(rng).random(score_shape) >= p
-    return keep, compute.type(1.0 / (1.0 - p))
-
-
-# -- heads ------------------------------------------------------------------------------------
+# -- heads --------------------------------------------------------------------------------------
 
 
 class HeadsCtx(NamedTuple):
@@ -305,6 +322,7 @@ class HeadsCtx(NamedTuple):
 def split_heads_forward(x: np.ndarray, num_heads: int) -> tuple[np.ndarray, HeadsCtx]:
     """(..., N, H*D) -> (..., H, N, D): head h takes columns h*D:(h+1)*D."""
     x = validation.float_array("x", x)
+    num_heads = validation.positive_int("num_heads", num_heads)
     if x.ndim < 2 or x.shape[-1] % num_heads != 0:
         raise ValueError(f"x of shape {x.shape}: last axis must split into {num_heads} heads")
     *lead, n, width = x.shape

@@ -1,21 +1,58 @@
-"""The score pipeline of attention, shared by the dense and tiled paths, and its result types.
+"""The score pipeline of attention: every option checked once, then applied tile by tile.
 
-Derivation: docs/derivations/attention.md. Tests: tests/numpy_attention/test_scores.py.
+One pipeline, written once, read by the dense path (one tile: every query, every key) and by the
+tiled path (blocks of queries and keys):
+
+1. ``S = (Q * scale) K^T``. With GQA, query head h reads kv head ``h // group``,
+   group = H // H_kv (the paths arrange q as (..., H_kv, group, N, D) so K is never repeated).
+2. ``softcap > 0``: ``S = softcap * tanh(S / softcap)``.
+3. ALiBi: ``S -= slope_h * |p_i - j|``, with p_i = i + offset query i's position on the key axis
+   (offset 0 for ``align="top-left"``, M - N for ``"bottom-right"``).
+4. A float ``attn_mask`` is added.
+5. Visibility: every hidden score is *replaced* by -inf (never added to, so a NaN or inf at a
+   hidden key cannot leak): causal (j <= p_i), a window (p_i - left <= j <= p_i + right), a
+   bool ``attn_mask``, ``key_padding_mask``, and the -inf entries of a float ``attn_mask``.
+6. Sinks: one raw logit per query head joins every row's softmax with no value attached. The
+   softmax itself belongs to each path (dense: whole rows; tiled: online); this module gives the
+   sink logit of each tile's rows.
+7. Dropout: a keep-mask sliced from an explicit one, or regenerated from a seed block by block.
+
+Tiles are (g, bq, bk) arrays, or (g, bk, bq) with ``transposed=True`` (the tiled path works on
+S^T); g runs over a slice of the flattened leading axes of q (``groups``).
+
+Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M key length, D head
+width, Dv value head width, G the product of q's leading axes (B * H), g a tile's share of them.
+
+Derivation: docs/derivations/attention.md (pipeline), softcap.md, alibi.md, windows.md,
+sinks.md, gqa.md. Tests: tests/numpy_attention/test_scores.py.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from . import masks, validation
+
+ALIGNS = ("top-left", "bottom-right")
+# The keep-mask of a dropout drawn from a seed is defined on a grid of these blocks, each drawn
+# from its own Philox stream, whatever tile sizes compute it: dense and tiled paths, at any block
+# size, draw the same mask for the same seed.
+DROPOUT_BLOCK = 256
+# Position grids up to this many entries (a 256 x 256 tile) are cached; larger ones are built per
+# call, so that the cache never pins an (N, M) array of a forced dense run.
+_GRID_CACHE_ENTRIES = 256 * 256
 
 
 class AttentionOutput(NamedTuple):
     """What ``attention_forward`` returns, whatever the options: the same three fields.
 
     out: (..., N, Dv) in the inputs' dtype. lse: (..., N), the natural-log log-sum-exp of each
-    row of scores, in the compute dtype, when ``return_lse=True``; else None. ctx: what
-    ``attention_backward`` needs; None under ``no_grad()``.
+    row of scores (the sink's term included), in the compute dtype, when ``return_lse=True``;
+    else None. ctx: what ``attention_backward`` needs; None under ``no_grad()``.
     """
 
     out: np.ndarray
@@ -30,3 +67,427 @@ class AttentionGrads(NamedTuple):
     dk: np.ndarray
     dv: np.ndarray
     dsinks: np.ndarray | None
+
+
+class Tile(NamedTuple):
+    """Which scores a tile holds: leading indices ``groups`` (flattened), query ``rows``, key
+    ``cols``; ``transposed`` tiles hold S^T, (g, bk, bq)."""
+
+    groups: slice
+    rows: slice
+    cols: slice
+    transposed: bool
+
+
+class ScoreRules(NamedTuple):
+    """Every option of one attention call, checked, in the form the tiles read.
+
+    Masks are kept "full rank" (one axis per axis of the scores (..., N, M), unit axes where they
+    broadcast) so that ``_tile`` can slice them without materializing the broadcast.
+    """
+
+    lead: tuple[int, ...]  # q's leading axes (..., H); G = prod(lead)
+    n: int
+    m: int
+    group: int  # query heads per kv head (1 without GQA)
+    scale: Any  # compute-dtype scalar
+    softcap: float  # 0.0: off
+    slopes: np.ndarray | None  # ALiBi slope of every flattened leading index, (G,)
+    bias: np.ndarray | None  # float attn_mask, full rank
+    hidden: tuple[np.ndarray, ...]  # bool, full rank, True = hidden (replaced by -inf)
+    left: int | None  # the band of visible keys around p_i: p_i - left <= j <= p_i + right,
+    right: int | None  # None = unbounded on that side; causal makes right <= 0
+    offset: int  # p_i = i + offset
+    sinks: np.ndarray | None  # sink logit of every flattened leading index, (G,), compute dtype
+    keep: np.ndarray | None  # explicit dropout keep-mask, full rank
+    seed: int | None  # or: regenerate the keep-mask from this seed (DROPOUT_BLOCK grid)
+    dropout_p: float
+    rescale: Any  # 1 / (1 - dropout_p), compute dtype
+    compute: np.dtype
+
+
+class Inputs(NamedTuple):
+    """q, k, v checked and cast to the compute dtype, with the rules of the call."""
+
+    q: np.ndarray  # (..., H, N, D)
+    k: np.ndarray  # (..., H_kv, M, D)
+    v: np.ndarray  # (..., H_kv, M, Dv)
+    dtype: np.dtype  # the inputs' dtype: outputs and gradients are returned in it
+    rules: ScoreRules
+
+
+def prepare(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any = False,
+    window: Any = None,
+    align: Any = "top-left",
+    key_padding_mask: Any = None,
+    attn_mask: Any = None,
+    scale: Any = None,
+    softcap: Any = 0.0,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    enable_gqa: Any = False,
+    dropout_p: Any = 0.0,
+    dropout_mask: Any = None,
+    rng: Any = None,
+) -> Inputs:
+    """Check q, k, v and every option (before any work) and build the rules of the call.
+
+    Raises ``TypeError``/``ValueError`` naming the argument and the shapes involved.
+    """
+    q, k, v = (validation.float_array(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
+    dtype = validation.same_dtype(q=q, k=k, v=v)
+    compute = np.dtype(np.float32) if dtype == np.float16 else dtype
+    group = _check_shapes(q, k, v, validation.flag("enable_gqa", enable_gqa))
+    lead, n, m, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    score_shape = lead + (n, m)
+    rank = len(score_shape)
+
+    causal = validation.flag("causal", causal)
+    if align not in ALIGNS:
+        raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+    left, right = _check_window(window)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    offset = m - n if align == "bottom-right" else 0
+
+    bias, hidden = None, []
+    if attn_mask is not None:
+        allowed, float_mask = masks.split_attn_mask(attn_mask, score_shape, compute)
+        if allowed is not None:
+            hidden.append(~allowed)
+        if float_mask is not None:
+            bias = float_mask
+            if np.isneginf(float_mask).any():  # -inf in a float mask hides: replace, not add
+                hidden.append(np.isneginf(float_mask))
+    if key_padding_mask is not None:
+        hidden.append(~masks.key_padding_allowed(key_padding_mask, q.shape, m))
+
+    p = validation.dropout_p(dropout_p)
+    keep, seed = None, None
+    if dropout_mask is not None:
+        keep = _full_rank(validation.keep_mask("dropout_mask", dropout_mask, p, score_shape), rank)
+    elif p > 0.0:
+        seed = int(np.random.default_rng(rng).integers(2**63))
+
+    if d == 0:
+        raise ValueError(f"q and k have head width D = 0 (q {q.shape}): nothing to attend with")
+    scale_value = 1.0 / math.sqrt(d) if scale is None else validation.finite_real("scale", scale)
+    cap = validation.finite_real("softcap", softcap)
+    if cap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
+    return Inputs(
+        q.astype(compute, copy=False),
+        k.astype(compute, copy=False),
+        v.astype(compute, copy=False),
+        dtype,
+        ScoreRules(
+            lead=lead,
+            n=n,
+            m=m,
+            group=group,
+            scale=compute.type(scale_value),
+            softcap=cap,
+            slopes=_check_slopes(alibi_slopes, lead, compute),
+            bias=None if bias is None else _full_rank(bias, rank),
+            hidden=tuple(_full_rank(mask, rank) for mask in hidden),
+            left=left,
+            right=right,
+            offset=offset,
+            sinks=_check_sinks(sinks, lead, dtype, compute),
+            keep=keep,
+            seed=seed,
+            dropout_p=p,
+            rescale=compute.type(1.0 / (1.0 - p)),
+            compute=compute,
+        ),
+    )
+
+
+def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, enable_gqa: bool) -> int:
+    """The number of query heads per kv head; ``ValueError`` naming the shapes otherwise."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim < 2:
+            raise ValueError(
+                f"{name} must have at least 2 axes (..., length, width), got {t.shape}"
+            )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the head width D, got q {q.shape} and k {k.shape}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must share their leading axes and the key length M, got k {k.shape} and "
+            f"v {v.shape}"
+        )
+    if q.shape[:-2] == k.shape[:-2]:
+        return 1
+    if not enable_gqa:
+        raise ValueError(
+            f"q, k and v must share their leading axes, got q {q.shape}, k {k.shape}, "
+            f"v {v.shape}; k and v with fewer heads (GQA/MQA) need enable_gqa=True"
+        )
+    if q.ndim < 3 or q.ndim != k.ndim or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"with enable_gqa, q (..., H, N, D) and k, v (..., H_kv, M, D) differ only in the "
+            f"heads axis -3, got q {q.shape} and k {k.shape}"
+        )
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(
+            f"the query heads H = {heads} must be a multiple of the kv heads H_kv = {kv_heads} "
+            f"(q {q.shape}, k {k.shape})"
+        )
+    return heads // kv_heads
+
+
+def _check_window(window: Any) -> tuple[int | None, int | None]:
+    """``(left, right)``, each a non-negative int or None (unbounded)."""
+    if window is None:
+        return None, None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be (left, right) or None, got {window!r}")
+    left, right = (
+        None if side is None else validation.non_negative_int(f"window[{i}]", side)
+        for i, side in enumerate(window)
+    )
+    return left, right
+
+
+def _check_slopes(slopes: Any, lead: tuple[int, ...], compute: np.dtype) -> np.ndarray | None:
+    """ALiBi slopes (H,) or (B, H) as one slope per flattened leading index of q, (G,)."""
+    if slopes is None:
+        return None
+    slopes = validation.float_array("alibi_slopes", slopes)
+    if len(lead) < 1 or slopes.ndim not in (1, 2) or slopes.shape[-1] != lead[-1]:
+        raise ValueError(
+            f"alibi_slopes must be (H,) or (B, H) with H = the heads axis of q (..., H, N, D); "
+            f"got alibi_slopes {slopes.shape} for q leading axes {lead}"
+        )
+    if slopes.ndim == 2 and (len(lead) < 2 or slopes.shape[0] != lead[0]):
+        raise ValueError(
+            f"alibi_slopes (B, H) = {slopes.shape} needs q (B, ..., H, N, D) with that B; "
+            f"got q leading axes {lead}"
+        )
+    if slopes.ndim == 2:  # (B, H) -> (B, 1, ..., 1, H), against q's leading axes (B, ..., H)
+        slopes = slopes.reshape(slopes.shape[:1] + (1,) * (len(lead) - 2) + slopes.shape[1:])
+    return np.broadcast_to(slopes, lead).reshape(-1).astype(compute)  # (G,)
+
+
+def _check_sinks(
+    sinks: Any, lead: tuple[int, ...], dtype: np.dtype, compute: np.dtype
+) -> np.ndarray | None:
+    """Sink logits (H,), one per query head, as one per flattened leading index of q, (G,)."""
+    if sinks is None:
+        return None
+    sinks = validation.float_array("sinks", sinks)
+    if len(lead) < 1 or sinks.shape != lead[-1:]:
+        raise ValueError(
+            f"sinks must be (H,), one logit per query head of q (..., H, N, D); got sinks "
+            f"{sinks.shape} for q leading axes {lead}"
+        )
+    if sinks.dtype != dtype:
+        raise TypeError(f"sinks must have the dtype of q, k and v ({dtype}), got {sinks.dtype}")
+    return np.broadcast_to(sinks.astype(compute), lead).reshape(-1)  # (G,)
+
+
+def _full_rank(mask: np.ndarray, rank: int) -> np.ndarray:
+    """Prepend unit axes so that ``mask`` has one axis per axis of the scores (..., N, M)."""
+    return mask.reshape((1,) * (rank - mask.ndim) + mask.shape)
+
+
+# -- the pipeline on one tile -------------------------------------------------------------------
+
+
+def apply(rules: ScoreRules, scores: np.ndarray, tile: Tile) -> np.ndarray | None:
+    """Steps 2-5 of the pipeline, in place, on one tile of scaled scores S1 = (Q * scale) K^T.
+
+    Args:
+        rules: the call's rules.
+        scores: (g, bq, bk), or (g, bk, bq) for a transposed tile; overwritten with S.
+        tile: which scores these are.
+
+    Returns:
+        The softcap's ``tanh(S1 / softcap)`` (for the backward's ``1 - tanh^2``), or None.
+    """
+    capped = None
+    if rules.softcap:
+        capped = np.tanh(scores / scores.dtype.type(rules.softcap))
+        np.multiply(capped, scores.dtype.type(rules.softcap), out=scores)
+    if rules.slopes is not None:
+        distance = _grid(_distance, rules, tile, scores.dtype)  # |p_i - j|
+        scores -= rules.slopes[tile.groups, None, None] * distance
+    if rules.bias is not None:
+        scores += _tile(rules.bias, rules.lead, tile)
+    band = _band_hidden(rules, tile)
+    if band is not None:
+        np.copyto(scores, scores.dtype.type(-np.inf), where=band)
+    for hidden in rules.hidden:
+        np.copyto(scores, scores.dtype.type(-np.inf), where=_tile(hidden, rules.lead, tile))
+    return capped
+
+
+def backward(rules: ScoreRules, dscores: np.ndarray, capped: np.ndarray | None) -> np.ndarray:
+    """Steps 5-2 in reverse, in place: the gradient of S1 from the gradient of S.
+
+    Visibility, the float mask and ALiBi add constants or replace entries whose probability is
+    0 (so dS is already 0 there): they pass dS through. The softcap's chain rule:
+    S2 = c * tanh(S1 / c)  ->  dS1 = dS2 * (1 - tanh^2(S1 / c)). Derivation:
+    docs/derivations/softcap.md.
+    """
+    if capped is not None:
+        dscores *= 1 - capped * capped
+    return dscores
+
+
+def sink_logits(rules: ScoreRules, groups: slice) -> np.ndarray | None:
+    """The sink logit of each row of a tile's groups, (g, 1, 1); None without sinks."""
+    return None if rules.sinks is None else rules.sinks[groups, None, None]
+
+
+# -- visibility: which key blocks a query block sees -------------------------------------------
+
+
+def visible_cols(rules: ScoreRules, rows: slice) -> tuple[int, int]:
+    """The keys [lo, hi) that some query of ``rows`` may see under causal/window/alignment."""
+    lo = 0 if rules.left is None else max(0, rows.start + rules.offset - rules.left)
+    hi = rules.m if rules.right is None else min(rules.m, rows.stop + rules.offset + rules.right)
+    return lo, max(lo, hi)
+
+
+def visible_rows(rules: ScoreRules, cols: slice) -> tuple[int, int]:
+    """The queries [lo, hi) that see some key of ``cols`` under causal/window/alignment."""
+    lo = 0 if rules.right is None else max(0, cols.start - rules.offset - rules.right)
+    hi = rules.n if rules.left is None else min(rules.n, cols.stop - rules.offset + rules.left)
+    return lo, max(lo, hi)
+
+
+def _band_hidden(rules: ScoreRules, tile: Tile) -> np.ndarray | None:
+    """Bool (bq, bk) (or (bk, bq)), True where causal/window hide; None when the whole tile lies
+    inside the band (the common case: no work at all)."""
+    if rules.left is None and rules.right is None:
+        return None
+    rows, cols = tile.rows, tile.cols
+    first = cols.start - (rows.stop - 1 + rules.offset)  # smallest j - p_i in the tile
+    last = cols.stop - 1 - (rows.start + rules.offset)  # largest j - p_i in the tile
+    if (rules.right is None or last <= rules.right) and (
+        rules.left is None or first >= -rules.left
+    ):
+        return None
+    return _grid(_outside_band, rules, tile, np.dtype(bool))
+
+
+def _grid(build: Any, rules: ScoreRules, tile: Tile, dtype: np.dtype) -> np.ndarray:
+    """A grid that depends on positions only, (bq, bk) or (bk, bq): cached when tile-sized."""
+    rows, cols = tile.rows, tile.cols
+    key = (
+        rows.start + rules.offset - cols.start,  # p_i - j at the tile's corner
+        rows.stop - rows.start,
+        cols.stop - cols.start,
+        tile.transposed,
+        rules.left,
+        rules.right,
+        dtype,
+    )
+    if key[1] * key[2] <= _GRID_CACHE_ENTRIES:
+        return _cached_grid(build, *key)
+    return build(*key)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_grid(build: Any, *key: Any) -> np.ndarray:
+    grid = build(*key)
+    grid.flags.writeable = False
+    return grid
+
+
+def _positions(corner: int, rows: int, cols: int, transposed: bool) -> np.ndarray:
+    """p_i - j over the tile, (rows, cols) or (cols, rows)."""
+    delta = corner + np.arange(rows)[:, None] - np.arange(cols)[None, :]
+    return delta.T if transposed else delta
+
+
+def _distance(
+    corner: int, rows: int, cols: int, transposed: bool, left: Any, right: Any, dtype: np.dtype
+) -> np.ndarray:
+    return np.abs(_positions(corner, rows, cols, transposed)).astype(dtype)
+
+
+def _outside_band(
+    corner: int, rows: int, cols: int, transposed: bool, left: Any, right: Any, dtype: np.dtype
+) -> np.ndarray:
+    ahead = -_positions(corner, rows, cols, transposed)  # j - p_i
+    hidden = np.zeros(ahead.shape, dtype=bool)
+    if right is not None:
+        hidden |= ahead > right
+    if left is not None:
+        hidden |= ahead < -left
+    return hidden
+
+
+# -- masks and dropout on one tile --------------------------------------------------------------
+
+
+def _tile(mask: np.ndarray, lead: tuple[int, ...], tile: Tile) -> np.ndarray:
+    """One tile of a full-rank ``mask`` that broadcasts to (..., N, M), as an array that
+    broadcasts to the tile (g, bq, bk) (or (g, bk, bq)): unit axes of the mask stay unit axes."""
+    rows = tile.rows if mask.shape[-2] > 1 else slice(None)
+    cols = tile.cols if mask.shape[-1] > 1 else slice(None)
+    block = mask[..., rows, cols]
+    if all(size == 1 for size in mask.shape[:-2]):
+        block = block.reshape((1,) + block.shape[-2:])  # (1, ..., 1, bq, bk) -> (1, bq, bk)
+    else:
+        flat = np.unravel_index(np.arange(tile.groups.start, tile.groups.stop), lead)
+        index = tuple(i if size > 1 else 0 for i, size in zip(flat, mask.shape[:-2], strict=True))
+        block = block[index]  # (g, bq, bk)
+    return block.swapaxes(-1, -2) if tile.transposed else block
+
+
+def keep_tile(rules: ScoreRules, tile: Tile) -> np.ndarray | None:
+    """The dropout keep-mask of a tile, shaped like it; None without dropout."""
+    if rules.keep is not None:
+        return _tile(rules.keep, rules.lead, tile)
+    if rules.seed is None:
+        return None
+    keep = _seeded_keep(rules.seed, rules.dropout_p, tile.groups, tile.rows, tile.cols)
+    return keep.swapaxes(-1, -2) if tile.transposed else keep
+
+
+def dropout_mask_from_seed(seed: int, shape: tuple[int, ...], dropout_p: float) -> np.ndarray:
+    """The whole keep-mask that a seeded dropout regenerates tile by tile, (..., N, M), bool.
+
+    Entry (g, i, j), g the flattened leading index, lies in block (i // 256, j // 256) of the
+    ``DROPOUT_BLOCK`` grid; that block is ``U >= dropout_p`` with U float32 uniform from a
+    Philox generator keyed by ``seed`` with counter ``(g << 192) | (bi << 128) | (bj << 64)``:
+    every block has its own stream, independent of threads, tiles and paths.
+    """
+    *lead, n, m = shape
+    groups = slice(0, math.prod(lead))
+    return _seeded_keep(seed, dropout_p, groups, slice(0, n), slice(0, m)).reshape(shape)
+
+
+def _seeded_keep(seed: int, p: float, groups: slice, rows: slice, cols: slice) -> np.ndarray:
+    """(g, bq, bk) keep-mask of any rectangle, from the blocks of the dropout grid it covers.
+
+    A generator's stream is sequential, so drawing the first r rows of a block gives the same
+    values as drawing the whole block: only the rows up to the rectangle's last are drawn.
+    """
+    size = DROPOUT_BLOCK
+    shape = (groups.stop - groups.start, rows.stop - rows.start, cols.stop - cols.start)
+    keep = np.empty(shape, dtype=bool)
+    for bi in range(rows.start // size, -(-rows.stop // size)):
+        r0, r1 = max(rows.start, bi * size), min(rows.stop, (bi + 1) * size)
+        for bj in range(cols.start // size, -(-cols.stop // size)):
+            c0, c1 = max(cols.start, bj * size), min(cols.stop, (bj + 1) * size)
+            target = (
+                slice(r0 - rows.start, r1 - rows.start),
+                slice(c0 - cols.start, c1 - cols.start),
+            )
+            for g in range(groups.start, groups.stop):
+                stream = np.random.Philox(key=seed, counter=(g << 192) | (bi << 128) | (bj << 64))
+                drawn = np.random.Generator(stream).random((r1 - bi * size, size), np.float32)
+                block = drawn[r0 - bi * size :, c0 - bj * size : c1 - bj * size]
+                keep[(g - groups.start,) + target] = block >= p
+    return keep

@@ -13,48 +13,77 @@ Tests: tests/numpy_attention/test_threads.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 
 
-def run(tasks: list[tuple[Any, ...]], work: Callable[[tuple[Any, ...]], None]) -> None:
-    """Run independent tiles, in order, on os.cpu_count() threads, each with a 1-thread BLAS.
+def run(tasks: list[Any], work: Callable[[Any], None]) -> None:
+    """Run independent tiles on os.cpu_count() threads, each with a 1-thread BLAS.
 
-    Each thread pulls the next tile from a shared iterator: a future per tile would cost a
-    thread wake-up per tile, which measured up to ~0.1 ms on a loaded 2-core machine.
+    Each thread pulls the next tile from a shared iterator, in the order of ``tasks`` (a future
+    per tile would cost a thread wake-up per tile, which measured up to ~0.1 ms on a loaded
+    2-core machine). The first error stops the others from starting new tiles and is raised.
+    Where there is no per-thread BLAS control, the tiles run in the calling thread, in order.
     """
     blas = _blas_threads()
     workers = min(os.cpu_count() or 1, len(tasks)) if blas is not None else 1
-    if workers <= 1:
+    if blas is None or workers <= 1:
         for task in tasks:
             work(task)
         return
-    pending, lock = iter(tasks), threading.Lock()
+    pending, lock, failed = iter(tasks), threading.Lock(), threading.Event()
 
     def drain() -> None:
-        while True:
+        while not failed.is_set():
             with lock:
                 task = next(pending, None)
             if task is None:
                 return
-            work(task)
+            try:
+                work(task)
+            except BaseException:
+                failed.set()
+                raise
 
-    before = blas.get()
-    try:
+    with _restoring(blas):
         with ThreadPoolExecutor(workers, initializer=blas.set_local, initargs=(1,)) as pool:
             for done in [pool.submit(drain) for _ in range(workers)]:
                 done.result()
+
+
+class _Callers:
+    """How many calls of ``run`` are inside a pool now, and the BLAS thread count before the
+    first of them: some OpenBLAS builds apply the "local" count to every thread, so each pool
+    sets the process's count to 1, and only the last call to leave may restore it. (Each call
+    restoring what it saw on entry left the process at one thread after concurrent calls.)"""
+
+    lock = threading.Lock()
+    active = 0
+    before = 0
+
+
+@contextlib.contextmanager
+def _restoring(blas: _BlasThreads) -> Iterator[None]:
+    with _Callers.lock:
+        if _Callers.active == 0:
+            _Callers.before = blas.get()
+        _Callers.active += 1
+    try:
+        yield
     finally:
-        # Some OpenBLAS builds apply the "local" count to every thread: give the caller's back.
-        blas.set_local(before)
+        with _Callers.lock:
+            _Callers.active -= 1
+            if _Callers.active == 0:
+                blas.set_local(_Callers.before)
 
 
 class _BlasThreads(NamedTuple):

@@ -223,7 +223,9 @@ def test_low_precision_stays_in_its_dtype(rng, dtype):
     grads = attention_backward(rng.standard_normal(out.shape).astype(dtype), ctx)[:3]
 
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
-    assert ctx.probs.dtype == np.float32 and ctx.q.dtype == np.float32  # float16 -> float32 inside
+    assert (
+        ctx.probs.dtype == np.float32 and ctx.q_scaled.dtype == np.float32
+    )  # float16 -> float32 inside
 
 
 def test_float32_is_accurate_to_float32_rounding(rng):
