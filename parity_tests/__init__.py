@@ -1,14 +1,17 @@
 """parity_tests: weight transfer, NumPy vs torch parity, tolerance policy, kernel checker.
 
-``check_kernel`` and ``KernelReport`` (from ``parity_tests.checker.kernels``) are loaded on first use, so
-that importing the package (the tolerance constants, say) does not import torch.
+``check_kernel``, ``KernelReport``, ``KernelRow`` and ``KernelUnsupported`` (from
+``parity_tests.checker``) are loaded on first use, so that importing the package (the tolerance
+constants, say) does not import torch.
+
+Tests: tests/parity/, tests/checker/
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KernelReport", "check_kernel"]
+__all__ = ["KernelReport", "KernelRow", "KernelUnsupported", "check_kernel"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,13 +1,22 @@
-"""``python -m parity_tests``: the layer parity registry and the kernel checker, as one report.
+"""``python -m parity_tests`` (or the ``parity-tests`` script): the layer parity registry and the
+kernel checker, as one report.
 
 By default it runs, on CPU and on CUDA when present, the layer registry (NumPy vs torch, float64
-and float32) and the built-in kernel targets (``parity_tests.targets``) on the default battery in
-float32, float16 and bfloat16. It prints one table per part and a summary line, and exits 0 when
-everything expected to pass passes, 1 otherwise, 2 on bad usage.
+and float32) and the built-in kernel targets (``parity_tests.checker.targets``) on the default
+battery in float32, float16 and bfloat16. It prints one table per part, the failing rows again at
+the end, and a verdict line.
 
 ``--kernel module:function`` checks a user's kernel instead (no layers, no built-in targets).
 ``--stress`` adds the stress battery, whose results are findings, never part of the exit status.
 ``--calibrate SEEDS`` measures the tolerance policy over seeds (docs/kernel-verification.md).
+
+Exit status: 0 when everything checked passed; 1 on a failure (a failing row, an expected failure
+that passed, a kernel whose skips outnumber its passes); 2 on bad usage or nothing to check,
+decided before any work (an unwritable ``--json``, a ``--kernel`` that cannot be imported, a seed
+outside [0, 2**64)); 130 when interrupted. A run of the stress battery alone judges nothing: it
+prints its findings and exits 0 with "no verdict".
+
+Tests: tests/parity/test_cli.py
 """
 
 from __future__ import annotations
@@ -16,75 +25,55 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from .checker.kernels import DTYPES, check_kernel
-from .checker.targets import Target, builtin_targets, expected_failure
+from .checker.kernels import DTYPES, check_kernel, check_seed
+from .checker.render import (
+    SCHEMA_VERSION,
+    check_entry,
+    environment,
+    failing_lines,
+    jsonable,
+    print_checks,
+    row_dict,
+)
+from .checker.targets import Target, builtin_targets
 
+PROG = "python -m parity_tests"
 LAYER_DTYPES = ("float64", "float32")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m parity_tests`` and the ``parity-tests`` console script."""
-    parser = _parser()
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """Entry point of ``python -m parity_tests``; ``prog`` names the program in its messages."""
+    parser = _parser(prog)
     args = parser.parse_args(argv)
-    import torch
-
-    devices = args.device or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        _check_device(parser, device)
+    devices = _devices(parser, args.device)
+    _check_parts(parser, args)
+    if args.json:
+        _check_writable(parser, args.json)
     dtypes = tuple(args.dtype or DTYPES)
     kernels = [_load_kernel(parser, spec, dtypes) for spec in args.kernel or []]
     progress = _Progress(sys.stderr)
+    try:
+        if args.calibrate is not None:
+            from .checker.calibration import calibrate
 
-    if args.calibrate is not None:
-        if args.calibrate < 1 or kernels:
-            parser.error("--calibrate takes a number of seeds >= 1 and measures built-in targets")
-        from .checker.calibration import calibrate
-
-        battery = "quick" if args.quick else "default"
-        return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)
-
-    result: dict[str, Any] = {"devices": devices, "dtypes": dtypes, "seed": args.seed}
-    failures = 0
-    if not args.no_layers and not kernels:
-        rows = _run_layers(devices, args.quick, progress)
-        failures += _print_layers(rows)
-        result["layers"] = rows
-    battery = "quick" if args.quick else "default"
-    if not args.no_kernels:
-        checks = []
-        for device in devices:
-            targets = kernels or builtin_targets(device, dtypes)
-            checks += _run_kernels(targets, device, battery, args.seed, progress)
-        failures += _print_kernels(checks, "kernels", judged=True)
-        result["kernels"] = checks
-    if args.stress:
-        findings = [
-            check
-            for device in devices
-            for check in _run_kernels(
-                kernels or builtin_targets(device, dtypes), device, "stress", args.seed, progress
-            )
-        ]
-        _print_kernels(findings, "stress battery (findings, not part of the verdict)", judged=False)
-        result["stress"] = findings
-    progress.done()
-    verdict = "OK" if failures == 0 else f"FAILED ({failures} failing groups)"
-    print(f"\n{verdict}")
-    result["passed"] = failures == 0
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as stream:
-            json.dump(_jsonable(result), stream, indent=1)
-    return 0 if failures == 0 else 1
+            battery = "quick" if args.quick else "default"
+            return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)
+        return _run(args, list(sys.argv[1:] if argv is None else argv), devices, kernels, progress)
+    except KeyboardInterrupt:
+        progress.done()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m parity_tests",
+        prog=prog,
         description="NumPy vs torch layer parity and attention kernel checks.",
     )
     parser.add_argument(
@@ -105,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(DTYPES),
         help="kernel dtypes (repeatable; default: all three)",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write every row to PATH as JSON")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write every row to PATH as JSON (checked first)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="the quick kernel battery and the quick layer registry"
     )
@@ -116,7 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-kernels", action="store_true", help="skip the kernel checks of the default battery"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kernel battery")
+    parser.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the kernel battery, in [0, 2**64)"
+    )
     parser.add_argument(
         "--calibrate",
         type=int,
@@ -126,21 +119,62 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_device(parser: argparse.ArgumentParser, device: str) -> None:
+def _seed(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (TypeError, ValueError) as exc:
+        message = str(exc) if "2**64" in str(exc) else f"not an integer: {text!r}"
+        raise argparse.ArgumentTypeError(message) from exc
+
+
+def _devices(parser: argparse.ArgumentParser, asked: list[str] | None) -> list[str]:
     import torch
 
+    devices = asked or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        try:
+            parsed = torch.device(device)
+        except RuntimeError as exc:
+            parser.error(f"--device {device}: {exc}")
+        if parsed.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {device}: CUDA is not available here")
+        if parsed.type not in ("cpu", "cuda"):
+            parser.error(f"--device {device}: only cpu and cuda are supported")
+    return devices
+
+
+def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse combinations that would check nothing, or ignore an option silently."""
+    if args.calibrate is not None:
+        if args.calibrate < 1 or args.kernel:
+            parser.error("--calibrate takes a number of seeds >= 1 and measures built-in targets")
+        if args.json:
+            parser.error("--calibrate prints Markdown tables; it writes no --json")
+        return
+    if args.no_kernels and not args.stress:
+        if args.kernel:
+            parser.error("nothing to check: --no-kernels with --kernel (add --stress for findings)")
+        if args.no_layers:
+            parser.error("nothing to check: --no-layers and --no-kernels")
+
+
+def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:
+    """Open ``path`` for appending now (and remove it again if it did not exist), so that a path
+    that cannot be written fails before the run, not after it."""
+    existed = os.path.lexists(path)
     try:
-        parsed = torch.device(device)
-    except RuntimeError as exc:
-        parser.error(f"--device {device}: {exc}")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {device}: CUDA is not available here")
-    if parsed.type not in ("cpu", "cuda"):
-        parser.error(f"--device {device}: only cpu and cuda are supported")
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        parser.error(f"--json {path}: cannot write there: {exc.strerror or exc}")
+    if not existed:
+        os.remove(path)
 
 
 def _load_kernel(parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, ...]) -> Target:
-    """``module:function`` (dots allowed in both parts) as a target in ``dtypes``."""
+    """``module:function`` (dots allowed in both parts) as a target in ``dtypes``. Whatever the
+    import raises (a syntax error, an exception, ``sys.exit``) is bad usage: its message, no
+    traceback."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         parser.error(f"--kernel {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.attn:my_sdpa")
@@ -148,11 +182,74 @@ def _load_kernel(parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, 
         kernel: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             kernel = getattr(kernel, part)
-    except (ImportError, AttributeError) as exc:
-        parser.error(f"--kernel {spec!r}: {exc}")
+    except KeyboardInterrupt:
+        raise
+    except (Exception, SystemExit) as exc:
+        parser.error(f"--kernel {spec!r}: {type(exc).__name__}: {exc}")
     if not callable(kernel):
         parser.error(f"--kernel {spec!r} is a {type(kernel).__name__}, not a function")
     return Target(spec, kernel, dtypes)
+
+
+def _run(
+    args: argparse.Namespace,
+    argv: list[str],
+    devices: list[str],
+    kernels: list[Target],
+    progress: _Progress,
+) -> int:
+    """Run the parts asked for, print the tables and the verdict, write the JSON."""
+    result: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "parity_tests",
+        "argv": argv,
+        "environment": environment(devices),
+        "settings": {
+            "devices": devices,
+            "dtypes": list(args.dtype or DTYPES),
+            "seed": args.seed,
+            "quick": args.quick,
+            "stress": args.stress,
+        },
+        "verdict": None,
+        "layers": None,
+        "kernels": None,
+        "stress": None,
+    }
+    verdicts, failing = [], []
+    battery = "quick" if args.quick else "default"
+    if not args.no_layers and not kernels:
+        rows = _run_layers(devices, args.quick, progress)
+        layer_failures = _print_layers(rows)
+        failing += layer_failures
+        result["layers"] = {"verdict": "fail" if layer_failures else "pass", "rows": rows}
+        verdicts.append(result["layers"]["verdict"])
+    if not args.no_kernels:
+        checks = _run_kernels(args, devices, kernels, battery, progress, judged=True)
+        print_checks(checks, "kernels", print)
+        failing += failing_lines(checks)
+        result["kernels"] = checks
+        verdicts += [check["verdict"] for check in checks]
+    if args.stress:
+        findings = _run_kernels(args, devices, kernels, "stress", progress, judged=False)
+        print_checks(findings, "stress battery (findings, not part of the verdict)", print)
+        result["stress"] = findings
+    progress.done()
+    if failing:
+        print(f"== failing rows ({len(failing)}) ==")
+        for line in failing:
+            print(line)
+    if verdicts:
+        result["verdict"] = "pass" if all(v == "pass" for v in verdicts) else "fail"
+    if result["verdict"] is None:
+        print("\nno verdict: the stress battery's findings only, nothing judged")
+    else:
+        failed = f"{verdicts.count('fail')} of {len(verdicts)} parts failed"
+        print("\nOK" if result["verdict"] == "pass" else f"\nFAILED ({failed})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as stream:
+            json.dump(jsonable(result), stream, indent=1, allow_nan=False)
+    return 1 if result["verdict"] == "fail" else 0
 
 
 def _run_layers(devices: list[str], quick: bool, progress: _Progress) -> list[dict[str, Any]]:
@@ -164,68 +261,39 @@ def _run_layers(devices: list[str], quick: bool, progress: _Progress) -> list[di
         for row in run_registry(
             device=device, dtypes=LAYER_DTYPES, quick=quick, progress=progress.update
         ):
-            rows.append(vars(row).copy())
+            rows.append(row_dict(row))
     return rows
 
 
 def _run_kernels(
-    targets: list[Target], device: str, battery: str, seed: int, progress: _Progress
+    args: argparse.Namespace,
+    devices: list[str],
+    kernels: list[Target],
+    battery: str,
+    progress: _Progress,
+    *,
+    judged: bool,
 ) -> list[dict[str, Any]]:
-    """One entry per target: its rows, grouped by (case, dtype), with the group's status."""
+    """One check per (device, target): the user's kernels, or every built-in target."""
     checks = []
-    for target in targets:
-        progress.start(f"{target.name} on {device} ({battery} battery)")
-        report = check_kernel(
-            target.kernel,
-            device=device,
-            dtypes=target.dtypes,
-            cases=battery,
-            seed=seed,
-            progress=progress.update,
-        )
-        groups: dict[tuple[str, str], list[Any]] = {}
-        for row in report.rows:
-            groups.setdefault((row.case, row.dtype), []).append(row)
-        entries = []
-        for (case, dtype), rows in groups.items():
-            status, note = _status(target.name, case, dtype, device, rows, battery == "stress")
-            entries.append(
-                {
-                    "case": case,
-                    "dtype": dtype,
-                    "status": status,
-                    "note": note,
-                    "rows": [vars(row).copy() for row in rows],
-                }
+    for device in devices:
+        for target in kernels or builtin_targets(device, tuple(args.dtype or DTYPES)):
+            progress.start(f"{target.name} on {device} ({battery} battery)")
+            report = check_kernel(
+                target.kernel,
+                device=device,
+                dtypes=target.dtypes,
+                cases=battery,
+                seed=args.seed,
+                progress=progress.update,
             )
-        checks.append(
-            {"target": target.name, "device": device, "battery": battery, "groups": entries}
-        )
+            checks.append(check_entry(report, target=target.name, battery=battery, judged=judged))
     return checks
 
 
-def _status(target, case, dtype, device, rows, stress: bool) -> tuple[str, str]:
-    """pass / FAIL / SKIP, or XFAIL / XPASS against the expected-failure list."""
-    failed = [row for row in rows if row.failed]
-    if rows[0].verdict == "skip":
-        return "SKIP", rows[0].detail
-    expected = None if stress else expected_failure(target, case, dtype, device)
-    if expected is not None:
-        return (
-            ("XFAIL", expected.reason)
-            if failed
-            else ("XPASS", "expected to fail: " + expected.reason)
-        )
-    if not failed:
-        return "pass", ""
-    notes = ", ".join(
-        f"{row.tensor} {row.verdict}" + (f": {row.detail}" if row.detail else "") for row in failed
-    )
-    return "FAIL", notes
-
-
-def _print_layers(rows: list[dict[str, Any]]) -> int:
-    """One line per (device, layer case, dtype, backend): its worst tensor. Returns failures."""
+def _print_layers(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per (device, layer case, dtype, backend): its worst tensor. Returns one line
+    per failing row, for the summary at the end."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row in rows:
         key = (row["device"], row["case"], row["dtype"], row["backend"])
@@ -235,66 +303,22 @@ def _print_layers(rows: list[dict[str, Any]]) -> int:
         f"{'device':7} {'case':44} {'dtype':8} {'backend':8} {'worst':18} "
         f"{'error':>9} {'bound':>9}  verdict"
     )
-    failures = 0
+    failing = 0
     for (device, case, dtype, backend), members in groups.items():
         worst = max(members, key=lambda r: math.inf if not r["bound"] else r["error"] / r["bound"])
-        passed = all(r["passed"] for r in members)
-        failures += not passed
+        verdict = "pass" if all(r["verdict"] == "pass" for r in members) else "fail"
+        failing += verdict == "fail"
         print(
             f"{device:7} {case:44} {dtype:8} {backend:8} {worst['tensor']:18} "
-            f"{worst['error']:9.2e} {worst['bound']:9.2e}  {'pass' if passed else 'FAIL'}"
+            f"{worst['error']:9.2e} {worst['bound']:9.2e}  {verdict}"
         )
-    print(f"layers: {len(groups)} groups, {failures} failing\n")
-    return failures
-
-
-def _print_kernels(checks: list[dict[str, Any]], title: str, *, judged: bool) -> int:
-    """The kernel table: error/bound of out, dq, dk, dv per (case, dtype). Returns failures."""
-    print(f"== {title}: max|K - G| / bound per tensor ==")
-    failures = 0
-    for check in checks:
-        print(f"-- {check['target']} on {check['device']} --")
-        print(
-            f"{'case':18} {'dtype':9}"
-            + "".join(f" {t:>19}" for t in ("out", "dq", "dk", "dv"))
-            + "  verdict"
-        )
-        counts: dict[str, int] = {}
-        reasons: dict[str, None] = {}  # the notes of XFAIL, XPASS and SKIP, once each
-        for group in check["groups"]:
-            status, note = group["status"], group["note"]
-            counts[status] = counts.get(status, 0) + 1
-            cells = {row["tensor"]: _cell(row) for row in group["rows"]}
-            line = f"{group['case']:18} {group['dtype']:9}" + "".join(
-                f" {cells.get(t, '-'):>19}" for t in ("out", "dq", "dk", "dv")
-            )
-            if status in ("XFAIL", "XPASS", "SKIP"):
-                reasons[f"{status} {group['case']}: {note}"] = None
-                note = ""
-            print(f"{line}  {status}" + (f" ({note})" if note else ""))
-        failures += counts.get("FAIL", 0) + counts.get("XPASS", 0) if judged else 0
-        print("   " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-        for reason in reasons:
-            print(f"   {reason}")
-    print(f"{title}: {len(checks)} targets, {failures} failing groups\n" if judged else "")
-    return failures
-
-
-def _cell(row: dict[str, Any]) -> str:
-    if row["verdict"] == "nonfinite":
-        return f"NaN/inf / {row['bound']:.1e}"
-    return f"{row['error']:.1e} / {row['bound']:.1e}"
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON: non-finite floats as the strings "inf", "-inf", "nan"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    return value
+    print(f"layers: {len(groups)} groups, {failing} failing\n")
+    return [
+        f"layers on {row['device']}: {row['case']} {row['dtype']} {row['backend']}: "
+        f"{row['tensor']} {row['verdict']}: error {row['error']:.2e}, bound {row['bound']:.2e}"
+        for row in rows
+        if row["verdict"] != "pass"
+    ]
 
 
 class _Progress:

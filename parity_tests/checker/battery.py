@@ -12,6 +12,8 @@ Shape legend: B batch, H heads, N query length, M key/value length, D head width
 each case is for); ``QUICK`` is a subset of it for ``--quick`` that still flags every pitfall;
 ``STRESS`` holds conditions where real kernels are known to drift (extreme logits), whose results
 are findings, not verdicts.
+
+Tests: tests/checker/test_battery.py
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ class Case:
     def value_width(self) -> int:
         """Dv."""
         return self.d if self.dv is None else self.dv
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The sizes of the case by legend letter: B, H, N, M, D, Dv."""
+        return {
+            "B": self.batch,
+            "H": self.heads,
+            "N": self.n,
+            "M": self.m,
+            "D": self.d,
+            "Dv": self.value_width,
+        }
 
 
 class CaseInputs(NamedTuple):
@@ -159,6 +173,9 @@ DEFAULT: tuple[Case, ...] = (
     Case("dead-rows-bool", 2, 2, 37, 64, 32, mask="dead-bool"),
     Case("dead-rows-float", 1, 2, 37, 64, 32, mask="dead-float"),
     Case("scale-1/d", 2, 2, 37, 113, 64, scale=1.0 / 64),
+    # Dv != D with the default scale: the scale is 1 / sqrt(D), never 1 / sqrt(Dv).
+    Case("dv>d", 2, 2, 37, 113, 32, dv=64),
+    Case("dv<d", 1, 3, 113, 37, 64, dv=16),
     Case("large-logits", 1, 2, 113, 113, 64, logits=30.0),
     Case("heavy-tailed", 2, 2, 128, 128, 64, causal=True, inputs="heavy"),
     Case("dropout", 2, 2, 37, 64, 64, dropout_p=0.3),
@@ -174,6 +191,8 @@ QUICK: tuple[Case, ...] = tuple(
         "bool-mask",
         "float-mask",
         "dead-rows-bool",
+        "scale-1/d",
+        "dv>d",
         "heavy-tailed",
         "dropout",
     )

@@ -11,6 +11,8 @@ docs/kernel-verification.md:
   rows) ``error / bound``. Above 1 on every seed means the pitfall is always caught.
 
 Rows of known failures (``targets.EXPECTED_FAILURES``) and skipped cases are left out.
+
+Tests: tests/checker/test_calibration.py
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .kernels import FLOOR, GRAD_FACTOR, OUTPUT_FACTOR, TENSORS, check_kernel
+from ..tolerances import FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from .kernels import TENSORS, check_kernel
 from .pitfalls import PITFALLS
 from .targets import builtin_targets, expected_failure
 
@@ -95,10 +98,11 @@ def calibrate(
 
 
 def _flag(row) -> float:
-    """How clearly a row flags a broken kernel: error / bound, infinite for NaN or a raise."""
-    if row.verdict in ("nonfinite", "error"):
+    """How clearly a row flags a broken kernel: error / bound; infinite for a verdict that is no
+    matter of degree (NaN or inf, a wrong dtype, an input changed in place, a raise)."""
+    if row.verdict in ("nonfinite", "dtype", "inplace", "error"):
         return math.inf
-    return row.error / row.bound if row.bound > 0 else math.inf
+    return 0.0 if row.verdict == "skip" else row.ratio
 
 
 def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) -> None:
@@ -117,7 +121,7 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
         )
     emit(
         f"\nPitfalls: the weakest flag over {seeds} seeds (min over seeds of max over rows of "
-        "error / bound; inf = NaN or a raise).\n"
+        "error / bound; inf = NaN, a wrong dtype, an input changed in place or a raise).\n"
     )
     emit("| pitfall | " + " | ".join(dtypes) + " |")
     emit("|---|" + "---|" * len(dtypes))

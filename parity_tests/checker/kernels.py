@@ -8,20 +8,28 @@ each of ``out, dq, dk, dv`` is judged by
 
 where G is the float64 golden (``numpy_attention.functional``) computed on the inputs *after*
 their cast to the kernel's dtype (input rounding is not charged to the kernel), Bl is plain torch
-math in the kernel's dtype without upcasting (``plain_attention``), and K the kernel. The bound is
-relative to what the dtype can do at all, as in flash-attention's and PyTorch's own SDPA tests.
-A NaN or inf where the golden is finite fails at once. The constants below were set by measurement:
-``python -m parity_tests --calibrate 60`` and docs/kernel-verification.md.
+math in the kernel's dtype without upcasting (``checker.reference.plain_attention``), and K the
+kernel. The bound is relative to what the dtype can do at all, as in flash-attention's and
+PyTorch's own SDPA tests. The constants (c, the floors) live in ``parity_tests.tolerances`` and
+were set by measurement: ``python -m parity_tests --calibrate 60``, docs/kernel-verification.md.
+
+The checker also refuses what no correct kernel does, as failing verdicts rather than exceptions:
+NaN or inf where the golden is finite, a result of another dtype than the inputs, inputs changed
+in place (the kernel gets copies; the golden is computed from the originals), an exception
+(``SystemExit`` included: a kernel that calls ``sys.exit`` gets an "error" verdict, it does not
+end the run; ``KeyboardInterrupt`` is left to propagate, so that Ctrl-C still stops a run).
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
+
+Tests: tests/checker/test_kernels.py
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -29,76 +37,18 @@ import torch
 
 from numpy_attention.functional import attention_backward, attention_forward
 
+from ..tolerances import DROPOUT_SIGMAS, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
 from .battery import Case, make_inputs, resolve
+from .reference import plain_attention
+from .report import KernelError, KernelReport, KernelRow, KernelUnsupported
 
 Kernel = Callable[..., torch.Tensor]
 
 TENSORS = ("out", "dq", "dk", "dv")
+INPUTS = ("q", "k", "v", "attn_mask")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# c in the bound: how many times the plain same-dtype baseline's error a kernel may make.
-OUTPUT_FACTOR = 2.0
-GRAD_FACTOR = 3.0
-# The floor, relative to max|G| of the tensor judged. See docs/kernel-verification.md for the
-# measured worst cases of correct kernels and the smallest error of each pitfall.
-FLOOR = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
-# A kernel's dropout keep-fraction must lie within this many binomial standard deviations of
-# 1 - dropout_p (about one false alarm in 5e8 for a correct kernel).
-DROPOUT_SIGMAS = 6.0
-
-
-class KernelUnsupported(Exception):
-    """Raised by a kernel for a case outside its scope (a forced SDPA backend that refuses a
-    configuration, say): the case gets the verdict "skip" with the message, not a failure."""
-
-
-FAILING = ("fail", "nonfinite", "error")
-
-
-@dataclass(frozen=True)
-class KernelRow:
-    """One judged tensor of one case and dtype.
-
-    ``error = max|K - G|``, ``baseline = max|Bl - G|``, ``golden_max = max|G|`` and
-    ``bound = c * baseline + floor * golden_max``. ``verdict`` is "pass", "fail" (error above
-    bound), "nonfinite" (NaN or inf where the golden is finite), "error" (the kernel raised;
-    ``detail`` has the message) or "skip" (the kernel raised ``KernelUnsupported``).
-    """
-
-    case: str
-    dtype: str
-    tensor: str
-    error: float
-    baseline: float
-    golden_max: float
-    bound: float
-    verdict: str
-    detail: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict in FAILING
-
-
-@dataclass
-class KernelReport:
-    """The rows of one ``check_kernel`` run.
-
-    ``passed`` is True when no row failed and at least one row passed (skips alone prove
-    nothing); ``failures`` lists the failed rows.
-    """
-
-    kernel: str
-    device: str
-    rows: list[KernelRow] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures and any(row.verdict == "pass" for row in self.rows)
-
-    @property
-    def failures(self) -> list[KernelRow]:
-        return [row for row in self.rows if row.failed]
+# What torch.manual_seed and NumPy's SeedSequence both accept.
+SEED_LIMIT = 2**64
 
 
 def check_kernel(
@@ -115,34 +65,55 @@ def check_kernel(
     Args:
         kernel: ``kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             scale=None)`` with query (B, H, N, D), key (B, H, M, D), value (B, H, M, Dv),
-            returning (B, H, N, Dv), differentiable by autograd. Dropout must draw from torch's
-            default generator (the checker reads the keep-mask back under a fixed seed).
+            returning (B, H, N, Dv) in the inputs' dtype, differentiable by autograd. ``scale``
+            None means 1 / sqrt(D). Dropout must draw from torch's default generator (the
+            checker reads the keep-mask back under a fixed seed).
         device: where the inputs live.
         dtypes: torch dtypes or their names ("float32", "float16", "bfloat16").
         cases: None (the default battery), "quick", "stress", or a sequence of cases or names
-            (see ``parity_tests.battery``).
-        seed: draws the inputs and seeds torch around each kernel call; the same seed gives the
-            same verdict.
+            (see ``parity_tests.checker.battery``).
+        seed: an integer in [0, 2**64): draws the inputs and seeds torch around each kernel
+            call; the same seed gives the same verdict.
         progress: called with a short message before each case.
 
     Returns:
         A ``KernelReport`` with one row per (case, dtype, tensor); a case where the kernel raised
-        has one "error" or "skip" row, and a dropout case has one more row "keep" for the kept
-        fraction.
+        has one "error" or "skip" row (the exception, once per distinct one, in
+        ``report.errors``); a dropout case has one more row "keep" for the kept fraction; an input
+        changed in place adds an "inplace" row naming it.
+
+    Raises:
+        TypeError: ``kernel`` is not callable, or ``seed`` is not an integer.
+        ValueError: an unknown dtype or case, an empty list of either, or ``seed`` out of range.
     """
     if not callable(kernel):
         raise TypeError(f"kernel must be callable, got {type(kernel).__name__}")
+    check_seed(seed)
     names = [_dtype_name(dtype) for dtype in dtypes]
     if not names:
         raise ValueError("dtypes is empty")
+    battery = resolve(cases)
     device = torch.device(device)
-    report = KernelReport(getattr(kernel, "__name__", repr(kernel)), str(device))
-    for case in resolve(cases):
+    report = KernelReport(
+        getattr(kernel, "__name__", repr(kernel)),
+        str(device),
+        cases={case.name: case for case in battery},
+    )
+    for case in battery:
         for name in names:
             if progress is not None:
                 progress(f"{report.kernel} {case.name} {name}")
-            report.rows.extend(_check_case(kernel, case, name, device, seed))
+            report.rows.extend(_check_case(kernel, case, name, device, seed, report.errors))
     return report
+
+
+def check_seed(seed: object) -> int:
+    """``seed`` if it is an integer in [0, 2**64), the range both torch and NumPy accept."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return int(seed)
 
 
 class _Reference(NamedTuple):
@@ -153,7 +124,8 @@ class _Reference(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def _reference(case: Case, dtype: str, device: torch.device, seed: int) -> _Reference:
-    """The cast inputs, golden and baseline of a case: shared by every kernel checked."""
+    """The cast inputs, golden and baseline of a case: shared by every kernel checked. The
+    kernel only ever gets copies of these inputs."""
     inputs = tuple(
         None if a is None else _cast(a, DTYPES[dtype], device) for a in make_inputs(case, seed)
     )
@@ -165,7 +137,7 @@ def _reference(case: Case, dtype: str, device: torch.device, seed: int) -> _Refe
 def _expected(case: Case, inputs: tuple, seed: int, keep: torch.Tensor | None) -> tuple:
     """Golden (NumPy float64 on the cast inputs) and baseline (``plain_attention``) results."""
     q, k, v, attn_mask, dout = (None if t is None else _to64(t) for t in inputs)
-    out, _, ctx = attention_forward(
+    forward = attention_forward(
         q,
         k,
         v,
@@ -175,44 +147,105 @@ def _expected(case: Case, inputs: tuple, seed: int, keep: torch.Tensor | None) -
         dropout_p=case.dropout_p,
         dropout_mask=None if keep is None else _to64(keep),
     )
-    golden = (out, *attention_backward(dout, ctx)[:3])
+    grads = attention_backward(dout, forward.ctx)
+    golden = (forward.out, grads.dq, grads.dk, grads.dv)
     baseline = _run(plain_attention, case, inputs, seed, keep=keep)
     return golden, tuple(_to64(t) for t in baseline)
 
 
+class _BadResult(Exception):
+    """The kernel returned something that is not a tensor of the expected shape."""
+
+
 def _check_case(
-    kernel: Kernel, case: Case, dtype: str, device: torch.device, seed: int
+    kernel: Kernel,
+    case: Case,
+    dtype: str,
+    device: torch.device,
+    seed: int,
+    errors: list[KernelError],
 ) -> list[KernelRow]:
     reference = _reference(case, dtype, device, seed)
-    rows = []
+    rows: list[KernelRow] = []
+    changed: list[KernelRow] = []  # filled by _run as it goes, kept if the backward raises
     try:
         golden, baseline = reference.golden, reference.baseline
         if case.dropout_p:
             keep = _read_keep_mask(kernel, case, DTYPES[dtype], device, seed)
             rows.append(_judge_keep(case, dtype, keep))
             golden, baseline = _expected(case, reference.inputs, seed, keep)
-        results = _run(kernel, case, reference.inputs, seed)
-    except Exception as exc:  # any failure of a user's kernel is a verdict, not a crash
-        verdict = "skip" if isinstance(exc, KernelUnsupported) else "error"
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        return rows + [
-            KernelRow(
-                case.name, dtype, "-", math.nan, math.nan, math.nan, math.nan, verdict, message
-            )
-        ]
+        results = _run(kernel, case, reference.inputs, seed, changed=changed, dtype=dtype)
+    except KeyboardInterrupt:
+        raise
+    except _BadResult as exc:
+        return rows + changed + [_unmeasured(case.name, dtype, "error", str(exc))]
+    except KernelUnsupported as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else "KernelUnsupported"
+        return rows + changed + [_unmeasured(case.name, dtype, "skip", reason)]
+    except (Exception, SystemExit) as exc:  # a user's kernel failing is a verdict, not a crash
+        number = _record(errors, exc, case.name, dtype)
+        error = _unmeasured(case.name, dtype, "error", _first_line(exc), number)
+        return rows + changed + [error]
+    rows += changed
     for tensor, result, gold, base in zip(TENSORS, results, golden, baseline, strict=True):
-        rows.append(_judge(case.name, dtype, tensor, _to64(result), gold, base))
+        row = _judge(case.name, dtype, tensor, _to64(result), gold, base)
+        if result.dtype != DTYPES[dtype]:
+            got = str(result.dtype).removeprefix("torch.")
+            row = KernelRow(*_measured(row), "dtype", f"{tensor} is {got}, the inputs are {dtype}")
+        rows.append(row)
     return rows
 
 
+def _measured(row: KernelRow) -> tuple:
+    return row.case, row.dtype, row.tensor, row.error, row.baseline, row.golden_max, row.bound
+
+
+def _unmeasured(case: str, dtype: str, verdict: str, detail: str, number: int = 0) -> KernelRow:
+    nan = math.nan
+    return KernelRow(case, dtype, "-", nan, nan, nan, nan, verdict, detail, number)
+
+
+def _first_line(exc: BaseException) -> str:
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if isinstance(exc, SystemExit):
+        message += " (the kernel called sys.exit)"
+    return message
+
+
+def _record(errors: list[KernelError], exc: BaseException, case: str, dtype: str) -> int:
+    """The number of ``exc`` in ``errors``, adding it if no equal exception (same type, message
+    and frames) was seen before; the kernel's traceback starts below the checker's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    for entry in errors:
+        if entry.traceback == text:
+            entry.where.append((case, dtype))
+            return entry.number
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    errors.append(KernelError(len(errors) + 1, type(exc).__name__, message, text, [(case, dtype)]))
+    return len(errors)
+
+
 def _run(
-    kernel: Kernel, case: Case, inputs: tuple, seed: int, keep=None
+    kernel: Kernel,
+    case: Case,
+    inputs: tuple,
+    seed: int,
+    *,
+    keep: torch.Tensor | None = None,
+    changed: list[KernelRow] | None = None,
+    dtype: str = "",
 ) -> tuple[torch.Tensor, ...]:
-    """Forward and backward of ``kernel`` on fresh leaves; returns (out, dq, dk, dv)."""
+    """Forward and backward of ``kernel`` on copies of the inputs, as fresh leaves: (out, dq, dk,
+    dv). An "inplace" row is appended to ``changed`` for each copy the kernel changed, checked
+    after the forward and again after the backward."""
     q, k, v, attn_mask, dout = inputs
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    mask = None if attn_mask is None else attn_mask.clone()
     kwargs = {
-        "attn_mask": None if attn_mask is None else attn_mask.clone(),
+        "attn_mask": mask,
         "dropout_p": case.dropout_p,
         "is_causal": case.causal,
         "scale": case.scale,
@@ -222,12 +255,39 @@ def _run(
     with torch.random.fork_rng(devices=_rng_devices(q.device)):
         torch.manual_seed(seed)
         out = kernel(*leaves, **kwargs)
+    given, originals = (*leaves, mask), (q, k, v, attn_mask)
+    changed = [] if changed is None else changed
+    changed += _changed(case.name, dtype, given, originals, "forward", changed)
     if not isinstance(out, torch.Tensor) or out.shape != dout.shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"kernel returned {shape}, expected a tensor of shape {tuple(dout.shape)}")
-    grads = torch.autograd.grad(out, leaves, dout.clone(), allow_unused=True)
+        raise _BadResult(f"kernel returned {shape}, expected a tensor of shape {tuple(dout.shape)}")
+    upstream = dout.to(out.dtype) if out.is_floating_point() else dout
+    try:
+        grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
+    finally:
+        changed += _changed(case.name, dtype, given, originals, "backward", changed)
     grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)]
     return (out.detach(), *grads)
+
+
+def _changed(case, dtype, given, originals, when: str, known: list[KernelRow]) -> list[KernelRow]:
+    """An "inplace" row for each input whose copy no longer equals its original (and has no row
+    in ``known`` yet): error = max|after - before| (inf where NaN or inf appeared; the count of
+    flipped entries for a bool mask), bound 0."""
+    rows = []
+    seen = {row.tensor for row in known}
+    for name, after, before in zip(INPUTS, given, originals, strict=True):
+        if before is None or name in seen or torch.equal(after.detach(), before):
+            continue
+        if before.dtype == torch.bool:
+            error = float((after != before).sum())
+        else:
+            error = (after.detach().double() - before.double()).abs().max().item()
+            error = error if math.isfinite(error) else math.inf
+        detail = f"{name} changed in place by the kernel's {when}"
+        nan = math.nan
+        rows.append(KernelRow(case, dtype, name, error, nan, nan, 0.0, "inplace", detail))
+    return rows
 
 
 def _read_keep_mask(
@@ -249,6 +309,9 @@ def _read_keep_mask(
         weights = kernel(
             q, k, v, attn_mask=None, dropout_p=case.dropout_p, is_causal=False, scale=case.scale
         )
+    if not isinstance(weights, torch.Tensor) or weights.shape != (b, h, n, m):
+        what = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise _BadResult(f"kernel returned {what} for the keep-mask probe, expected {(b, h, n, m)}")
     return weights.detach() != 0
 
 
@@ -299,72 +362,6 @@ def _judge(case: str, dtype: str, tensor: str, result, gold, base) -> KernelRow:
     error = float(np.max(np.abs(result[finite] - gold[finite]), initial=0.0))
     verdict = "pass" if error <= bound else "fail"
     return KernelRow(case, dtype, tensor, error, baseline, golden_max, bound, verdict, detail)
-
-
-def attention_scores(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """S = Q K^T * scale, plus a float mask, -inf where a bool mask or the causal mask forbids.
-
-    Args:
-        query: (B, H, N, D); key: (B, H, M, D); attn_mask: bool (True = may attend) or float,
-            broadcasting to (B, H, N, M).
-
-    Returns:
-        scores (B, H, N, M) in the inputs' dtype.
-    """
-    n, m, d = query.shape[-2], key.shape[-2], query.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    scores = (query @ key.transpose(-2, -1)) * scale  # (B, H, N, D) @ (B, H, D, M) -> (B, H, N, M)
-    if is_causal:
-        causal = torch.ones(n, m, dtype=torch.bool, device=query.device).tril()
-        scores = scores.masked_fill(~causal, -math.inf)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attn_mask, -math.inf)
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    return scores
-
-
-def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the keys (last axis); a fully masked row (all -inf) gets weights 0, not NaN."""
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True).detach()
-    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-
-
-def plain_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    *,
-    keep: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The baseline Bl: textbook attention in the inputs' dtype, no upcasting, autograd backward.
-
-    S = Q K^T * scale (+ float mask, -inf where masked); P = softmax(S), 0 on fully masked rows;
-    P' = P * keep / (1 - p); O = P' V. Without an explicit bool ``keep`` (B, H, N, M), dropout
-    draws it from torch's generator.
-
-    Args:
-        query: (B, H, N, D); key: (B, H, M, D); value: (B, H, M, Dv).
-
-    Returns:
-        (B, H, N, Dv).
-    """
-    probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
-    if dropout_p:
-        if keep is None:
-            keep = torch.rand(probs.shape, device=probs.device) >= dropout_p
-        probs = probs * keep.to(probs.dtype) * (1.0 / (1.0 - dropout_p))
-    return probs @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
 
 
 def _cast(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """Broken attention kernels, one classic mistake each, to prove that the checker has teeth.
 
 Each pitfall has the signature of ``F.scaled_dot_product_attention`` and differs from the
-checker's own plain baseline (``kernels.plain_attention``, built from ``attention_scores`` and
+checker's own plain baseline (``reference.plain_attention``, built from ``attention_scores`` and
 ``masked_softmax``) in one step only. Several come from the tutorials this project's layers are
 drawn from (docs/pitfalls.md). ``PITFALLS`` names, for each one, a case of the default battery
 (and of the quick one) and a tensor that flags it in every dtype; the tests assert exactly that,
 and ``python -m parity_tests --calibrate 60`` measures the margin over seeds.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
+
+Tests: tests/checker/test_pitfalls.py
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import torch
 
-from .kernels import Kernel, attention_scores, masked_softmax, plain_attention
+from .kernels import Kernel
+from .reference import attention_scores, masked_softmax, plain_attention
 
 
 def kv_from_query(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -30,6 +33,36 @@ def scale_by_d(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     """Default scale 1 / D instead of 1 / sqrt(D)."""
     scale = 1.0 / query.shape[-1] if scale is None else scale
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def scale_by_dv(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Default scale 1 / sqrt(Dv), read from the values' width, instead of 1 / sqrt(D): right
+    whenever Dv == D, which is why the battery has Dv != D cases with the default scale."""
+    scale = 1.0 / math.sqrt(value.shape[-1]) if scale is None else scale
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def ignores_scale(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """A given ``scale`` dropped: always 1 / sqrt(D)."""
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, None)
+
+
+def returns_float64(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Computed in float64 for accuracy, and the cast back to the inputs' dtype forgotten: the
+    values are better than the baseline's, the dtype is wrong (the next layer gets float64)."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.double()
+    query, key, value = query.double(), key.double(), value.double()
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def clobbers_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """Right answer, then the inputs reused as scratch space: q zeroed and k filled with NaN in
+    place (through ``.data``, so that autograd's version check does not notice)."""
+    out = plain_attention(query.clone(), key.clone(), value, attn_mask, dropout_p, is_causal, scale)
+    query.data.zero_()
+    key.data.fill_(math.nan)
+    return out
 
 
 def causal_off_by_one(
@@ -147,7 +180,8 @@ def _dropout(probs: torch.Tensor, dropout_p: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Pitfall:
-    """A broken kernel and the (case, tensor) of the default battery that flags it."""
+    """A broken kernel and the (case, tensor) of the default and quick batteries that flags it
+    (for "clobbers_inputs" the tensor is the input changed in place)."""
 
     kernel: Kernel
     case: str
@@ -157,6 +191,10 @@ class Pitfall:
 PITFALLS: dict[str, Pitfall] = {
     "kv_from_query": Pitfall(kv_from_query, "plain", "out"),
     "scale_by_d": Pitfall(scale_by_d, "plain", "out"),
+    "scale_by_dv": Pitfall(scale_by_dv, "dv>d", "out"),
+    "ignores_scale": Pitfall(ignores_scale, "scale-1/d", "out"),
+    "returns_float64": Pitfall(returns_float64, "plain", "out"),
+    "clobbers_inputs": Pitfall(clobbers_inputs, "plain", "q"),
     "causal_off_by_one": Pitfall(causal_off_by_one, "causal-n<m", "out"),
     "mask_inverted": Pitfall(mask_inverted, "bool-mask", "out"),
     "softmax_wrong_axis": Pitfall(softmax_wrong_axis, "plain", "out"),

@@ -12,6 +12,8 @@ an expected failure that passes is reported as XPASS and fails the run, so the l
 docs/kernel-verification.md records what each target does.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
+
+Tests: tests/checker/test_targets.py
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torch_attention.functional import BACKENDS, attention
 
-from .kernels import Kernel, KernelUnsupported
+from .kernels import Kernel
+from .report import KernelUnsupported
 
 SDPA_BACKENDS = {
     "math": SDPBackend.MATH,

@@ -1,10 +1,12 @@
-"""``python -m parity_tests``: exit codes, the tables, --json, --kernel and bad usage."""
+"""``python -m parity_tests`` and ``parity-tests``: exit codes, the tables, the JSON schema,
+--kernel, and bad usage refused before any work."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -12,62 +14,105 @@ import torch.nn.functional as F
 
 from parity_tests import check_kernel, registry
 from parity_tests.checker import targets
+from parity_tests.checker.render import SCHEMA_VERSION
 from parity_tests.cli import main
 from parity_tests.registry import ParityRow
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 BROKEN = "parity_tests.checker.pitfalls:scale_by_d"
+QUICK_F32 = ["--quick", "--dtype", "float32", "--device", "cpu"]
+
+
+def _module(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """A module ``name`` in tmp_path, importable for this test."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
 
 
 def test_user_kernel_passes_with_json(tmp_path, capsys):
     path = tmp_path / "report.json"
-
     argv = ["--kernel", SDPA, "--quick", "--seed", "3", "--device", "cpu"]
 
     code = main([*argv, "--json", str(path)])
 
     out = capsys.readouterr().out
     report = json.loads(path.read_text())
-    assert code == 0 and report["passed"] is True
-    assert "layers" not in report
+    assert code == 0 and report["verdict"] == "pass"
+    assert report["schema_version"] == SCHEMA_VERSION and report["argv"] == [
+        *argv,
+        "--json",
+        str(path),
+    ]
+    assert report["layers"] is None and report["stress"] is None
     (check,) = report["kernels"]
-    assert check["target"] == SDPA and check["battery"] == "quick"
+    assert check["target"] == SDPA and check["battery"] == "quick" and check["verdict"] == "pass"
     assert {group["status"] for group in check["groups"]} == {"pass"}
     assert {group["dtype"] for group in check["groups"]} == {"float32", "float16", "bfloat16"}
     direct = check_kernel(
         F.scaled_dot_product_attention, dtypes=["float32"], cases=["plain"], seed=3
     )
     assert check["groups"][0]["rows"][0]["error"] == direct.rows[0].error
+    assert check["groups"][0]["shape"] == direct.cases["plain"].shape
     assert "plain" in out and out.rstrip().endswith("OK")
 
 
+def test_json_names_the_versions_and_the_device(tmp_path):
+    path = tmp_path / "report.json"
+
+    main(["--kernel", SDPA, *QUICK_F32, "--json", str(path)])
+
+    report = json.loads(path.read_text())
+    assert report["environment"]["torch"] == torch.__version__
+    assert {"python", "numpy", "platform"} <= set(report["environment"])
+    assert report["kernels"][0]["device_name"] == report["environment"]["devices"]["cpu"]
+
+
+def test_json_is_strict_with_non_finite_numbers_as_null_and_a_flag(tmp_path):
+    path = tmp_path / "report.json"
+    kernel = "parity_tests.checker.pitfalls:nan_on_dead_rows"
+
+    code = main(["--kernel", kernel, *QUICK_F32, "--json", str(path)])
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in strict JSON")
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    rows = [row for group in report["kernels"][0]["groups"] for row in group["rows"]]
+    nonfinite = [row for row in rows if row["verdict"] == "nonfinite"]
+    assert code == 1 and nonfinite
+    assert all(row["error"] is None and row["nonfinite"]["error"] == "inf" for row in nonfinite)
+
+
 def test_broken_kernel_exits_1_and_names_the_failure(capsys):
-    code = main(["--kernel", BROKEN, "--quick", "--dtype", "float32", "--device", "cpu"])
+    code = main(["--kernel", BROKEN, *QUICK_F32])
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "FAIL (out fail" in out and "FAILED" in out
+    assert "fail (out fail" in out and "FAILED" in out
     assert "float32" in out and "float16" not in out
+    summary = out[out.index("== failing rows") :]
+    assert f"{BROKEN} on cpu: plain float32 (B=2 H=3 N=37 M=113 D=64 Dv=64): out fail" in summary
 
 
 def test_builtin_targets_show_expected_failures_as_xfail(capsys):
-    code = main(["--no-layers", "--quick", "--dtype", "float32", "--device", "cpu"])
+    code = main(["--no-layers", *QUICK_F32])
 
     out = capsys.readouterr().out
     assert code == 0
-    assert "-- mha[need_weights=True] on cpu --" in out
-    assert "XFAIL dead-rows-bool: nn.MultiheadAttention with need_weights=True" in out
+    assert "-- mha[need_weights=True] on cpu (quick battery) --" in out
+    assert "xfail dead-rows-bool: nn.MultiheadAttention with need_weights=True" in out
+    assert "pass: 8 of 9 case-dtype groups judged (89%), 1 skipped" in out
 
 
 def test_an_expected_failure_that_passes_is_an_xpass_and_fails_the_run(monkeypatch, capsys):
     entry = targets.ExpectedFailure(SDPA, "plain", "pretend it fails")
     monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
 
-    code = main(["--kernel", SDPA, "--quick", "--dtype", "float32", "--device", "cpu"])
+    code = main(["--kernel", SDPA, *QUICK_F32])
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "XPASS plain: expected to fail: pretend it fails" in out
+    assert "xpass plain: expected to fail: pretend it fails" in out
 
 
 def test_stress_findings_do_not_change_the_exit_status(tmp_path, capsys):
@@ -78,9 +123,11 @@ def test_stress_findings_do_not_change_the_exit_status(tmp_path, capsys):
 
     report = json.loads(path.read_text())
     statuses = {g["status"] for check in report["stress"] for g in check["groups"]}
-    assert "FAIL" in statuses
-    assert code == 0 and "kernels" not in report
-    assert "stress battery (findings, not part of the verdict)" in capsys.readouterr().out
+    assert "fail" in statuses
+    assert code == 0 and report["kernels"] is None and report["verdict"] is None
+    out = capsys.readouterr().out
+    assert "stress battery (findings, not part of the verdict)" in out
+    assert out.rstrip().endswith("no verdict: the stress battery's findings only, nothing judged")
 
 
 def _fake_rows(*, device, dtypes, quick, progress):
@@ -91,18 +138,24 @@ def _fake_rows(*, device, dtypes, quick, progress):
     ]
 
 
-def test_a_layer_failure_exits_1(monkeypatch, capsys):
+def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(registry, "run_registry", _fake_rows)
+    path = tmp_path / "report.json"
 
-    code = main(["--no-kernels", "--device", "cpu"])
+    code = main(["--no-kernels", "--device", "cpu", "--json", str(path)])
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "Layer/bad" in out and "FAIL" in out and "layers: 2 groups, 1 failing" in out
+    assert "Layer/bad" in out and "layers: 2 groups, 1 failing" in out
+    assert "layers on cpu: Layer/bad float32 math: dx fail: error 1.00e-03" in out
+    layers = json.loads(path.read_text())["layers"]
+    assert layers["verdict"] == "fail"
+    assert [row["verdict"] for row in layers["rows"]] == ["pass", "fail"]
+    assert all("passed" not in row for row in layers["rows"])
 
 
 def test_progress_goes_to_stderr(capsys):
-    main(["--kernel", SDPA, "--quick", "--dtype", "float32", "--device", "cpu"])
+    main(["--kernel", SDPA, *QUICK_F32])
 
     err = capsys.readouterr().err
     assert f"{SDPA} on cpu (quick battery)" in err
@@ -126,17 +179,92 @@ def test_calibration_reports_the_policy_tables(capsys):
         ["--dtype", "float64"],
         ["--device", "tpu"],
         ["--seed", "one"],
+        ["--seed", "-1"],
+        ["--seed", str(2**64)],
         ["--calibrate", "0"],
         ["--calibrate", "1", "--kernel", SDPA],
+        ["--calibrate", "1", "--json", "calibration.json"],
+        ["--no-layers", "--no-kernels"],
+        ["--kernel", SDPA, "--no-kernels"],
+        ["--kernel", SDPA, "--json", "/no/such/directory/report.json"],
         ["--no-such-flag"],
     ],
 )
-def test_bad_usage_exits_2(argv, capsys):
+def test_bad_usage_exits_2_before_any_work(argv, monkeypatch, capsys):
+    monkeypatch.setattr(registry, "run_registry", None)  # any work would crash, not exit 2
+    monkeypatch.setattr("parity_tests.cli.check_kernel", None)
+
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
 
     assert exit_info.value.code == 2
-    assert "error" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "error" in captured.err and "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_a_json_path_that_is_a_directory_is_bad_usage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--kernel", SDPA, *QUICK_F32, "--json", str(tmp_path)])
+
+    assert exit_info.value.code == 2 and "cannot write there" in capsys.readouterr().err
+
+
+def test_the_json_check_leaves_no_file_behind(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    monkeypatch.setattr("parity_tests.cli.check_kernel", None)
+
+    with pytest.raises(TypeError):  # the run itself, after the usage checks
+        main(["--kernel", SDPA, *QUICK_F32, "--json", str(path)])
+
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("raise RuntimeError('boom at import')\n", "RuntimeError: boom at import"),
+        ("def f(:\n", "SyntaxError"),
+        ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+    ],
+    ids=["raises", "syntax-error", "sys-exit"],
+)
+def test_a_kernel_module_that_cannot_be_imported_is_bad_usage(
+    source, message, tmp_path, monkeypatch, capsys
+):
+    name = f"kernel_{abs(hash(source))}"
+    _module(tmp_path, monkeypatch, name, source)
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--kernel", f"{name}:f", *QUICK_F32])
+
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_a_kernel_calling_sys_exit_gets_an_error_verdict(tmp_path, monkeypatch, capsys):
+    _module(
+        tmp_path,
+        monkeypatch,
+        "exits_kernel",
+        "import sys\ndef f(*args, **kwargs):\n    sys.exit(0)\n",
+    )
+
+    code = main(["--kernel", "exits_kernel:f", *QUICK_F32])
+
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "SystemExit: 0" in out and "FAILED" in out
+
+
+def test_ctrl_c_in_a_kernel_exits_130(tmp_path, monkeypatch, capsys):
+    source = "def f(*args, **kwargs):\n    raise KeyboardInterrupt\n"
+    _module(tmp_path, monkeypatch, "interrupted_kernel", source)
+
+    code = main(["--kernel", "interrupted_kernel:f", *QUICK_F32])
+
+    assert code == 130 and "interrupted" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -148,7 +276,7 @@ def test_cuda_without_cuda_is_bad_usage():
 
 
 def test_python_dash_m_runs_the_cli():
-    argv = ["--kernel", SDPA, "--quick", "--dtype", "float32", "--device", "cpu"]
+    argv = ["--kernel", SDPA, *QUICK_F32]
 
     result = subprocess.run(
         [sys.executable, "-m", "parity_tests", *argv], capture_output=True, text=True, timeout=300
@@ -156,3 +284,46 @@ def test_python_dash_m_runs_the_cli():
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("OK")
+
+
+# What pip writes for the ``parity-tests`` entry point of setup.cfg.
+CONSOLE_SCRIPT = """\
+import sys
+from parity_tests.__main__ import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def _console_script(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    """Run the console script as pip installs it (its own directory first on sys.path), from a
+    working directory that holds a kernel module of its own."""
+    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir()
+    work.mkdir()
+    (bin_dir / "parity-tests").write_text(CONSOLE_SCRIPT)
+    (work / "my_kernel.py").write_text(
+        "import torch.nn.functional as F\nattention = F.scaled_dot_product_attention\n"
+    )
+    return subprocess.run(
+        [sys.executable, str(bin_dir / "parity-tests"), *argv],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_console_script_finds_kernels_in_the_current_directory(tmp_path):
+    result = _console_script(tmp_path, "--kernel", "my_kernel:attention", *QUICK_F32)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("OK")
+
+
+def test_the_console_script_names_itself(tmp_path):
+    result = _console_script(tmp_path, "--seed", "-1")
+
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: parity-tests ")
+    assert "parity-tests: error: argument --seed" in result.stderr

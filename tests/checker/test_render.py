@@ -1,0 +1,149 @@
+"""The checker's tables and JSON: statuses against the expected failures, each exception printed
+once with its traceback, the failing rows summed up, and strict JSON with non-finite numbers
+flagged."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from parity_tests import check_kernel
+from parity_tests.checker import targets
+from parity_tests.checker.battery import DEFAULT
+from parity_tests.checker.render import (
+    check_entry,
+    environment,
+    failing_lines,
+    jsonable,
+    print_checks,
+    row_dict,
+)
+from parity_tests.checker.report import KernelReport, KernelRow
+
+CASES = {case.name: case for case in DEFAULT}
+
+
+def _report(*rows: KernelRow) -> KernelReport:
+    return KernelReport("k", "cpu", list(rows), cases=CASES)
+
+
+def _row(case: str, verdict: str, tensor: str = "out", detail: str = "") -> KernelRow:
+    return KernelRow(case, "float32", tensor, 2e-6, 1e-7, 1.0, 1e-6, verdict, detail)
+
+
+def _raises(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    raise RuntimeError("kernel exploded")
+
+
+def test_groups_carry_their_shape_status_and_rows():
+    report = _report(_row("dv>d", "pass"), _row("dv>d", "fail", "dq"))
+
+    (group,) = check_entry(report, target="k", battery="quick", judged=True)["groups"]
+
+    assert group["shape"] == {"B": 2, "H": 2, "N": 37, "M": 113, "D": 32, "Dv": 64}
+    assert group["status"] == "fail" and group["note"] == "dq fail"
+    assert [row["verdict"] for row in group["rows"]] == ["pass", "fail"]
+    assert group["rows"][1]["ratio"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(("verdict", "status"), [("nonfinite", "xfail"), ("pass", "xpass")])
+def test_expected_failures_turn_into_xfail_or_xpass(monkeypatch, verdict, status):
+    entry = targets.ExpectedFailure("k", "plain", "a documented deviation")
+    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+
+    check = check_entry(_report(_row("plain", verdict)), target="k", battery="b", judged=True)
+
+    assert check["groups"][0]["status"] == status
+    assert check["verdict"] == ("pass" if status == "xfail" else "fail")
+
+
+def test_stress_findings_have_no_verdict():
+    check = check_entry(_report(_row("plain", "fail")), target="k", battery="stress", judged=False)
+
+    assert check["verdict"] is None and check["groups"][0]["status"] == "fail"
+    assert failing_lines([check]) == []
+
+
+def test_coverage_is_reported_per_check():
+    report = _report(_row("plain", "pass"), _row("dv>d", "skip", "-", "no Dv != D here"))
+
+    check = check_entry(report, target="k", battery="b", judged=True)
+
+    assert check["coverage"] == {"judged": 1, "skipped": 1, "total": 2, "fraction": 0.5}
+    assert check["summary"] == "pass: 1 of 2 case-dtype groups judged (50%), 1 skipped"
+
+
+def test_each_exception_is_printed_once_with_its_traceback():
+    report = check_kernel(_raises, dtypes=["float32", "float16"], cases=["plain", "causal-n<m"])
+    check = check_entry(report, target="k", battery="b", judged=True)
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+
+    text = "\n".join(lines)
+    assert text.count("RuntimeError: kernel exploded") == 1
+    assert "exception #1, raised in 4 groups" in text and "Traceback" in text
+    assert text.count("fail (exception #1)") == 4
+
+
+def test_the_failing_rows_are_summed_up_with_their_shapes():
+    report = _report(_row("plain", "pass"), _row("dv>d", "fail", "dq"), _row("plain", "pass", "dq"))
+    check = check_entry(report, target="k", battery="b", judged=True)
+
+    (line,) = failing_lines([check])
+
+    assert line.startswith("k on cpu: dv>d float32 (B=2 H=2 N=37 M=113 D=32 Dv=64): dq fail")
+    assert "error 2.00e-06, bound 1.00e-06" in line
+
+
+def test_a_check_that_covers_too_little_is_named_in_the_summary():
+    skips = [_row(name, "skip", "-", "no") for name in ("plain", "dv>d")]
+    check = check_entry(_report(_row("dv<d", "pass"), *skips), target="k", battery="b", judged=True)
+
+    (line,) = failing_lines([check])
+
+    assert check["verdict"] == "fail" and "skips outnumber passes" in line
+
+
+@dataclass
+class _LayerRow:
+    case: str
+    error: float
+    bound: float
+    passed: bool
+
+
+def test_layer_rows_get_the_same_lowercase_verdicts():
+    assert row_dict(_LayerRow("c", 1e-3, 2e-5, False)) == {
+        "case": "c",
+        "error": 1e-3,
+        "bound": 2e-5,
+        "verdict": "fail",
+    }
+
+
+def test_json_has_numbers_as_numbers_and_non_finite_as_null_with_a_flag():
+    value = {"rows": [{"error": math.inf, "ratio": math.nan, "bound": 1e-6, "tensor": "out"}]}
+
+    text = json.dumps(jsonable(value), allow_nan=False)
+
+    assert json.loads(text) == {
+        "rows": [
+            {
+                "error": None,
+                "ratio": None,
+                "bound": 1e-6,
+                "tensor": "out",
+                "nonfinite": {"error": "inf", "ratio": "nan"},
+            }
+        ]
+    }
+
+
+def test_environment_names_versions_and_devices():
+    env = environment(["cpu"])
+
+    assert {"python", "numpy", "torch"} <= set(env) and env["devices"]["cpu"]

@@ -1,0 +1,110 @@
+"""The checker's report: row verdicts, the error / bound ratio, group statuses, and a verdict that
+never passes a kernel on skips."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from parity_tests.checker.report import (
+    FAILING,
+    VERDICTS,
+    KernelReport,
+    KernelRow,
+    coverage_summary,
+    group_status,
+    statuses_pass,
+)
+
+
+def _row(case: str, verdict: str, error: float = 1e-7, bound: float = 1e-6) -> KernelRow:
+    return KernelRow(case, "float32", "out", error, 1e-7, 1.0, bound, verdict)
+
+
+def _report(statuses: list[str]) -> KernelReport:
+    return KernelReport(
+        "kernel", "cpu", rows=[_row(f"case-{i}", status) for i, status in enumerate(statuses)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "bound", "ratio"),
+    [(1e-7, 1e-6, 0.1), (0.0, 0.0, 0.0), (1e-9, 0.0, math.inf), (math.inf, 1e-6, math.inf)],
+)
+def test_ratio_is_error_over_bound(error, bound, ratio):
+    assert _row("c", "pass", error, bound).ratio == pytest.approx(ratio)
+
+
+def test_ratio_of_an_unmeasured_row_is_nan():
+    row = KernelRow("c", "float32", "-", math.nan, math.nan, math.nan, math.nan, "error")
+
+    assert math.isnan(row.ratio)
+
+
+def test_every_verdict_but_pass_and_skip_fails():
+    assert set(FAILING) == set(VERDICTS) - {"pass", "skip"}
+    assert all(_row("c", verdict).failed for verdict in FAILING)
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "status"),
+    [
+        (["pass", "pass"], "pass"),
+        (["pass", "skip"], "skip"),
+        (["skip", "inplace"], "fail"),
+        (["pass", "dtype"], "fail"),
+    ],
+)
+def test_group_status(verdicts, status):
+    assert group_status([_row("c", verdict) for verdict in verdicts]) == status
+
+
+@pytest.mark.parametrize(
+    ("statuses", "passed"),
+    [
+        (["pass", "pass", "skip"], True),
+        (["pass", "skip"], True),
+        (["pass", "skip", "skip"], False),  # skips outnumber passes
+        (["skip"], False),
+        ([], False),
+        (["pass", "fail"], False),
+    ],
+)
+def test_a_report_whose_skips_outnumber_its_passes_has_not_passed(statuses, passed):
+    assert _report(statuses).passed is passed
+
+
+def test_coverage_is_the_fraction_of_groups_not_skipped():
+    report = _report(["pass", "skip", "pass", "skip"])
+
+    assert report.coverage == 0.5
+    assert report.groups == {
+        ("case-0", "float32"): "pass",
+        ("case-1", "float32"): "skip",
+        ("case-2", "float32"): "pass",
+        ("case-3", "float32"): "skip",
+    }
+
+
+def test_the_summary_says_how_much_of_the_battery_the_verdict_covers():
+    assert _report(["pass", "pass", "pass", "skip"]).summary == (
+        "pass: 3 of 4 case-dtype groups judged (75%), 1 skipped"
+    )
+    assert _report(["pass", "skip", "skip"]).summary == (
+        "fail: only 1 of 3 case-dtype groups judged (33%); skips outnumber passes, "
+        "so this is not a pass"
+    )
+
+
+def test_expected_failures_count_as_judged_and_unexpected_passes_as_failing():
+    assert statuses_pass(["pass", "xfail", "skip"])
+    assert not statuses_pass(["pass", "xpass"])
+    assert coverage_summary(["xpass", "pass"]).startswith("fail: 1 failing groups")
+
+
+def test_an_empty_report_has_not_passed():
+    report = KernelReport("nothing", "cpu")
+
+    assert not report.passed and report.coverage == 0.0
+    assert report.summary == "fail: nothing was checked"
