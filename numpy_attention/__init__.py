@@ -4,7 +4,7 @@ Shape legend used everywhere: B batch, H heads, N query length, M key/value leng
 width, D head width, Dv value head width.
 """
 
-from . import convert, functional, fused, masks, merge, scores, threads, tiled, varlen
+from . import convert, functional, fused, masks, merge, scores, state, threads, tiled, varlen
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -21,6 +21,7 @@ from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
 from .scores import AttentionGrads, AttentionOutput
+from .state import load_module, save_module
 from .varlen import varlen_attention_backward, varlen_attention_forward
 
 __all__ = [
@@ -59,4 +60,7 @@ __all__ = [
     "masks",
     "no_grad",
     "tiled",
+    "state",
+    "save_module",
+    "load_module",
 ]

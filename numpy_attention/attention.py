@@ -7,7 +7,10 @@ heads) -> MultiHeadAttention (split weights, output projection). The math lives 
 ``functional`` and ``layers``; the layers hold parameters, call those pairs and keep the last ctx.
 
 Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
-Derivations: docs/derivations/self-attention.md and docs/derivations/multi-head.md.
+
+Derivation: docs/derivations/self-attention.md and docs/derivations/multi-head.md.
+Tests: tests/numpy_attention/test_attention.py, and every layer's Module contract in
+tests/numpy_attention/test_module.py.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import validation
+from . import masks, validation
 from .functional import (
     AttentionCtx,
     HeadsCtx,
@@ -31,18 +34,6 @@ from .layers import Linear, dropout_keep_mask
 from .module import Module, ModuleList
 
 
-def _check_sizes(**sizes: int) -> None:
-    """``ValueError`` unless every size is a positive integer, naming the offending argument."""
-    for name, size in sizes.items():
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
-
-
-def _causal_buffer(context_length: int) -> np.ndarray:
-    """The book's buffer: triu(ones(L, L), diagonal=1) as float32, 1 = masked (a future key)."""
-    return np.triu(np.ones((context_length, context_length), dtype=np.float32), k=1)
-
-
 def _check_length(x: np.ndarray, context_length: int) -> int:
     n = x.shape[-2]
     if n > context_length:
@@ -50,13 +41,6 @@ def _check_length(x: np.ndarray, context_length: int) -> int:
             f"x has N = {n} tokens (shape {x.shape}), more than context_length = {context_length}"
         )
     return n
-
-
-def _check_dout(dout: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    dout = validation.float_array("dout", dout)
-    if dout.shape != shape:
-        raise ValueError(f"dout must have the output's shape {shape}, got {dout.shape}")
-    return dout
 
 
 # -- weight-free self-attention ---------------------------------------------------------------
@@ -73,9 +57,9 @@ class SimpleSelfAttention(Module):
         x = validation.float_array("x", x)
         if x.ndim not in (2, 3):
             raise ValueError(f"x must have rank 2 or 3, (N, C) or (B, N, C), got shape {x.shape}")
-        out, _, ctx = attention_forward(x, x, x, scale=1.0)
-        self._save_ctx(ctx)
-        return out
+        result = attention_forward(x, x, x, scale=1.0)
+        self._save_ctx(result.ctx, result.out)
+        return result.out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """x feeds query, key and value, so its gradient is the sum of three paths.
@@ -83,8 +67,8 @@ class SimpleSelfAttention(Module):
         S = X X^T; P = softmax(S); O = P X  ->  dxq = dS X;  dxk = dS^T X;  dxv = P^T dO;
         dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dxq, dxk, dxv, _ = attention_backward(dout, self._pop_ctx())
-        return dxq + dxk + dxv
+        grads = attention_backward(*self._pop_ctx(dout))
+        return grads.dq + grads.dk + grads.dv  # dxq + dxk + dxv
 
 
 # -- self-attention with weight matrices ------------------------------------------------------
@@ -135,9 +119,9 @@ class SelfAttentionV1(Module):
         self, d_in: int, d_out: int, *, rng: np.random.Generator | int | None = None
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
         rng = np.random.default_rng(rng)
-        self.d_in, self.d_out = d_in, d_out
         for name in ("W_query", "W_key", "W_value"):
             self.register_parameter(name, rng.random((d_in, d_out)).astype(np.float32))
 
@@ -147,9 +131,9 @@ class SelfAttentionV1(Module):
         q, q_ctx = projection_forward(x, self.W_query)  # (..., N, C) -> (..., N, D)
         k, k_ctx = projection_forward(x, self.W_key)
         v, v_ctx = projection_forward(x, self.W_value)
-        out, _, attn_ctx = attention_forward(q, k, v)
-        self._save_ctx(SelfAttentionV1Ctx(q_ctx, k_ctx, v_ctx, attn_ctx))
-        return out
+        attn = attention_forward(q, k, v)
+        self._save_ctx(SelfAttentionV1Ctx(q_ctx, k_ctx, v_ctx, attn.ctx), attn.out)
+        return attn.out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Q = X W_q, K = X W_k, V = X W_v, O = attention(Q, K, V), walked in reverse:
@@ -157,18 +141,15 @@ class SelfAttentionV1(Module):
         dQ, dK, dV = attention_backward(dO);  dW_q = X^T dQ (likewise dW_k, dW_v);
         dx = dQ W_q^T + dK W_k^T + dV W_v^T. Derivation: docs/derivations/self-attention.md.
         """
-        q_ctx, k_ctx, v_ctx, attn_ctx = self._pop_ctx()
-        dq, dk, dv, _ = attention_backward(dout, attn_ctx)
-        dxq, dw_query = projection_backward(dq, q_ctx)
-        dxk, dw_key = projection_backward(dk, k_ctx)
-        dxv, dw_value = projection_backward(dv, v_ctx)
+        dout, (q_ctx, k_ctx, v_ctx, attn_ctx) = self._pop_ctx(dout)
+        grads = attention_backward(dout, attn_ctx)
+        dxq, dw_query = projection_backward(grads.dq, q_ctx)
+        dxk, dw_key = projection_backward(grads.dk, k_ctx)
+        dxv, dw_value = projection_backward(grads.dv, v_ctx)
         self._accumulate("W_query", dw_query)
         self._accumulate("W_key", dw_key)
         self._accumulate("W_value", dw_value)
         return dxq + dxk + dxv
-
-    def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}"
 
 
 # -- self-attention with Linear layers --------------------------------------------------------
@@ -186,9 +167,9 @@ class SelfAttentionV2(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
         rng = np.random.default_rng(rng)
-        self.d_in, self.d_out = d_in, d_out
         self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=rng)
@@ -197,22 +178,19 @@ class SelfAttentionV2(Module):
         """x (N, d_in) or (B, N, d_in) -> out (N, d_out) or (B, N, d_out)."""
         x = validation.layer_input("x", x, self.d_in, (2, 3), self.dtype)
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (..., N, C) -> (..., N, D)
-        out, _, attn_ctx = attention_forward(q, k, v)
-        self._save_ctx(attn_ctx)
-        return out
+        attn = attention_forward(q, k, v)
+        self._save_ctx(attn.ctx, attn.out)
+        return attn.out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dQ, dK, dV = attention_backward(dO); each Linear adds dW = dQ^T X (V1's X^T dQ
         transposed); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dq, dk, dv, _ = attention_backward(dout, self._pop_ctx())
-        dxq = self.W_query.backward(dq)
-        dxk = self.W_key.backward(dk)
-        dxv = self.W_value.backward(dv)
+        grads = attention_backward(*self._pop_ctx(dout))
+        dxq = self.W_query.backward(grads.dq)
+        dxk = self.W_key.backward(grads.dk)
+        dxv = self.W_value.backward(grads.dv)
         return dxq + dxk + dxv
-
-    def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}"
 
 
 # -- causal attention with dropout ------------------------------------------------------------
@@ -237,14 +215,17 @@ class CausalAttention(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
+        self.context_length = validation.positive_int("context_length", context_length)
         self.dropout_p = validation.dropout_p(dropout, "dropout")
         self.rng = np.random.default_rng(rng)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
         self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
-        self.register_buffer("mask", _causal_buffer(context_length))
+        self.register_buffer(
+            "mask", masks.causal_buffer(context_length), check=masks.check_causal_buffer
+        )
 
     def forward(self, x: np.ndarray, attn_dropout_mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, N, d_in) -> out (B, N, d_out), N <= context_length.
@@ -267,34 +248,22 @@ class CausalAttention(Module):
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
         p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
-        out, _, attn_ctx = attention_forward(
-            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
-        )
-        self._save_ctx(attn_ctx)
-        return out
+        attn = attention_forward(q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep)
+        self._save_ctx(attn.ctx, attn.out)
+        return attn.out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """As V2's: masked and dropped weights carry no gradient (attention_backward handles
         both); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
         """
-        dq, dk, dv, _ = attention_backward(dout, self._pop_ctx())
-        dxq = self.W_query.backward(dq)
-        dxk = self.W_key.backward(dk)
-        dxv = self.W_value.backward(dv)
+        grads = attention_backward(*self._pop_ctx(dout))
+        dxq = self.W_query.backward(grads.dq)
+        dxk = self.W_key.backward(grads.dk)
+        dxv = self.W_value.backward(grads.dv)
         return dxq + dxk + dxv
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
-            f"dropout={self.dropout_p}"
-        )
 
 
 # -- multi-head attention ---------------------------------------------------------------------
-
-
-class WrapperCtx(NamedTuple):
-    out_shape: tuple[int, ...]  # (B, N, H*D)
 
 
 class MultiHeadAttentionWrapper(Module):
@@ -316,11 +285,11 @@ class MultiHeadAttentionWrapper(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
+        self.context_length = validation.positive_int("context_length", context_length)
         self.dropout_p = validation.dropout_p(dropout, "dropout")
         self.rng = np.random.default_rng(rng)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads = num_heads
         self.heads = ModuleList(
             [
                 CausalAttention(d_in, d_out, context_length, dropout, qkv_bias, rng=self.rng)
@@ -348,7 +317,7 @@ class MultiHeadAttentionWrapper(Module):
         )
         outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
         out = np.concatenate(outs, axis=-1)  # H x (B, N, D) -> (B, N, H*D)
-        self._save_ctx(WrapperCtx(out.shape))
+        self._save_ctx(None, out)  # the heads keep their own contexts
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -356,20 +325,16 @@ class MultiHeadAttentionWrapper(Module):
         dx = sum over h of head_h.backward(dO[..., h*D:(h+1)*D]).
         Derivation: docs/derivations/multi-head.md.
         """
-        dout = _check_dout(dout, self._pop_ctx().out_shape)
+        dout, _ = self._pop_ctx(dout)
         douts = np.split(dout, self.num_heads, axis=-1)  # (B, N, H*D) -> H x (B, N, D)
         dxs = [head.backward(dout_h) for head, dout_h in zip(self.heads, douts, strict=True)]
         return np.sum(dxs, axis=0)  # H x (B, N, d_in) -> (B, N, d_in)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
 
 
 class MultiHeadAttentionCtx(NamedTuple):
     split: HeadsCtx  # how q, k and v were split into heads
     attn: AttentionCtx
     merge: HeadsCtx
-    out_shape: tuple[int, ...]  # (B, N, d_out)
 
 
 class MultiHeadAttention(Module):
@@ -393,18 +358,22 @@ class MultiHeadAttention(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
+        self.context_length = validation.positive_int("context_length", context_length)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
         if d_out % num_heads != 0:
             raise ValueError(f"d_out = {d_out} must be divisible by num_heads = {num_heads}")
+        self.head_dim = d_out // num_heads
         self.dropout_p = validation.dropout_p(dropout, "dropout")
         self.rng = np.random.default_rng(rng)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim = num_heads, d_out // num_heads
         self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.out_proj = Linear(d_out, d_out, rng=self.rng)
-        self.register_buffer("mask", _causal_buffer(context_length))
+        self.register_buffer(
+            "mask", masks.causal_buffer(context_length), check=masks.check_causal_buffer
+        )
 
     def forward(self, x: np.ndarray, attn_dropout_mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, N, d_in) -> out (B, N, d_out).
@@ -429,12 +398,10 @@ class MultiHeadAttention(Module):
         k, _ = split_heads_forward(self.W_key(x), self.num_heads)  # -> (B, H, N, D)
         v, _ = split_heads_forward(self.W_value(x), self.num_heads)  # -> (B, H, N, D)
         p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
-        heads, _, attn_ctx = attention_forward(
-            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep
-        )  # (B, H, N, D)
-        merged, merge_ctx = merge_heads_forward(heads)  # (B, H, N, D) -> (B, N, d_out)
+        attn = attention_forward(q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep)
+        merged, merge_ctx = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, d_out)
         out = self.out_proj(merged)
-        self._save_ctx(MultiHeadAttentionCtx(split_ctx, attn_ctx, merge_ctx, out.shape))
+        self._save_ctx(MultiHeadAttentionCtx(split_ctx, attn.ctx, merge_ctx), out)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -442,21 +409,14 @@ class MultiHeadAttention(Module):
         (its gradient is a merge), projections; x feeds all three, so dx = dxq + dxk + dxv.
         Derivation: docs/derivations/multi-head.md.
         """
-        split_ctx, attn_ctx, merge_ctx, out_shape = self._pop_ctx()
-        dout = _check_dout(dout, out_shape)
+        dout, (split_ctx, attn_ctx, merge_ctx) = self._pop_ctx(dout)
         dmerged = self.out_proj.backward(dout)  # (B, N, d_out)
         dheads = merge_heads_backward(dmerged, merge_ctx)  # (B, N, d_out) -> (B, H, N, D)
-        dq, dk, dv, _ = attention_backward(dheads, attn_ctx)
-        dq = split_heads_backward(dq, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
-        dk = split_heads_backward(dk, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
-        dv = split_heads_backward(dv, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        grads = attention_backward(dheads, attn_ctx)
+        dq = split_heads_backward(grads.dq, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        dk = split_heads_backward(grads.dk, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
+        dv = split_heads_backward(grads.dv, split_ctx)  # (B, H, N, D) -> (B, N, d_out)
         dxq = self.W_query.backward(dq)
         dxk = self.W_key.backward(dk)
         dxv = self.W_value.backward(dv)
         return dxq + dxk + dxv
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_in={self.d_in}, d_out={self.d_out}, context_length={self.context_length}, "
-            f"dropout={self.dropout_p}, num_heads={self.num_heads}"
-        )

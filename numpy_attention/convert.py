@@ -35,19 +35,27 @@ Layouts (legend: C model width, H heads, D = C // H head width, L context length
 - GPT-2 ``Conv1D`` (y = x W + b, weights stored (in, out)): ``c_attn.weight`` (C, 3C),
   ``c_attn.bias``, ``c_proj.weight`` (C, C), ``c_proj.bias``; its cross-attention has
   ``q_attn.weight`` (C, C), ``q_attn.bias`` and ``c_attn.weight`` (C, 2C) for keys and values.
+
+``save_state`` / ``load_state`` (``.npz`` files) live in ``numpy_attention.state`` and are
+importable from here too. Layouts and decisions: docs/weight-transfer.md.
+
+Tests: tests/numpy_attention/test_convert.py; against torch and transformers in
+tests/parity/test_transfers.py.
 """
 
 from __future__ import annotations
 
-import os
-import zipfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from . import validation
+from . import masks, validation
 from .module import _to_numpy
+
+# The .npz state files moved to numpy_attention.state; they stay importable from here.
+from .state import load_state as load_state
+from .state import save_state as save_state
 
 _QKV = ("W_query", "W_key", "W_value")
 
@@ -111,22 +119,6 @@ def _drop_zero(fn: str, name: str, array: np.ndarray, target: str) -> None:
         raise ValueError(
             f"{fn}: {name} is non-zero but {target} has no place for it; converting would "
             "change the layer"
-        )
-
-
-def _causal_buffer(context_length: int, dtype: np.dtype) -> np.ndarray:
-    """The book's ``mask`` buffer: 1 above the diagonal (masked), 0 elsewhere."""
-    return np.triu(np.ones((context_length, context_length), dtype=dtype), k=1)
-
-
-def _check_causal_buffer(fn: str, name: str, mask: np.ndarray) -> None:
-    """The fused family has no mask buffer: only the standard causal one may be dropped."""
-    if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
-        raise ValueError(f"{fn}: {name} must be a square (L, L) buffer, got shape {mask.shape}")
-    if not np.array_equal(mask != 0, _causal_buffer(mask.shape[0], np.dtype(bool))):
-        raise ValueError(
-            f"{fn}: {name} is not the causal buffer triu(ones(L, L), diagonal=1), and the target "
-            "layout has no place for another mask"
         )
 
 
@@ -198,10 +190,7 @@ def mha_from_wrapper(state: Mapping[str, Any], num_heads: int) -> dict[str, np.n
         ``mask`` when the heads carry it.
     """
     fn = "mha_from_wrapper"
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)):
-        raise TypeError(f"{fn}: num_heads must be a positive int, got {num_heads!r}")
-    if num_heads <= 0:
-        raise ValueError(f"{fn}: num_heads must be a positive int, got {num_heads}")
+    num_heads = validation.positive_int(f"{fn}: num_heads", num_heads)
     weights = [f"heads.{h}.{name}.weight" for h in range(num_heads) for name in _QKV]
     biases = [f"heads.{h}.{name}.bias" for h in range(num_heads) for name in _QKV]
     masks = [f"heads.{h}.mask" for h in range(num_heads)]
@@ -268,8 +257,8 @@ def fused_from_separate(state: Mapping[str, Any], *, cross: bool = False) -> dic
     c, dtype = d_out, arrays["W_query.weight"].dtype
     q, k, v = (_param(arrays, fn, f"{name}.weight", (c, c)) for name in _QKV)
     bq, bk, bv = (_bias_or_zeros(arrays, fn, f"{name}.bias", c, dtype) for name in _QKV)
-    if "mask" in arrays:
-        _check_causal_buffer(fn, "mask", arrays["mask"])
+    if "mask" in arrays:  # the fused layers have no buffer: only the causal one may be dropped
+        masks.check_causal_buffer(f"{fn}: mask", arrays["mask"])
 
     result = _fused_in_projection(np.concatenate([q, k, v]), np.concatenate([bq, bk, bv]), cross)
     result["Wo.weight"] = _param(arrays, fn, "out_proj.weight", (c, c))
@@ -297,14 +286,8 @@ def separate_from_fused(
         ``out_proj.bias``, and ``mask`` (L, L) when ``context_length`` is given.
     """
     fn = "separate_from_fused"
-    if context_length is not None and (
-        isinstance(context_length, bool)
-        or not isinstance(context_length, (int, np.integer))
-        or context_length <= 0
-    ):
-        raise ValueError(
-            f"{fn}: context_length must be a positive int or None, got {context_length!r}"
-        )
+    if context_length is not None:
+        context_length = validation.positive_int(f"{fn}: context_length", context_length)
     arrays, weight, bias = _read_fused_in_projection(state, fn)
     c = weight.shape[1]
     result = {}
@@ -315,7 +298,7 @@ def separate_from_fused(
     result["out_proj.weight"] = _param(arrays, fn, "Wo.weight", (c, c))
     result["out_proj.bias"] = _bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
     if context_length is not None:
-        result["mask"] = _causal_buffer(int(context_length), weight.dtype)
+        result["mask"] = masks.causal_buffer(context_length, weight.dtype)
     return result
 
 
@@ -507,45 +490,3 @@ def fused_from_gpt2(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     result["Wo.weight"] = _param(arrays, fn, "c_proj.weight", (c, c)).T.copy()  # (out, in)
     result["Wo.bias"] = _param(arrays, fn, "c_proj.bias", (c,))
     return result
-
-
-# -- .npz files -------------------------------------------------------------------------------
-
-
-def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
-    """Write a state dict to an ``.npz`` file at exactly ``path`` (no suffix is added).
-
-    Keys are kept as they are (dots included), in order; dtypes are kept (torch bfloat16 becomes
-    float32, which NumPy lacks). Object arrays are refused, so ``load_state`` never unpickles.
-
-    Args:
-        path: the file to write.
-        state: name -> array-like.
-    """
-    arrays = {}
-    for name, value in state.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"save_state: keys must be non-empty str, got {name!r}")
-        array = _to_numpy(value)
-        if array.dtype.hasobject:
-            raise TypeError(f"save_state: {name} has dtype {array.dtype}; only plain arrays")
-        arrays[name] = array
-    # np.savez takes the keys as keyword arguments, so a key named "file" would collide; writing
-    # the archive directly keeps every key.
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def load_state(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Read a state dict written by ``save_state`` (or ``np.savez``), never unpickling.
-
-    Returns:
-        name -> ``np.ndarray``, in the order the file holds them.
-    """
-    archive = np.load(path, allow_pickle=False)
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"load_state: {os.fspath(path)!r} holds a single array, not an .npz")
-    with archive:
-        return {name: archive[name] for name in archive.files}

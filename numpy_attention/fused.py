@@ -10,7 +10,9 @@ Row layout of the fused projections, as in ``nn.MultiheadAttention``'s ``in_proj
 rows are [all query heads, all key heads, all value heads], Wkv rows [all key heads, all value
 heads], and head h of a block is its rows h*D:(h+1)*D.
 
-Derivations: docs/derivations/fused-qkv.md and docs/derivations/cross-attention.md.
+Derivation: docs/derivations/fused-qkv.md and docs/derivations/cross-attention.md.
+Tests: tests/numpy_attention/test_fused.py, and every layer's Module contract in
+tests/numpy_attention/test_module.py.
 """
 
 from __future__ import annotations
@@ -68,15 +70,6 @@ class _OutputCtx(NamedTuple):
     attn: AttentionCtx
     heads: HeadsCtx
     out_dropout: DropoutCtx
-    out_shape: tuple[int, ...]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return int(value)
 
 
 def _padding_mask(mask: Any, batch: int, length: int) -> np.ndarray | None:
@@ -105,8 +98,8 @@ class _FusedAttention(Module):
         rng: np.random.Generator | int | None,
     ) -> None:
         super().__init__()
-        self.hidden_size = _positive_int("hidden_size", hidden_size)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
         if self.hidden_size % self.num_heads != 0:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
@@ -149,7 +142,7 @@ class _FusedAttention(Module):
         out_keep: np.ndarray | None,
     ) -> tuple[np.ndarray, _OutputCtx]:
         """q (B, H, N, D), k and v (B, H, M, D) -> out (B, N, C)."""
-        heads, _, attn_ctx = attention_forward(
+        attn = attention_forward(
             q,
             k,
             v,
@@ -158,24 +151,21 @@ class _FusedAttention(Module):
             dropout_p=0.0 if attn_keep is None else self.attn_drop,
             dropout_mask=attn_keep,
         )  # (B, H, N, D)
-        merged, heads_ctx = merge_heads_forward(heads)  # (B, H, N, D) -> (B, N, H*D)
+        merged, heads_ctx = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
         proj = self.Wo(merged)  # (B, N, H*D) -> (B, N, C)
         out, drop_ctx = dropout_forward(proj, self.out_drop, out_keep)
-        return out, _OutputCtx(attn_ctx, heads_ctx, drop_ctx, out.shape)
+        return out, _OutputCtx(attn.ctx, heads_ctx, drop_ctx)
 
     def _attend_backward(
-        self, dout: Any, ctx: _OutputCtx
+        self, dout: np.ndarray, ctx: _OutputCtx
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """dout (B, N, C) -> dq (B, H, N, D), dk and dv (B, H, M, D); adds Wo's gradients."""
-        dout = validation.float_array("dout", dout)
-        if dout.shape != ctx.out_shape:
-            raise ValueError(f"dout must have the output's shape {ctx.out_shape}, got {dout.shape}")
-        dout = dout.astype(self.dtype, copy=False)
+        """dout (B, N, C), checked by ``_pop_ctx`` -> dq (B, H, N, D), dk and dv (B, H, M, D);
+        adds Wo's gradients."""
         dproj = dropout_backward(dout, ctx.out_dropout)  # dproj = dout * keep / (1 - p)
         dmerged = self.Wo.backward(dproj)  # (B, N, C) -> (B, N, H*D)
         dheads = merge_heads_backward(dmerged, ctx.heads)  # (B, N, H*D) -> (B, H, N, D)
-        dq, dk, dv, _ = attention_backward(dheads, ctx.attn)
-        return dq, dk, dv
+        grads = attention_backward(dheads, ctx.attn)
+        return grads.dq, grads.dk, grads.dv
 
 
 class _FusedSelfAttention(_FusedAttention):
@@ -205,7 +195,7 @@ class _FusedSelfAttention(_FusedAttention):
         out, out_ctx = self._attend_forward(
             q, k, v, causal=causal, padding=padding, attn_keep=attn_keep, out_keep=out_keep
         )
-        self._save_ctx((split_ctx, out_ctx))
+        self._save_ctx((split_ctx, out_ctx), out)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
@@ -222,7 +212,7 @@ class _FusedSelfAttention(_FusedAttention):
         Returns:
             dx (B, N, C).
         """
-        split_ctx, out_ctx = self._pop_ctx()
+        dout, (split_ctx, out_ctx) = self._pop_ctx(dout)
         dq, dk, dv = self._attend_backward(dout, out_ctx)  # 3 x (B, H, N, D)
         dqkv = split_projection_backward([dq, dk, dv], split_ctx)  # -> (B, N, 3*H*D)
         return self.Wqkv.backward(dqkv)  # (B, N, 3*H*D) -> (B, N, C)
@@ -279,9 +269,6 @@ class SingleHeadAttention(_FusedSelfAttention):
         return self._self_forward(
             x, None, causal=False, attn_dropout_mask=None, out_dropout_mask=None
         )
-
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}"
 
 
 class BidirectionalAttention(_FusedSelfAttention):
@@ -341,12 +328,6 @@ class BidirectionalAttention(_FusedSelfAttention):
             out_dropout_mask=out_dropout_mask,
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
-            f"attn_drop={self.attn_drop}, out_drop={self.out_drop}"
-        )
-
 
 class CausalSelfAttention(BidirectionalAttention):
     """Multi-head self-attention where token i sees tokens j <= i (and no padding).
@@ -375,7 +356,7 @@ class CausalSelfAttention(BidirectionalAttention):
         *,
         rng: np.random.Generator | int | None = None,
     ) -> None:
-        context_size = _positive_int("context_size", context_size)
+        context_size = validation.positive_int("context_size", context_size)
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, bias, rng=rng)
         self.context_size = context_size
 
@@ -408,9 +389,6 @@ class CausalSelfAttention(BidirectionalAttention):
             context_size=self.context_size,
         )
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, context_size={self.context_size}"
-
 
 class CrossAttention(_FusedAttention):
     """Queries from x, keys and values from y (an encoder's output), which may be of another
@@ -441,7 +419,7 @@ class CrossAttention(_FusedAttention):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, rng)
-        self.causal = bool(causal)
+        self.causal = validation.flag("causal", causal)
         self.Wq = Linear(self.hidden_size, self.hidden_size, bias=bias, rng=self.rng)
         self.Wkv = Linear(self.hidden_size, 2 * self.hidden_size, bias=bias, rng=self.rng)
         self.Wo = Linear(self.hidden_size, self.hidden_size, bias=bias, rng=self.rng)
@@ -481,7 +459,7 @@ class CrossAttention(_FusedAttention):
         out, out_ctx = self._attend_forward(
             q, k, v, causal=self.causal, padding=padding, attn_keep=attn_keep, out_keep=out_keep
         )
-        self._save_ctx((q_ctx, kv_ctx, out_ctx))
+        self._save_ctx((q_ctx, kv_ctx, out_ctx), out)
         return out
 
     def backward(self, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -498,16 +476,10 @@ class CrossAttention(_FusedAttention):
         Returns:
             dx (B, N, C) and dy (B, M, C).
         """
-        q_ctx, kv_ctx, out_ctx = self._pop_ctx()
+        dout, (q_ctx, kv_ctx, out_ctx) = self._pop_ctx(dout)
         dq, dk, dv = self._attend_backward(dout, out_ctx)  # (B, H, N, D), 2 x (B, H, M, D)
         dx = self.Wq.backward(split_projection_backward([dq], q_ctx))  # (B, N, C)
         dy = self.Wkv.backward(
             split_projection_backward([dk, dv], kv_ctx)
         )  # (B, M, 2C) -> (B, M, C)
         return dx, dy
-
-    def extra_repr(self) -> str:
-        return (
-            f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
-            f"attn_drop={self.attn_drop}, out_drop={self.out_drop}, causal={self.causal}"
-        )

@@ -1,6 +1,9 @@
 """Linear and Dropout: the pure forward/backward pairs and the thin layers that hold them.
 
 Shape legend: "..." leading axes, C_in / C_out the feature widths.
+
+Derivation: docs/derivations/linear.md (Linear and Dropout).
+Tests: tests/numpy_attention/test_layers.py.
 """
 
 from __future__ import annotations
@@ -65,11 +68,9 @@ class Linear(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(
-                f"Linear needs positive widths, got in_features={in_features}, "
-                f"out_features={out_features}"
-            )
+        in_features = validation.positive_int("in_features", in_features)
+        out_features = validation.positive_int("out_features", out_features)
+        bias = validation.flag("bias", bias)
         rng = np.random.default_rng(rng)
         self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / math.sqrt(in_features)
@@ -92,19 +93,17 @@ class Linear(Module):
                 "cast one with module.astype(...) or x.astype(...)"
             )
         out, ctx = linear_forward(x, self.weight, self.bias if self.has_bias else None)
-        self._save_ctx(ctx)
+        self._save_ctx(ctx, out)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        dx, dweight, dbias = linear_backward(dout, self._pop_ctx())
+        """dout (..., C_out) -> dx (..., C_in); adds dweight and dbias into the grads."""
+        dout, ctx = self._pop_ctx(dout)
+        dx, dweight, dbias = linear_backward(dout, ctx)
         self._accumulate("weight", dweight)
         if self.has_bias:
             self._accumulate("bias", dbias)
         return dx
-
-    def extra_repr(self) -> str:
-        sizes = f"in_features={self.in_features}, out_features={self.out_features}"
-        return f"{sizes}, bias={self.has_bias}"
 
 
 # -- dropout ----------------------------------------------------------------------------------
@@ -140,17 +139,13 @@ def dropout_keep_mask(
     mask: np.ndarray | None,
     rng: np.random.Generator,
 ) -> np.ndarray | None:
-    """The keep-mask a dropout in ``training`` mode uses: the explicit ``mask`` (checked), one
-    drawn from ``rng`` with P(keep) = 1 - p, or None where dropout is the identity."""
+    """The keep-mask a dropout in ``training`` mode uses: the explicit ``mask`` (checked by
+    ``validation.keep_mask``, exactly ``shape``), one drawn from ``rng`` with P(keep) = 1 - p,
+    or None where dropout is the identity."""
     if mask is not None:
         if not training:
             raise ValueError(f"{name} was given in eval mode, where dropout is the identity")
-        if p == 0.0:
-            raise ValueError(f"{name} was given but the dropout probability is 0")
-        mask = validation.bool_array(name, mask)
-        if mask.shape != tuple(shape):
-            raise ValueError(f"{name} must have shape {tuple(shape)}, got {mask.shape}")
-        return mask
+        return validation.keep_mask(name, mask, p, shape, exact=True)
     if not training or p == 0.0:
         return None
     return rng.random(shape) >= p
@@ -172,11 +167,9 @@ class Dropout(Module):
         x = validation.float_array("x", x)
         keep = dropout_keep_mask("mask", self.p, x.shape, self.training, mask, self.rng)
         out, ctx = dropout_forward(x, self.p, keep)
-        self._save_ctx(ctx)
+        self._save_ctx(ctx, out)
         return out
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
-        return dropout_backward(dout, self._pop_ctx())
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
+        """dout shaped like x -> dx = dout * keep / (1 - p) (dout itself in eval mode)."""
+        return dropout_backward(*self._pop_ctx(dout))

@@ -1,6 +1,7 @@
 """State-dict layout converters (numpy_attention.convert): exact round trips, converted layers that
 compute the same outputs and gradients (gradients mapped through the same converter), the torch
-``nn.MultiheadAttention`` and GPT-2 layouts checked against torch, errors, and .npz files."""
+``nn.MultiheadAttention`` and GPT-2 layouts checked against torch, and errors. The .npz files are
+tested with numpy_attention.state, in test_state.py."""
 
 from __future__ import annotations
 
@@ -487,50 +488,3 @@ def test_gradient_dicts_without_buffers_convert(rng):
 
     assert "mask" not in mha and "mask" not in separate
     assert sorted(fused) == ["Wo.bias", "Wo.weight", "Wqkv.bias", "Wqkv.weight"]
-
-
-# -- .npz files -------------------------------------------------------------------------------
-
-
-def test_save_load_round_trip_keeps_keys_order_and_dtypes(tmp_path, rng):
-    state = {
-        "heads.0.W_query.weight": rng.standard_normal((2, 3)).astype(np.float32),
-        "out_proj.bias": rng.standard_normal(4),
-        "half": rng.standard_normal(3).astype(np.float16),
-        "mask": np.triu(np.ones((4, 4), dtype=np.float32), k=1),
-        "padding": np.array([True, False]),
-        "file": np.arange(3.0),  # names np.savez would take as its own arguments
-        "allow_pickle": np.zeros(1),
-        "tensor": torch.ones(2, dtype=torch.bfloat16),
-    }
-    path = tmp_path / "state.npz"
-
-    convert.save_state(path, state)
-    loaded = convert.load_state(path)
-
-    assert list(loaded) == list(state)
-    assert loaded["tensor"].dtype == np.float32  # NumPy has no bfloat16
-    state["tensor"] = np.ones(2, dtype=np.float32)
-    assert_same_state(loaded, state)
-
-
-def test_saved_layer_loads_into_a_fresh_layer(tmp_path, rng):
-    layer = fused_layer("cross")
-    path = tmp_path / "cross.npz"
-    convert.save_state(path, layer.state_dict())
-    fresh = fused_layer("cross", seed=9)
-    x, y = rng.standard_normal((B, N, C)), rng.standard_normal((B, M, C))
-
-    fresh.load_state_dict(convert.load_state(path))
-
-    np.testing.assert_array_equal(fresh(x, y), layer(x, y))
-
-
-def test_save_refuses_object_arrays_and_load_refuses_pickles(tmp_path):
-    path = tmp_path / "pickled.npz"
-    np.savez(path, weights=np.array([{"a": 1}], dtype=object))
-
-    with pytest.raises(TypeError, match="object"):
-        convert.save_state(tmp_path / "out.npz", {"weights": np.array([None], dtype=object)})
-    with pytest.raises(ValueError, match="allow_pickle"):
-        convert.load_state(path)

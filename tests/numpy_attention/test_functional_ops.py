@@ -1,4 +1,4 @@
-"""Softmax, Linear, Dropout and head split/merge: gradcheck and torch autograd in float64."""
+"""Softmax and head split/merge: gradcheck and torch autograd in float64."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from numpy_attention import Dropout, Linear
 from numpy_attention.functional import (
     merge_heads_backward,
     merge_heads_forward,
@@ -16,7 +15,6 @@ from numpy_attention.functional import (
     split_heads_forward,
 )
 from numpy_attention.gradcheck import gradcheck
-from numpy_attention.layers import dropout_backward, dropout_forward
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 
@@ -76,74 +74,6 @@ def test_softmax_is_stable_for_large_logits(dtype):
 
     expected = np.array([1.0, np.exp(-1.0), 0.0]) / (1.0 + np.exp(-1.0))
     assert_close(probs[0], expected.astype(dtype), name="probs")
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(4,), (3, 4), (2, 3, 4)])
-def test_linear_gradcheck(rng, bias, shape):
-    layer = Linear(4, 3, bias=bias, rng=rng)
-
-    assert_gradcheck(gradcheck(layer, rng.standard_normal(shape)))
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_torch(rng, bias):
-    layer = Linear(5, 3, bias=bias, rng=rng).astype(np.float64)
-    reference = torch.nn.Linear(5, 3, bias=bias).double()
-    reference.load_state_dict({name: to_torch(value) for name, value in layer.state_dict().items()})
-    x = rng.standard_normal((2, 4, 5))
-    dout = rng.standard_normal((2, 4, 3))
-    tx = to_torch(x, requires_grad=True)
-
-    out = layer(x)
-    dx = layer.backward(dout)
-    expected = reference(tx)
-    expected.backward(to_torch(dout))
-
-    assert_close(out, expected, name="out")
-    assert_close(dx, tx.grad, name="dx")
-    for name, param in reference.named_parameters():
-        assert_close(layer.named_grads()[name], param.grad, name=name)
-
-
-def test_linear_init_follows_torch_default_bounds():
-    layer = Linear(64, 256, rng=0)
-    bound = 1 / np.sqrt(64)
-
-    assert layer.weight.shape == (256, 64) and layer.bias.shape == (256,)
-    assert layer.weight.dtype == np.float32
-    assert np.abs(layer.weight).max() <= bound and np.abs(layer.weight).max() > 0.95 * bound
-    assert np.abs(layer.bias).max() <= bound
-    assert abs(float(layer.weight.mean())) < 0.01  # uniform, centred
-
-
-def test_dropout_forward_backward_with_explicit_mask(rng):
-    x = rng.standard_normal((2, 3, 4))
-    keep = rng.random(x.shape) > 0.4
-
-    out, ctx = dropout_forward(x, 0.4, keep)
-    dout = rng.standard_normal(x.shape)
-
-    assert_close(out, np.where(keep, x / 0.6, 0.0), name="out")
-    assert_close(dropout_backward(dout, ctx), np.where(keep, dout / 0.6, 0.0), name="dx")
-    assert_gradcheck(
-        gradcheck(lambda t: dropout_forward(t, 0.4, keep), x, backward=dropout_backward)
-    )
-
-
-def test_dropout_layer_draws_from_its_own_generator_and_is_identity_in_eval(rng):
-    x = rng.standard_normal((200, 50)).astype(np.float32)
-    layer = Dropout(0.3, rng=1)
-
-    out = layer(x)
-    kept = out != 0
-
-    assert out.dtype == np.float32
-    assert 0.65 < kept.mean() < 0.75  # P(keep) = 0.7 over 10^4 draws
-    assert_close(out[kept], x[kept] / np.float32(0.7), name="kept")
-    assert layer.eval()(x) is x
-    with pytest.raises(ValueError, match="eval mode"):
-        layer(x, mask=np.ones(x.shape, dtype=bool))
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 12), (5, 12), (2, 3, 5, 12)])

@@ -342,6 +342,7 @@ def test_parameters_drawn_like_linear_in_creation_order():
         (lambda: BidirectionalAttention(6, 3, attn_drop=1.0), ValueError, "attn_drop"),
         (lambda: CausalSelfAttention(6, 3, 8, out_drop=-0.1), ValueError, "out_drop"),
         (lambda: CrossAttention(6, 3, attn_drop=1.5), ValueError, "attn_drop"),
+        (lambda: CrossAttention(6, 3, causal="no"), TypeError, "causal"),
     ],
 )
 def test_constructor_errors(build, error, match):
