@@ -9,8 +9,8 @@ heads) -> MultiHeadAttention (split weights, output projection). The math lives 
 Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
 
 Derivation: docs/derivations/self-attention.md and docs/derivations/multi-head.md.
-Tests: tests/numpy_attention/test_attention.py, and every layer's Module contract in
-tests/numpy_attention/test_module.py.
+Tests: tests/numpy_attention/test_attention.py (oracle, gradcheck, the book's transfers, errors);
+with every layer's Module contract in test_module.py and its module file in test_state.py.
 """
 
 from __future__ import annotations
@@ -34,13 +34,30 @@ from .layers import Linear, dropout_keep_mask
 from .module import Module, ModuleList
 
 
-def _check_length(x: np.ndarray, context_length: int) -> int:
-    n = x.shape[-2]
-    if n > context_length:
+def _causal_input(
+    layer: CausalAttention | MultiHeadAttentionWrapper | MultiHeadAttention,
+    x: np.ndarray,
+    attn_dropout_mask: np.ndarray | None,
+    heads: tuple[int, ...],
+) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """The checks the three causal layers share: x (B, N, d_in) with N <= context_length, and
+    the attention keep-mask (B, *heads, N, N), given, drawn in train mode, or None.
+
+    Returns:
+        x, N and the keep-mask.
+    """
+    x = validation.layer_input("x", x, layer.d_in, (3,), layer.dtype)
+    n = x.shape[1]
+    if n > layer.context_length:
         raise ValueError(
-            f"x has N = {n} tokens (shape {x.shape}), more than context_length = {context_length}"
+            f"x has N = {n} tokens (shape {x.shape}), more than context_length = "
+            f"{layer.context_length}"
         )
-    return n
+    shape = (x.shape[0], *heads, n, n)
+    keep = dropout_keep_mask(
+        "attn_dropout_mask", layer.dropout_p, shape, layer.training, attn_dropout_mask, layer.rng
+    )
+    return x, n, keep
 
 
 # -- weight-free self-attention ---------------------------------------------------------------
@@ -196,12 +213,13 @@ class SelfAttentionV2(Module):
 # -- causal attention with dropout ------------------------------------------------------------
 
 
-class CausalAttention(Module):
-    """V2 plus the book's causal buffer and dropout on the attention weights.
+class CausalAttention(SelfAttentionV2):
+    """V2 plus the book's causal buffer and dropout on the attention weights; V2's backward.
 
     ``mask`` is a persistent float32 buffer triu(ones(L, L), diagonal=1), 1 = masked, exactly the
-    book's, so torch state dicts load; forward uses ``mask[:N, :N]``, so a loaded buffer is
-    honoured. ``dropout`` is the probability of dropping an attention weight in train mode.
+    book's, so torch state dicts load; forward uses ``mask[:N, :N]``, and ``load_state_dict``
+    accepts only that triangle. ``dropout`` is the probability of dropping an attention weight
+    in train mode.
     """
 
     def __init__(
@@ -214,15 +232,11 @@ class CausalAttention(Module):
         *,
         rng: np.random.Generator | int | None = None,
     ) -> None:
-        super().__init__()
-        self.d_in = validation.positive_int("d_in", d_in)
-        self.d_out = validation.positive_int("d_out", d_out)
+        generator = np.random.default_rng(rng)
+        super().__init__(d_in, d_out, qkv_bias, rng=generator)  # it draws the weights first,
+        self.rng = generator  # then the keep-masks of dropout
         self.context_length = validation.positive_int("context_length", context_length)
         self.dropout_p = validation.dropout_p(dropout, "dropout")
-        self.rng = np.random.default_rng(rng)
-        self.W_query = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
-        self.W_key = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
-        self.W_value = Linear(d_in, d_out, bias=qkv_bias, rng=self.rng)
         self.register_buffer(
             "mask", masks.causal_buffer(context_length), check=masks.check_causal_buffer
         )
@@ -235,16 +249,7 @@ class CausalAttention(Module):
             attn_dropout_mask: bool (B, N, N) keep-mask (True = kept), train mode and dropout > 0
                 only. Without it, train mode draws one from the layer's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], n, n),
-            self.training,
-            attn_dropout_mask,
-            self.rng,
-        )
+        x, n, keep = _causal_input(self, x, attn_dropout_mask, heads=())
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
         p = 0.0 if keep is None else self.dropout_p  # no keep-mask: dropout is the identity
@@ -252,15 +257,8 @@ class CausalAttention(Module):
         self._save_ctx(attn.ctx, attn.out)
         return attn.out
 
-    def backward(self, dout: np.ndarray) -> np.ndarray:
-        """As V2's: masked and dropped weights carry no gradient (attention_backward handles
-        both); dx = dxq + dxk + dxv. Derivation: docs/derivations/self-attention.md.
-        """
-        grads = attention_backward(*self._pop_ctx(dout))
-        dxq = self.W_query.backward(grads.dq)
-        dxk = self.W_key.backward(grads.dk)
-        dxv = self.W_value.backward(grads.dv)
-        return dxq + dxk + dxv
+    # backward: V2's. Masked and dropped weights carry no gradient (attention_backward handles
+    # both). Derivation: docs/derivations/self-attention.md.
 
 
 # -- multi-head attention ---------------------------------------------------------------------
@@ -305,16 +303,7 @@ class MultiHeadAttentionWrapper(Module):
             attn_dropout_mask: bool (B, H, N, N) keep-mask; head h uses ``[:, h]``. Without it,
                 train mode draws one from the layer's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], self.num_heads, n, n),
-            self.training,
-            attn_dropout_mask,
-            self.rng,
-        )
+        x, n, keep = _causal_input(self, x, attn_dropout_mask, heads=(self.num_heads,))
         outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
         out = np.concatenate(outs, axis=-1)  # H x (B, N, D) -> (B, N, H*D)
         self._save_ctx(None, out)  # the heads keep their own contexts
@@ -383,16 +372,7 @@ class MultiHeadAttention(Module):
             attn_dropout_mask: bool (B, H, N, N) keep-mask (True = kept), train mode and
                 dropout > 0 only. Without it, train mode draws one from the layer's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), self.dtype)
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], self.num_heads, n, n),
-            self.training,
-            attn_dropout_mask,
-            self.rng,
-        )
+        x, n, keep = _causal_input(self, x, attn_dropout_mask, heads=(self.num_heads,))
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q, split_ctx = split_heads_forward(self.W_query(x), self.num_heads)  # -> (B, H, N, D)
         k, _ = split_heads_forward(self.W_key(x), self.num_heads)  # -> (B, H, N, D)

@@ -11,8 +11,8 @@ rows are [all query heads, all key heads, all value heads], Wkv rows [all key he
 heads], and head h of a block is its rows h*D:(h+1)*D.
 
 Derivation: docs/derivations/fused-qkv.md and docs/derivations/cross-attention.md.
-Tests: tests/numpy_attention/test_fused.py, and every layer's Module contract in
-tests/numpy_attention/test_module.py.
+Tests: tests/numpy_attention/test_fused.py (oracle, gradcheck, masks, dropout, dtypes, errors);
+the Module contract of each layer in test_module.py, its module file in test_state.py.
 """
 
 from __future__ import annotations
@@ -169,23 +169,20 @@ class _FusedAttention(Module):
 
 
 class _FusedSelfAttention(_FusedAttention):
-    """Self-attention through one Wqkv: the forward/backward shared by the three self layers."""
+    """Self-attention through one Wqkv: the forward/backward shared by the three self layers.
+    ``causal`` and ``context_size`` (the longest N accepted) are set by the causal layer."""
+
+    causal = False
+    context_size: int | None = None
 
     def _self_forward(
-        self,
-        x: Any,
-        mask: Any,
-        *,
-        causal: bool,
-        attn_dropout_mask: Any,
-        out_dropout_mask: Any,
-        context_size: int | None = None,
+        self, x: Any, mask: Any, *, attn_dropout_mask: Any, out_dropout_mask: Any
     ) -> np.ndarray:
         x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
         b, n, _ = x.shape
-        if context_size is not None and n > context_size:
+        if self.context_size is not None and n > self.context_size:
             raise ValueError(
-                f"x has N = {n} tokens (shape {x.shape}) but context_size is {context_size}"
+                f"x has N = {n} tokens (shape {x.shape}) but context_size is {self.context_size}"
             )
         padding = _padding_mask(mask, b, n)
         attn_keep, out_keep = self._keep_masks(b, n, n, attn_dropout_mask, out_dropout_mask)
@@ -193,7 +190,7 @@ class _FusedSelfAttention(_FusedAttention):
         qkv = self.Wqkv(x)  # (B, N, C) -> (B, N, 3*H*D)
         (q, k, v), split_ctx = split_projection_forward(qkv, 3, self.num_heads)  # 3 x (B, H, N, D)
         out, out_ctx = self._attend_forward(
-            q, k, v, causal=causal, padding=padding, attn_keep=attn_keep, out_keep=out_keep
+            q, k, v, causal=self.causal, padding=padding, attn_keep=attn_keep, out_keep=out_keep
         )
         self._save_ctx((split_ctx, out_ctx), out)
         return out
@@ -266,9 +263,7 @@ class SingleHeadAttention(_FusedSelfAttention):
         ):
             if value is not None:
                 raise ValueError(f"SingleHeadAttention has no dropout, so {name} must be None")
-        return self._self_forward(
-            x, None, causal=False, attn_dropout_mask=None, out_dropout_mask=None
-        )
+        return self._self_forward(x, None, attn_dropout_mask=None, out_dropout_mask=None)
 
 
 class BidirectionalAttention(_FusedSelfAttention):
@@ -308,12 +303,14 @@ class BidirectionalAttention(_FusedSelfAttention):
         attn_dropout_mask: np.ndarray | None = None,
         out_dropout_mask: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Bidirectional multi-head attention with an optional key padding mask.
+        """Multi-head self-attention with an optional key padding mask; causal (top-left
+        aligned) in ``CausalSelfAttention``, where both masks apply.
 
         Args:
-            x: (B, N, C).
-            mask: bool (B, N), True = padding: that token is never attended to. A batch element
-                that is all padding gets attention output 0, so its output is Wo's bias.
+            x: (B, N, C), N <= context_size in ``CausalSelfAttention``.
+            mask: bool (B, N), True = padding: that token is never attended to. A query whose
+                visible keys are all padding gets attention output 0, so its output is Wo's bias
+                (before output dropout).
             attn_dropout_mask: bool (B, H, N, N), True = kept; train mode with attn_drop > 0 only.
             out_dropout_mask: bool (B, N, C), True = kept; train mode with out_drop > 0 only.
 
@@ -321,29 +318,19 @@ class BidirectionalAttention(_FusedSelfAttention):
             (B, N, C).
         """
         return self._self_forward(
-            x,
-            mask,
-            causal=False,
-            attn_dropout_mask=attn_dropout_mask,
-            out_dropout_mask=out_dropout_mask,
+            x, mask, attn_dropout_mask=attn_dropout_mask, out_dropout_mask=out_dropout_mask
         )
 
 
 class CausalSelfAttention(BidirectionalAttention):
     """Multi-head self-attention where token i sees tokens j <= i (and no padding).
 
-    Same parameters as ``BidirectionalAttention``; no mask buffer: the causal mask is built for
-    each N (top-left aligned), and N may not exceed ``context_size``.
-
-    Args:
-        hidden_size: C, a multiple of ``num_heads``.
-        num_heads: H; head width D = C // H.
-        context_size: the longest sequence accepted.
-        attn_drop: dropout probability on the attention weights, in [0, 1).
-        out_drop: dropout probability on Wo's output, in [0, 1).
-        bias: whether Wqkv and Wo have biases.
-        rng: generator or seed for the parameters and the keep-masks drawn in train mode.
+    Same parameters, arguments and forward as ``BidirectionalAttention``, plus ``context_size``,
+    the longest sequence accepted. No mask buffer: the causal mask is built for each N (top-left
+    aligned).
     """
+
+    causal = True
 
     def __init__(
         self,
@@ -360,34 +347,7 @@ class CausalSelfAttention(BidirectionalAttention):
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, bias, rng=rng)
         self.context_size = context_size
 
-    def forward(
-        self,
-        x: np.ndarray,
-        mask: np.ndarray | None = None,
-        *,
-        attn_dropout_mask: np.ndarray | None = None,
-        out_dropout_mask: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Causal multi-head attention; a padding mask, when given, applies as well.
-
-        Args:
-            x: (B, N, C) with N <= context_size.
-            mask: bool (B, N), True = padding. A query whose visible keys are all padding gets
-                attention output 0.
-            attn_dropout_mask: bool (B, H, N, N), True = kept; train mode with attn_drop > 0 only.
-            out_dropout_mask: bool (B, N, C), True = kept; train mode with out_drop > 0 only.
-
-        Returns:
-            (B, N, C).
-        """
-        return self._self_forward(
-            x,
-            mask,
-            causal=True,
-            attn_dropout_mask=attn_dropout_mask,
-            out_dropout_mask=out_dropout_mask,
-            context_size=self.context_size,
-        )
+    # forward: BidirectionalAttention's, which reads ``causal`` and ``context_size``.
 
 
 class CrossAttention(_FusedAttention):

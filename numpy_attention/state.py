@@ -31,38 +31,21 @@ from typing import Any
 
 import numpy as np
 
-from .attention import (
-    CausalAttention,
-    MultiHeadAttention,
-    MultiHeadAttentionWrapper,
-    SelfAttentionV1,
-    SelfAttentionV2,
-    SimpleSelfAttention,
-)
-from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
-from .layers import Dropout, Linear
+from . import attention, fused, layers
 from .module import Module, _to_numpy
 
 MODULE_MEMBER = "module.json"  # the module description; not an .npy member, so never a key
 
-# The layers load_module may rebuild from a file: this package's, and nothing else (a file names
-# a class; it must not be able to name an arbitrary callable).
+# The layers load_module may rebuild from a file: the public Module classes of this package's
+# layer files, and nothing else (a file names a class; it must not be able to name any callable).
 LAYERS: dict[str, type[Module]] = {
-    cls.__name__: cls
-    for cls in (
-        Linear,
-        Dropout,
-        SimpleSelfAttention,
-        SelfAttentionV1,
-        SelfAttentionV2,
-        CausalAttention,
-        MultiHeadAttentionWrapper,
-        MultiHeadAttention,
-        SingleHeadAttention,
-        BidirectionalAttention,
-        CausalSelfAttention,
-        CrossAttention,
-    )
+    name: cls
+    for source in (layers, attention, fused)
+    for name, cls in vars(source).items()
+    if isinstance(cls, type)
+    and issubclass(cls, Module)
+    and cls.__module__ == source.__name__
+    and not name.startswith("_")
 }
 
 _SUFFIX = ".npy"

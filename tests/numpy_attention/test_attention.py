@@ -68,11 +68,11 @@ def reference(module, x, keep):
     if isinstance(module, SelfAttentionV1):
         q, k, v = (x @ state[name] for name in ("W_query", "W_key", "W_value"))
         return reference_attention(q, k, v, 1 / math.sqrt(D_OUT))
+    if isinstance(module, CausalAttention):  # a SelfAttentionV2 too: ask this first
+        return reference_causal(state, x, keep)
     if isinstance(module, SelfAttentionV2):
         q, k, v = (affine(x, state, name) for name in ("W_query", "W_key", "W_value"))
         return reference_attention(q, k, v, 1 / math.sqrt(D_OUT))
-    if isinstance(module, CausalAttention):
-        return reference_causal(state, x, keep)
     heads = range(module.num_heads)
     if isinstance(module, MultiHeadAttentionWrapper):
         outs = [reference_causal(state, x, _head(keep, h), f"heads.{h}.") for h in heads]

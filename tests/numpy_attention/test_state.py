@@ -195,6 +195,10 @@ def test_load_refuses_members_that_are_not_arrays(tmp_path):
 # -- modules with their constructor arguments -------------------------------------------------
 
 
+def test_load_module_rebuilds_exactly_the_layers_of_the_package():
+    assert sorted(state.LAYERS) == sorted(LAYERS)
+
+
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_module_round_trip_rebuilds_the_layer(tmp_path, rng, name):
     layer, inputs = build(name, rng)
