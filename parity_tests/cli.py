@@ -182,9 +182,7 @@ def _load_kernel(parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, 
         kernel: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             kernel = getattr(kernel, part)
-    except KeyboardInterrupt:
-        raise
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit) as exc:  # not KeyboardInterrupt: Ctrl-C stops the run
         parser.error(f"--kernel {spec!r}: {type(exc).__name__}: {exc}")
     if not callable(kernel):
         parser.error(f"--kernel {spec!r} is a {type(kernel).__name__}, not a function")

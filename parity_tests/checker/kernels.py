@@ -175,14 +175,12 @@ def _check_case(
             rows.append(_judge_keep(case, dtype, keep))
             golden, baseline = _expected(case, reference.inputs, seed, keep)
         results = _run(kernel, case, reference.inputs, seed, changed=changed, dtype=dtype)
-    except KeyboardInterrupt:
-        raise
     except _BadResult as exc:
         return rows + changed + [_unmeasured(case.name, dtype, "error", str(exc))]
     except KernelUnsupported as exc:
         reason = str(exc).splitlines()[0] if str(exc) else "KernelUnsupported"
         return rows + changed + [_unmeasured(case.name, dtype, "skip", reason)]
-    except (Exception, SystemExit) as exc:  # a user's kernel failing is a verdict, not a crash
+    except (Exception, SystemExit) as exc:  # a failing kernel is a verdict; Ctrl-C still stops
         number = _record(errors, exc, case.name, dtype)
         error = _unmeasured(case.name, dtype, "error", _first_line(exc), number)
         return rows + changed + [error]
