@@ -5,8 +5,13 @@ padded batch element, train mode with shared dropout keep-masks, eval mode, cros
 N != M, odd lengths, B = H = 1, rank-2 input). ``run_case`` builds the NumPy layer from a seeded
 generator, moves its state dict into the torch layer unchanged, feeds both the same inputs, masks
 and upstream gradient, and compares the output, the input gradient(s) and the gradient of every
-parameter by name. pytest (``test_layer_parity.py``) and the CLI (``python -m parity_tests``) both
-iterate over ``CASES``.
+parameter by name, each tensor on its own scale; only a structurally zero gradient is judged on a
+floor, the scale of a named tensor (``tolerances.structural_floors``, docs/parity.md "Error
+measure"). pytest
+and the CLI (``python -m parity_tests``) both iterate over ``CASES``.
+
+Tests: tests/parity/test_registry.py, tests/parity/test_properties.py,
+tests/parity/test_tolerances.py.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .tolerances import grad_scale, rel_error, rtol_for
+from numpy_attention.masks import causal_mask
+
+from .tolerances import at_most_one_key, rel_error, rtol_for, structural_floors
 
 BACKENDS = ("math", "manual", "sdpa")
 DTYPES = ("float64", "float32")
@@ -35,18 +42,19 @@ class LayerSpec:
     padding: bool = False  # takes a key padding mask as ``mask=``
     cross: bool = False  # forward(x, y, ...)
     parameters: bool = True  # False: nothing to initialise, the NumPy constructor takes no rng
+    causal: bool = False  # always causal (the book's mask buffer); CrossAttention takes a keyword
 
 
 LAYERS = {
     "SimpleSelfAttention": LayerSpec("attention", parameters=False),
     "SelfAttentionV1": LayerSpec("attention"),
     "SelfAttentionV2": LayerSpec("attention"),
-    "CausalAttention": LayerSpec("attention", attn_dropout="single"),
-    "MultiHeadAttentionWrapper": LayerSpec("attention", attn_dropout="multi"),
-    "MultiHeadAttention": LayerSpec("attention", attn_dropout="multi"),
+    "CausalAttention": LayerSpec("attention", attn_dropout="single", causal=True),
+    "MultiHeadAttentionWrapper": LayerSpec("attention", attn_dropout="multi", causal=True),
+    "MultiHeadAttention": LayerSpec("attention", attn_dropout="multi", causal=True),
     "SingleHeadAttention": LayerSpec("fused"),
     "BidirectionalAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True),
-    "CausalSelfAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True),
+    "CausalSelfAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True, causal=True),
     "CrossAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True, cross=True),
 }
 
@@ -84,6 +92,10 @@ class LayerCase:
     @property
     def spec(self) -> LayerSpec:
         return LAYERS[self.layer]
+
+    @property
+    def causal(self) -> bool:
+        return self.spec.causal or bool(dict(self.kwargs).get("causal", False))
 
     @property
     def seed(self) -> int:
@@ -233,7 +245,11 @@ QUICK_CASES: tuple[LayerCase, ...] = tuple(
 
 @dataclass(frozen=True)
 class ParityRow:
-    """One compared tensor: ``passed`` iff ``error <= bound`` (norm-wise relative error)."""
+    """One compared tensor: ``passed`` iff ``error <= bound``.
+
+    ``error`` is ``max |torch - numpy|`` over the tensor's own ``max |numpy|``, or over its
+    structural-zero floor where that is larger (``tolerances.structural_floors``).
+    """
 
     case: str
     layer: str
@@ -328,17 +344,15 @@ def build_layers(case: LayerCase, dtype: str, device: str, backend: str) -> tupl
     return np_layer, torch_layer
 
 
-def run_case(
-    case: LayerCase, *, dtype: str = "float64", device: str = "cpu", backend: str = "math"
-) -> list[ParityRow]:
-    """Run ``case`` on both sides and compare the output and every gradient by name."""
+def case_tensors(
+    case: LayerCase, data: CaseData, *, dtype: str, device: str, backend: str
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Run ``case`` on both sides: ``{name: (numpy, torch)}`` for the output (``out``), each
+    input's gradient (``dx``, and ``dy`` for cross attention) and each parameter's gradient
+    (``d[<state-dict name>]``). A gradient torch did not produce comes back as NaN."""
     import torch
 
-    if not case.applies_to(backend):
-        raise ValueError(f"{case.name} does not apply to backend {backend!r}")
     np_layer, torch_layer = build_layers(case, dtype, device, backend)
-    data = make_data(case, dtype)
-
     np_out = np_layer(*data.inputs, **data.forward_kwargs)
     np_input_grads = np_layer.backward(data.dout)
     if not isinstance(np_input_grads, tuple):
@@ -347,35 +361,61 @@ def run_case(
     def tensor(array: np.ndarray, grad: bool = False) -> torch.Tensor:
         return torch.from_numpy(array).to(device).requires_grad_(grad)
 
+    def numpy(value: torch.Tensor | None, like: np.ndarray) -> np.ndarray:
+        return np.full_like(like, np.nan) if value is None else value.detach().cpu().numpy()
+
     torch_inputs = [tensor(x, grad=True) for x in data.inputs]
     torch_kwargs = {name: tensor(value) for name, value in data.forward_kwargs.items()}
     torch_out = torch_layer(*torch_inputs, **torch_kwargs)
     torch_out.backward(tensor(data.dout))
 
-    compared = [("out", np_out, torch_out)]
-    input_names = ("dx", "dy")
-    compared += [
-        (name, grad, t.grad)
-        for name, grad, t in zip(input_names, np_input_grads, torch_inputs, strict=False)
-    ]
+    tensors = {"out": (np_out, numpy(torch_out, np_out))}
+    for name, grad, t in zip(("dx", "dy"), np_input_grads, torch_inputs, strict=False):
+        tensors[name] = (grad, numpy(t.grad, grad))
     np_grads = np_layer.named_grads()
-    compared += [
-        (f"d[{name}]", np_grads[name], param.grad) for name, param in torch_layer.named_parameters()
-    ]
+    for name, param in torch_layer.named_parameters():
+        tensors[f"d[{name}]"] = (np_grads[name], numpy(param.grad, np_grads[name]))
+    return tensors
+
+
+def one_key_per_query(case: LayerCase, data: CaseData) -> bool:
+    """True when no query row of ``case`` may see two or more keys (causal mask and padding):
+    the query and key paths then have exactly zero gradient (``tolerances.structural_floors``)."""
+    m = case.m if case.spec.cross and case.m is not None else case.n
+    allowed = causal_mask(case.n, m) if case.causal else np.ones((case.n, m), dtype=np.bool_)
+    padding = data.forward_kwargs.get("mask")
+    if padding is not None:
+        allowed = allowed & ~padding[:, None, :]  # (N, M) & (B, 1, M) -> (B, N, M)
+    return at_most_one_key(allowed, m)
+
+
+def run_case(
+    case: LayerCase, *, dtype: str = "float64", device: str = "cpu", backend: str = "math"
+) -> list[ParityRow]:
+    """Run ``case`` on both sides and compare the output and every gradient by name, each on its
+    own scale, structural zeros on their floor."""
+    if not case.applies_to(backend):
+        raise ValueError(f"{case.name} does not apply to backend {backend!r}")
+    data = make_data(case, dtype)
+    tensors = case_tensors(case, data, dtype=dtype, device=device, backend=backend)
+    grads = {_bare(name): expected for name, (expected, _) in tensors.items() if name != "out"}
+    floors = structural_floors(grads, one_key=one_key_per_query(case, data))
     bound = rtol_for(dtype)
-    scale = grad_scale(expected for name, expected, _ in compared if name != "out")
     rows = []
-    for name, expected, actual in compared:
-        actual_np = (
-            actual.detach().cpu().numpy() if actual is not None else np.full_like(expected, np.nan)
-        )
-        error = rel_error(actual_np, expected, scale=0.0 if name == "out" else scale)
+    for name, (expected, actual) in tensors.items():
+        floor = floors.get(_bare(name), 0.0)
+        error = rel_error(actual, expected, scale=floor)
         rows.append(
             ParityRow(
                 case.name, case.layer, dtype, device, backend, name, error, bound, error <= bound
             )
         )
     return rows
+
+
+def _bare(name: str) -> str:
+    """A row's tensor name as ``structural_floors`` reads it: ``d[W_key.bias]`` -> W_key.bias."""
+    return name.removeprefix("d[").removesuffix("]")
 
 
 def iter_runs(

@@ -1,4 +1,5 @@
-"""Shared test pieces: the seeded rng, NumPy <-> torch converters, and the one ``assert_close``.
+"""Shared test pieces: the seeded rng, NumPy <-> torch converters, the one ``assert_close`` and
+``assert_gradcheck``.
 
 No test invents its own tolerance: each picks one of the constants of
 ``parity_tests.tolerances`` (FLOAT64_RTOL, FLOAT32_RTOL, FLOAT16_RTOL, GRADCHECK_RTOL), through
@@ -39,8 +40,10 @@ def assert_close(actual, expected, *, dtype=None, name: str = "", scale: float =
 
     float64 -> FLOAT64_RTOL, float32 -> FLOAT32_RTOL, float16 -> FLOAT16_RTOL (a result computed
     in float32 and rounded once to float16, against a float64 golden on the same float16 inputs).
-    Shapes must match exactly. ``scale`` floors the denominator for gradients that are zero by
-    cancellation (``tolerances.grad_scale``).
+    Shapes must match exactly. Each tensor is judged on its own scale. ``scale`` floors the
+    denominator, only for a tensor that is structurally zero (zero in exact arithmetic, both sides
+    rounding noise), on the scale of the tensor whose rounding it carries, as
+    ``parity_tests.tolerances.structural_floors`` gives it; the calling test says why.
     """
     actual = to_numpy(actual) if hasattr(actual, "detach") else np.asarray(actual)
     expected = to_numpy(expected) if hasattr(expected, "detach") else np.asarray(expected)

@@ -1,7 +1,8 @@
 """Every registry case: NumPy layer vs torch layer, output and every gradient, by name.
 
-float64 within FLOAT64_RTOL, float32 within FLOAT32_RTOL (parity_tests/tolerances.py), on each
-torch backend the case can use, on CPU and (when present) CUDA.
+float64 within FLOAT64_RTOL, float32 within FLOAT32_RTOL (parity_tests/tolerances.py), each tensor
+on its own scale, on each torch backend the case can use, on CPU and (when present) CUDA; which
+cases see one key per query (the structural zeros of tolerances.structural_floors).
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_tests.registry import BACKENDS, CASES, DTYPES, run_case
+from parity_tests.registry import (
+    BACKENDS,
+    CASES,
+    DTYPES,
+    LayerCase,
+    make_data,
+    one_key_per_query,
+    run_case,
+)
 
 DEVICES = [
     "cpu",
@@ -51,3 +60,26 @@ def test_every_option_is_covered():
     assert any(c.n in (37, 113) or c.m in (37, 113) for c in CASES)
     assert any(c.heads == 1 and c.spec.module == "fused" for c in CASES)
     assert any(dict(c.kwargs).get("causal") for c in CASES)
+
+
+@pytest.mark.parametrize(
+    ("causal", "n", "m", "expected"),
+    [
+        (False, 5, 1, True),  # one key
+        (False, 5, 7, False),
+        (True, 1, 7, True),  # causal, top-left: the one query sees key 0 only
+        (True, 5, 7, False),  # query 0 sees one key, the others more
+    ],
+)
+def test_one_key_per_query(causal, n, m, expected):
+    case = LayerCase("test", "CrossAttention", (8, 2), 8, 2, n=n, m=m, kwargs=(("causal", causal),))
+
+    assert one_key_per_query(case, make_data(case, "float64")) is expected
+
+
+def test_one_key_per_query_reads_the_padding_mask():
+    case = LayerCase("test", "CrossAttention", (8, 2), 8, 2, n=5, m=3, padded=True)
+    data = make_data(case, "float64")
+    data.forward_kwargs["mask"][:] = [True, False, True]  # every element keeps key 1 only
+
+    assert one_key_per_query(case, data) is True
