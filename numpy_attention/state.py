@@ -356,11 +356,11 @@ def _check_member(
 
 
 def _read_array(path: str, archive: zipfile.ZipFile, key: str, info: zipfile.ZipInfo) -> np.ndarray:
-    """The member's array; reading it to the end makes zipfile check its CRC."""
+    """The member's array. Its size was checked, so this reads the member to its end, where
+    zipfile checks the CRC (a corrupt byte is a ``BadZipFile``, turned into a ``ValueError``)."""
     try:
         with archive.open(info) as member:
             array = np.lib.format.read_array(member, allow_pickle=False)
-            member.read()  # the CRC is checked at the end of the member
     except _READ_ERRORS as error:
         raise ValueError(f"{path!r}: {key!r} cannot be read: {error}") from error
     return array
