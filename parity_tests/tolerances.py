@@ -63,14 +63,16 @@ def rel_error(actual: np.ndarray, expected: np.ndarray, scale: float = 0.0) -> f
     the caller names the tensor whose scale it is (``structural_floors``); it is never
     the largest gradient of a run, which would hide errors in every smaller gradient. Both
     exactly zero reads 0; ``actual`` nonzero against an all-zero ``expected`` with no floor reads
-    inf. NaN or inf in ``actual`` where ``expected`` is finite reads inf; a non-finite
-    ``expected`` reads NaN or inf: neither is ever within a tolerance.
+    inf. NaN or inf in ``actual`` (``expected`` finite) reads inf; a NaN or inf in ``expected``
+    reads NaN: neither is ever within a tolerance.
     """
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
         raise ValueError(f"shapes differ: actual {actual.shape}, expected {expected.shape}")
-    if not np.all(np.isfinite(actual[np.isfinite(expected)])):
+    if not np.all(np.isfinite(expected)):
+        return float("nan")  # nothing to be close to: never within a tolerance
+    if not np.all(np.isfinite(actual)):
         return float("inf")
     max_abs = float(np.max(np.abs(actual - expected), initial=0.0))
     scale = max(float(np.max(np.abs(expected), initial=0.0)), scale)

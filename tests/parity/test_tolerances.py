@@ -5,9 +5,8 @@ Per-tensor rule: a bug on the query path of a layer, whose gradients are ~100 ti
 the largest gradient of the run, is flagged by the float32 registry run alone; the old rule (every
 gradient on the run's largest) let a 1e-4 error there pass. float16: results computed in float32
 and rounded once to float16 (the NumPy core's float16 path) are within FLOAT16_RTOL of the float64
-golden computed on the same float16 inputs, and a wrong mask is not.
-
-Tests: tests/parity/test_tolerances.py (this file).
+golden computed on the same float16 inputs, and a wrong mask is not. Structural-zero floors name
+exactly the tensors they should; rel_error keeps its documented contract.
 """
 
 from __future__ import annotations
@@ -224,3 +223,37 @@ def test_one_key_floors_the_query_and_key_paths_on_the_value_path():
         "Wq.weight": 5.0,
         "Wq.bias": 5.0,
     }
+
+
+# -- rel_error's contract -------------------------------------------------------------------------
+
+
+def test_rel_error_is_norm_wise_on_the_expected_tensors_own_scale():
+    expected = np.array([4.0, -2.0, 0.0])
+
+    assert rel_error(expected + [0.0, 0.0, 0.004], expected) == pytest.approx(1e-3)
+    assert rel_error(expected + [0.0, 0.0, 0.004], expected, scale=40.0) == pytest.approx(1e-4)
+    assert rel_error(expected + [0.0, 0.0, 0.004], expected, scale=0.4) == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "error"),
+    [
+        ([0.0, 0.0], [0.0, 0.0], 0.0),  # both exactly zero
+        ([1e-20, 0.0], [0.0, 0.0], np.inf),  # nonzero against an all-zero expected, no floor
+        ([np.nan, 1.0], [1.0, 1.0], np.inf),  # NaN where expected is finite
+        ([np.inf, 1.0], [1.0, 1.0], np.inf),
+    ],
+)
+def test_rel_error_edges(actual, expected, error):
+    assert rel_error(np.array(actual), np.array(expected)) == error
+
+
+@pytest.mark.parametrize("expected", [[np.nan, 1.0], [np.inf, 1.0]])
+def test_a_non_finite_expected_is_never_within_a_tolerance(expected):
+    assert not rel_error(np.array(expected), np.array(expected)) <= FLOAT16_RTOL
+
+
+def test_rel_error_refuses_different_shapes():
+    with pytest.raises(ValueError, match=r"\(2,\).*\(3,\)"):
+        rel_error(np.zeros(2), np.zeros(3))
