@@ -276,14 +276,16 @@ class Module:
             getattr(module, store_name)[name] = value
 
     def __repr__(self) -> str:
+        """torch's layout: ``Name(args)``, or with children the arguments and then each child
+        on its own indented line."""
         extra = self.extra_repr()
-        lines = [f"{type(self).__name__}({extra}" + (")" if not self._modules else "")]
+        if not self._modules:
+            return f"{type(self).__name__}({extra})"
+        lines = [f"{type(self).__name__}("] + ([f"  {extra}"] if extra else [])
         for name, child in self._modules.items():
             child_repr = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {child_repr}")
-        if self._modules:
-            lines.append(")")
-        return "\n".join(lines)
+        return "\n".join(lines + [")"])
 
     def extra_repr(self) -> str:
         """The constructor arguments, as ``name=value`` (what torch layers print by hand)."""

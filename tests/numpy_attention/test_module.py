@@ -315,7 +315,14 @@ def test_constructor_args_fill_defaults_and_take_numpy_scalars_as_python_ones():
     assert type(recorded["d_in"]) is int and type(recorded["dropout"]) is float
 
 
-def test_repr_shows_the_constructor_arguments(rng):
-    assert repr(Linear(3, 2, bias=False, rng=rng)) == (
-        "Linear(in_features=3, out_features=2, bias=False)"
+def test_repr_shows_the_constructor_arguments_then_the_children(rng):
+    layer = numpy_attention.SelfAttentionV2(3, 2, rng=rng)
+
+    assert repr(layer) == (
+        "SelfAttentionV2(\n"
+        "  d_in=3, d_out=2, qkv_bias=False\n"
+        "  (W_query): Linear(in_features=3, out_features=2, bias=False)\n"
+        "  (W_key): Linear(in_features=3, out_features=2, bias=False)\n"
+        "  (W_value): Linear(in_features=3, out_features=2, bias=False)\n"
+        ")"
     )
