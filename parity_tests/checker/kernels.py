@@ -9,9 +9,10 @@ each of ``out, dq, dk, dv`` is judged by
 where G is the float64 golden (``numpy_attention.functional``) computed on the inputs *after*
 their cast to the kernel's dtype (input rounding is not charged to the kernel), Bl is plain torch
 math in the kernel's dtype without upcasting (``checker.reference.plain_attention``), and K the
-kernel. The bound is relative to what the dtype can do at all, as in flash-attention's and
-PyTorch's own SDPA tests. The constants (c, the floors) live in ``parity_tests.tolerances`` and
-were set by measurement: ``python -m parity_tests --calibrate 60``, docs/kernel-verification.md.
+kernel (``checker.judge`` applies the inequality). The bound is relative to what the dtype can
+do at all, as in flash-attention's and PyTorch's own SDPA tests. The constants (c, the floors)
+live in ``parity_tests.tolerances`` and were set by measurement: ``python -m parity_tests
+--calibrate 60``, docs/kernel-verification.md.
 
 The checker also refuses what no correct kernel does, as failing verdicts rather than exceptions:
 NaN or inf where the golden is finite, a result of another dtype than the inputs, inputs changed
@@ -37,8 +38,8 @@ import torch
 
 from numpy_attention.functional import attention_backward, attention_forward
 
-from ..tolerances import DROPOUT_SIGMAS, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
 from .battery import Case, make_inputs, resolve
+from .judge import judge_keep, judge_tensor, unmeasured, wrong_dtype
 from .reference import plain_attention
 from .report import KernelError, KernelReport, KernelRow, KernelUnsupported
 
@@ -172,35 +173,24 @@ def _check_case(
         golden, baseline = reference.golden, reference.baseline
         if case.dropout_p:
             keep = _read_keep_mask(kernel, case, DTYPES[dtype], device, seed)
-            rows.append(_judge_keep(case, dtype, keep))
+            rows.append(judge_keep(case.name, dtype, case.dropout_p, _to64(keep)))
             golden, baseline = _expected(case, reference.inputs, seed, keep)
         results = _run(kernel, case, reference.inputs, seed, changed=changed, dtype=dtype)
     except _BadResult as exc:
-        return rows + changed + [_unmeasured(case.name, dtype, "error", str(exc))]
+        return rows + changed + [unmeasured(case.name, dtype, "error", str(exc))]
     except KernelUnsupported as exc:
         reason = str(exc).splitlines()[0] if str(exc) else "KernelUnsupported"
-        return rows + changed + [_unmeasured(case.name, dtype, "skip", reason)]
+        return rows + changed + [unmeasured(case.name, dtype, "skip", reason)]
     except (Exception, SystemExit) as exc:  # a failing kernel is a verdict; Ctrl-C still stops
         number = _record(errors, exc, case.name, dtype)
-        error = _unmeasured(case.name, dtype, "error", _first_line(exc), number)
+        error = unmeasured(case.name, dtype, "error", _first_line(exc), number)
         return rows + changed + [error]
     rows += changed
     for tensor, result, gold, base in zip(TENSORS, results, golden, baseline, strict=True):
-        row = _judge(case.name, dtype, tensor, _to64(result), gold, base)
-        if result.dtype != DTYPES[dtype]:
-            got = str(result.dtype).removeprefix("torch.")
-            row = KernelRow(*_measured(row), "dtype", f"{tensor} is {got}, the inputs are {dtype}")
-        rows.append(row)
+        row = judge_tensor(case.name, dtype, tensor, _to64(result), gold, base)
+        got = str(result.dtype).removeprefix("torch.")
+        rows.append(row if got == dtype else wrong_dtype(row, got))
     return rows
-
-
-def _measured(row: KernelRow) -> tuple:
-    return row.case, row.dtype, row.tensor, row.error, row.baseline, row.golden_max, row.bound
-
-
-def _unmeasured(case: str, dtype: str, verdict: str, detail: str, number: int = 0) -> KernelRow:
-    nan = math.nan
-    return KernelRow(case, dtype, "-", nan, nan, nan, nan, verdict, detail, number)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -311,55 +301,6 @@ def _read_keep_mask(
         what = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
         raise _BadResult(f"kernel returned {what} for the keep-mask probe, expected {(b, h, n, m)}")
     return weights.detach() != 0
-
-
-def _judge_keep(case: Case, dtype: str, keep: torch.Tensor) -> KernelRow:
-    """The kept fraction against 1 - p, within DROPOUT_SIGMAS binomial standard deviations."""
-    p, count = case.dropout_p, keep.numel()
-    error = abs(keep.double().mean().item() - (1.0 - p))
-    bound = DROPOUT_SIGMAS * math.sqrt(p * (1.0 - p) / count)
-    return KernelRow(
-        case.name,
-        dtype,
-        "keep",
-        error,
-        math.nan,
-        1.0 - p,
-        bound,
-        "pass" if error <= bound else "fail",
-        f"kept fraction should be {1 - p:g}",
-    )
-
-
-def _judge(case: str, dtype: str, tensor: str, result, gold, base) -> KernelRow:
-    """Error and bound over the entries where the golden is finite (all of them, unless an input
-    overflowed in its cast). A baseline that is itself NaN or inf there (plain half-precision
-    math overflows on extreme logits) leaves the floor alone as the bound."""
-    finite = np.isfinite(gold)
-    factor = OUTPUT_FACTOR if tensor == "out" else GRAD_FACTOR
-    golden_max = float(np.max(np.abs(gold[finite]), initial=0.0))
-    floor = FLOOR[dtype] * golden_max
-    detail = ""
-    if np.all(np.isfinite(base[finite])):
-        baseline = float(np.max(np.abs(base[finite] - gold[finite]), initial=0.0))
-        bound = factor * baseline + floor
-    else:
-        baseline, bound, detail = math.nan, floor, "floor-only bound: baseline NaN/inf"
-    if not np.all(np.isfinite(result[finite])):
-        return KernelRow(
-            case,
-            dtype,
-            tensor,
-            math.inf,
-            baseline,
-            golden_max,
-            bound,
-            "nonfinite",
-            "NaN or inf where the golden is finite",
-        )
-    error = float(np.max(np.abs(result[finite] - gold[finite]), initial=0.0))
-    verdict = "pass" if error <= bound else "fail"
-    return KernelRow(case, dtype, tensor, error, baseline, golden_max, bound, verdict, detail)
 
 
 def _cast(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
