@@ -8,6 +8,8 @@ hand-derived backward) instead of hand-written layer backwards. As in ``numpy_at
 
 Shape legend used everywhere: B batch, H heads, N query length, M key/value length, C model
 width, D head width, Dv value head width.
+
+Tests: tests/torch_attention/ (one test file per module, test_X.py for X.py).
 """
 
 from . import functional, fused, masks

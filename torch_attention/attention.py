@@ -5,54 +5,74 @@ SimpleSelfAttention (no weights) -> SelfAttentionV1 (weight matrices) -> SelfAtt
 layers) -> CausalAttention (causal buffer, attention dropout) -> MultiHeadAttentionWrapper (stacked
 heads) -> MultiHeadAttention (split weights, output projection). Parameters are created in the
 book's order, so ``torch.manual_seed(123)`` reproduces the book's numbers. Every layer takes a
-keyword ``backend`` passed to ``functional.attention``.
+keyword ``backend`` passed to ``functional.attention``. Loading a ``mask`` buffer that is not
+the causal triangle is a ``ValueError`` (``masks.check_causal_buffer``), as in NumPy.
 
 Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
+
+Derivation: docs/derivations/self-attention.md, docs/derivations/multi-head.md (backward by
+autograd here; the pages derive the NumPy twins' hand-written ones).
+Tests: tests/torch_attention/test_attention.py.
 """
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import validation
-from .functional import BACKENDS, attention, merge_heads, split_heads
+from . import masks, validation
+from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
-
-
-def _check_sizes(**sizes: int) -> None:
-    """``ValueError`` unless every size is a positive integer, naming the offending argument."""
-    for name, size in sizes.items():
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
-
-
-def _check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
-def _causal_buffer(context_length: int) -> torch.Tensor:
-    """The book's buffer: triu(ones(L, L), diagonal=1), float, 1 = masked (a future key)."""
-    return torch.triu(torch.ones(context_length, context_length), diagonal=1)
-
-
-def _check_length(x: torch.Tensor, context_length: int) -> int:
-    n = x.shape[-2]
-    if n > context_length:
-        raise ValueError(
-            f"x has N = {n} tokens (shape {tuple(x.shape)}), more than "
-            f"context_length = {context_length}"
-        )
-    return n
 
 
 def _param_dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
+
+
+class _CausalLayer(nn.Module):
+    """What the causal layers share: their checked sizes, the checks of their input and
+    keep-mask, and the check of a loaded ``mask`` buffer (a buffer with a hole would let the
+    model see future tokens)."""
+
+    def __init__(
+        self, d_in: int, d_out: int, context_length: int, dropout: float, backend: str
+    ) -> None:
+        super().__init__()
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
+        self.context_length = validation.positive_int("context_length", context_length)
+        self.dropout_p = validation.dropout_p(dropout, "dropout")
+        self.backend = check_backend(backend)
+
+    def _checked_input(
+        self, x: Any, attn_dropout_mask: Any, heads: tuple[int, ...]
+    ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """x checked as (B, N, d_in) with N <= context_length, N, and the explicit attention
+        keep-mask checked as (B, *heads, N, N) (None when none is given)."""
+        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
+        n = x.shape[-2]
+        if n > self.context_length:
+            raise ValueError(
+                f"x has N = {n} tokens (shape {tuple(x.shape)}), more than "
+                f"context_length = {self.context_length}"
+            )
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout_p,
+            (x.shape[0], *heads, n, n),
+            self.training,
+            attn_dropout_mask,
+            x.device,
+        )
+        return x, n, keep
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        key = prefix + "mask"
+        if key in state_dict:
+            masks.check_causal_buffer(key, state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
 # -- weight-free self-attention ---------------------------------------------------------------
@@ -66,7 +86,7 @@ class SimpleSelfAttention(nn.Module):
 
     def __init__(self, *, backend: str = "auto") -> None:
         super().__init__()
-        self.backend = _check_backend(backend)
+        self.backend = check_backend(backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, C) or (B, N, C) -> out of the same shape."""
@@ -90,9 +110,9 @@ class SelfAttentionV1(nn.Module):
 
     def __init__(self, d_in: int, d_out: int, *, backend: str = "auto") -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out)
-        self.d_in, self.d_out = d_in, d_out
-        self.backend = _check_backend(backend)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
+        self.backend = check_backend(backend)
         self.W_query = nn.Parameter(torch.rand(d_in, d_out))
         self.W_key = nn.Parameter(torch.rand(d_in, d_out))
         self.W_value = nn.Parameter(torch.rand(d_in, d_out))
@@ -119,9 +139,9 @@ class SelfAttentionV2(nn.Module):
         self, d_in: int, d_out: int, qkv_bias: bool = False, *, backend: str = "auto"
     ) -> None:
         super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out)
-        self.d_in, self.d_out = d_in, d_out
-        self.backend = _check_backend(backend)
+        self.d_in = validation.positive_int("d_in", d_in)
+        self.d_out = validation.positive_int("d_out", d_out)
+        self.backend = check_backend(backend)
         self.W_query = Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias)
@@ -139,13 +159,15 @@ class SelfAttentionV2(nn.Module):
 # -- causal attention with dropout ------------------------------------------------------------
 
 
-class CausalAttention(nn.Module):
+class CausalAttention(_CausalLayer):
     """V2 plus the book's causal buffer and dropout on the attention weights.
 
     ``mask`` is a persistent float buffer triu(ones(L, L), diagonal=1), 1 = masked, exactly the
     book's; forward uses ``mask[:N, :N]``, so a loaded buffer is honoured. ``dropout_p`` is the
     probability of dropping an attention weight in train mode.
     """
+
+    mask: torch.Tensor
 
     def __init__(
         self,
@@ -157,15 +179,11 @@ class CausalAttention(nn.Module):
         *,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length)
-        self.dropout_p = validation.dropout_p(dropout, "dropout")
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.backend = _check_backend(backend)
+        super().__init__(d_in, d_out, context_length, dropout, backend)
         self.W_query = Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias)
-        self.register_buffer("mask", _causal_buffer(context_length))
+        self.register_buffer("mask", masks.causal_buffer(context_length))
 
     def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
         """x (B, N, d_in) -> out (B, N, d_out), N <= context_length.
@@ -175,16 +193,7 @@ class CausalAttention(nn.Module):
             attn_dropout_mask: bool (B, N, N) keep-mask (True = kept), train mode and dropout > 0
                 only. Without it, train mode draws one from torch's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], n, n),
-            self.training,
-            attn_dropout_mask,
-            x.device,
-        )
+        x, n, keep = self._checked_input(x, attn_dropout_mask, ())
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
         p = self.dropout_p if self.training else 0.0
@@ -202,7 +211,7 @@ class CausalAttention(nn.Module):
 # -- multi-head attention ---------------------------------------------------------------------
 
 
-class MultiHeadAttentionWrapper(nn.Module):
+class MultiHeadAttentionWrapper(_CausalLayer):
     """``num_heads`` independent CausalAttention heads, outputs concatenated on the last axis.
 
     Every head has width d_out, so the output is (B, N, num_heads * d_out).
@@ -219,11 +228,8 @@ class MultiHeadAttentionWrapper(nn.Module):
         *,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
-        self.dropout_p = validation.dropout_p(dropout, "dropout")
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads = num_heads
+        super().__init__(d_in, d_out, context_length, dropout, backend)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
         self.heads = nn.ModuleList(
             [
                 CausalAttention(d_in, d_out, context_length, dropout, qkv_bias, backend=backend)
@@ -239,16 +245,7 @@ class MultiHeadAttentionWrapper(nn.Module):
             attn_dropout_mask: bool (B, H, N, N) keep-mask; head h uses ``[:, h]``. Without it,
                 train mode draws one from torch's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], self.num_heads, n, n),
-            self.training,
-            attn_dropout_mask,
-            x.device,
-        )
+        x, _, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
         outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
         return torch.cat(outs, dim=-1)  # H x (B, N, D) -> (B, N, H*D)
 
@@ -256,7 +253,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         return f"num_heads={self.num_heads}"
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(_CausalLayer):
     """Causal multi-head attention with split weights: one projection per role, cut into heads.
 
     Q = x W_q^T (likewise K, V), each (B, N, d_out) -> (B, H, N, D) with D = d_out // num_heads
@@ -264,6 +261,8 @@ class MultiHeadAttention(nn.Module):
     and attention dropout; heads merged back to (B, N, d_out); then ``out_proj`` (with bias).
     Parameters are created in the order W_query, W_key, W_value, out_proj.
     """
+
+    mask: torch.Tensor
 
     def __init__(
         self,
@@ -276,19 +275,16 @@ class MultiHeadAttention(nn.Module):
         *,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
-        _check_sizes(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads)
+        super().__init__(d_in, d_out, context_length, dropout, backend)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
         if d_out % num_heads != 0:
             raise ValueError(f"d_out = {d_out} must be divisible by num_heads = {num_heads}")
-        self.dropout_p = validation.dropout_p(dropout, "dropout")
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim = num_heads, d_out // num_heads
-        self.backend = _check_backend(backend)
+        self.head_dim = d_out // num_heads
         self.W_query = Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = Linear(d_out, d_out)
-        self.register_buffer("mask", _causal_buffer(context_length))
+        self.register_buffer("mask", masks.causal_buffer(context_length))
 
     def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
         """x (B, N, d_in) -> out (B, N, d_out).
@@ -298,16 +294,7 @@ class MultiHeadAttention(nn.Module):
             attn_dropout_mask: bool (B, H, N, N) keep-mask (True = kept), train mode and
                 dropout > 0 only. Without it, train mode draws one from torch's generator.
         """
-        x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
-        n = _check_length(x, self.context_length)
-        keep = dropout_keep_mask(
-            "attn_dropout_mask",
-            self.dropout_p,
-            (x.shape[0], self.num_heads, n, n),
-            self.training,
-            attn_dropout_mask,
-            x.device,
-        )
+        x, n, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
         allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
         q = split_heads(self.W_query(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
         k = split_heads(self.W_key(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)

@@ -10,18 +10,21 @@ output dropout``. Row layout of the fused projections, as in ``nn.MultiheadAtten
 key heads, all value heads], and head h of a block is its rows h*D:(h+1)*D. No buffers: the causal
 mask is the functional ``causal`` flag. Every layer takes a keyword ``backend`` passed to
 ``functional.attention``.
+
+Derivation: docs/derivations/fused-qkv.md, docs/derivations/cross-attention.md (backward by
+autograd here; the pages derive the NumPy twins' hand-written ones).
+Tests: tests/torch_attention/test_fused.py.
 """
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import validation
-from .functional import BACKENDS, attention, merge_heads, split_heads
+from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout, dropout_keep_mask
 
 # -- the fused projection split into q, k, v and heads ----------------------------------------
@@ -37,14 +40,6 @@ def split_projection(proj: torch.Tensor, parts: int, num_heads: int) -> list[tor
 
 
 # -- shared pieces of the layers --------------------------------------------------------------
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
 
 
 def _padding_mask(mask: Any, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
@@ -64,17 +59,18 @@ class _FusedAttention(nn.Module):
     """What every fused layer shares: heads, dropout probabilities, the backend, and the tail
     ``attention -> merge heads -> Wo -> output dropout``."""
 
+    Wqkv: Linear  # the self-attention layers' fused projection
+    Wo: Linear
+
     def __init__(
         self, hidden_size: int, num_heads: int, attn_drop: float, out_drop: float, backend: str
     ) -> None:
         super().__init__()
-        self.hidden_size = _positive_int("hidden_size", hidden_size)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
         self.attn_drop = validation.dropout_p(attn_drop, "attn_drop")
         self.out_drop = validation.dropout_p(out_drop, "out_drop")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.backend = backend
+        self.backend = check_backend(backend)
 
     def _check_divisible(self) -> None:
         if self.hidden_size % self.num_heads != 0:
@@ -200,6 +196,9 @@ class BidirectionalAttention(_FusedAttention):
     Linear(C, C).
     """
 
+    causal = False  # CausalSelfAttention: True
+    context_size: int | None = None  # CausalSelfAttention: the longest N
+
     def __init__(
         self,
         hidden_size: int,
@@ -223,11 +222,13 @@ class BidirectionalAttention(_FusedAttention):
         attn_dropout_mask: Any = None,
         out_dropout_mask: Any = None,
     ) -> torch.Tensor:
-        """Bidirectional multi-head attention with an optional key padding mask.
+        """Multi-head self-attention (causal for CausalSelfAttention) with an optional key
+        padding mask.
 
         Args:
-            x: (B, N, C).
-            mask: bool (B, N), True = padding: that token is never attended to.
+            x: (B, N, C), with N <= context_size for CausalSelfAttention.
+            mask: bool (B, N), True = padding: that token is never attended to. A query whose
+                visible keys are all padding gets attention output 0.
             attn_dropout_mask: bool (B, H, N, N), True = kept; train mode with attn_drop > 0 only.
             out_dropout_mask: bool (B, N, C), True = kept; train mode with out_drop > 0 only.
 
@@ -237,9 +238,10 @@ class BidirectionalAttention(_FusedAttention):
         return self._self_attend(
             x,
             mask,
-            causal=False,
+            causal=self.causal,
             attn_dropout_mask=attn_dropout_mask,
             out_dropout_mask=out_dropout_mask,
+            context_size=self.context_size,
         )
 
     def extra_repr(self) -> str:
@@ -252,9 +254,11 @@ class BidirectionalAttention(_FusedAttention):
 class CausalSelfAttention(BidirectionalAttention):
     """Multi-head self-attention where token i sees tokens j <= i (and no padding).
 
-    Same parameters as ``BidirectionalAttention``; no mask buffer, and N may not exceed
-    ``context_size``.
+    Same parameters and forward as ``BidirectionalAttention``; no mask buffer, and N may not
+    exceed ``context_size``.
     """
+
+    causal = True
 
     def __init__(
         self,
@@ -267,38 +271,9 @@ class CausalSelfAttention(BidirectionalAttention):
         *,
         backend: str = "auto",
     ) -> None:
-        context_size = _positive_int("context_size", context_size)
+        context_size = validation.positive_int("context_size", context_size)
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, bias, backend=backend)
         self.context_size = context_size
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: Any = None,
-        *,
-        attn_dropout_mask: Any = None,
-        out_dropout_mask: Any = None,
-    ) -> torch.Tensor:
-        """Causal multi-head attention; a padding mask, when given, applies as well.
-
-        Args:
-            x: (B, N, C) with N <= context_size.
-            mask: bool (B, N), True = padding. A query whose visible keys are all padding gets
-                attention output 0.
-            attn_dropout_mask: bool (B, H, N, N), True = kept; train mode with attn_drop > 0 only.
-            out_dropout_mask: bool (B, N, C), True = kept; train mode with out_drop > 0 only.
-
-        Returns:
-            (B, N, C).
-        """
-        return self._self_attend(
-            x,
-            mask,
-            causal=True,
-            attn_dropout_mask=attn_dropout_mask,
-            out_dropout_mask=out_dropout_mask,
-            context_size=self.context_size,
-        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, context_size={self.context_size}"
@@ -325,7 +300,7 @@ class CrossAttention(_FusedAttention):
     ) -> None:
         super().__init__(hidden_size, num_heads, attn_drop, out_drop, backend)
         self._check_divisible()
-        self.causal = bool(causal)
+        self.causal = validation.flag("causal", causal)
         self.Wq = Linear(self.hidden_size, self.hidden_size, bias=bias)
         self.Wkv = Linear(self.hidden_size, 2 * self.hidden_size, bias=bias)
         self.Wo = Linear(self.hidden_size, self.hidden_size, bias=bias)

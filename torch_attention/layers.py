@@ -5,6 +5,9 @@ contract: a ``TypeError`` for an input of another dtype than the parameters, and
 an explicit bool keep-mask so that NumPy and torch can share one.
 
 Shape legend: "..." leading axes, C_in / C_out the feature widths.
+
+Derivation: docs/derivations/linear.md (backward by autograd here; the page derives the NumPy
+twin's). Tests: tests/torch_attention/test_layers.py.
 """
 
 from __future__ import annotations
@@ -64,12 +67,7 @@ def dropout_keep_mask(
         return None
     if not training:
         raise ValueError(f"{name} was given in eval mode, where dropout is the identity")
-    if p == 0.0:
-        raise ValueError(f"{name} was given but the dropout probability is 0")
-    mask = validation.bool_tensor(name, mask, device)
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
-    return mask
+    return validation.keep_mask(name, mask, p, shape, device, exact=True)
 
 
 class Dropout(nn.Module):

@@ -6,8 +6,10 @@ The twin of ``numpy_attention.masks``. Conventions (DESIGN.md): ``key_padding_ma
 ``causal`` is aligned top-left, query i sees keys j <= i, also when N != M. Every mask is built on
 the device of the tensors it will meet.
 
-``to_sdpa`` is the one place where these masks are translated into SDPA's single ``attn_mask``
-(see docs/torch-backends.md).
+``to_sdpa`` (torch only) is the one place where these masks are translated into SDPA's single
+``attn_mask`` (see docs/torch-backends.md).
+
+Tests: tests/torch_attention/test_masks.py.
 """
 
 from __future__ import annotations
@@ -21,8 +23,31 @@ from . import validation
 
 
 def causal_mask(n: int, m: int, device: torch.device) -> torch.Tensor:
-    """Bool (N, M), True where query i may see key j (j <= i)."""
+    """Bool (N, M), True where query i may see key j (j <= i). Built per call: nothing is kept
+    between calls (a cache of (N, N) masks would pin every size ever used)."""
     return torch.ones(n, m, dtype=torch.bool, device=device).tril()
+
+
+def causal_buffer(
+    context_length: int, dtype: torch.dtype = torch.float32, device: Any = None
+) -> torch.Tensor:
+    """The book's ``mask`` buffer: triu(ones(L, L), diagonal=1), 1 = masked (a future key)."""
+    return torch.ones(context_length, context_length, dtype=dtype, device=device).triu(1)
+
+
+def check_causal_buffer(name: str, mask: Any) -> None:
+    """``ValueError`` unless ``mask`` is the book's causal buffer of some length L: a loaded
+    buffer with a hole in its upper triangle would let the model see future tokens."""
+    mask = torch.as_tensor(mask)
+    if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+        raise ValueError(
+            f"{name} must be a square (L, L) causal buffer, got shape {tuple(mask.shape)}"
+        )
+    if not torch.equal(mask != 0, causal_buffer(mask.shape[0], torch.bool, mask.device)):
+        raise ValueError(
+            f"{name} is not the causal buffer triu(ones(L, L), diagonal=1) (1 = a future key): "
+            "a model with it would see future tokens, or miss past ones"
+        )
 
 
 def key_padding_allowed(
@@ -77,19 +102,18 @@ def to_sdpa(
     """One SDPA ``attn_mask`` from our (allowed, bias), and the rows that can attend anything.
 
     SDPA takes a single mask: bool "may attend" when there is no float bias, else a float mask
-    with -inf where not allowed. A query row with nothing to attend to is opened to every key
-    (so no backend computes a softmax over nothing) and reported in ``row_valid``, bool
-    broadcasting to (..., N, 1), for the caller to zero the output there.
+    with -inf where not allowed (a *replacement*: the bias itself is never added to -inf). A query
+    row with nothing to attend to is opened to every key (so no kernel computes a softmax over
+    nothing) and reported in ``row_valid``, bool broadcasting to (..., N, 1), for the caller to
+    zero the output there.
 
     Returns:
         (sdpa_mask, row_valid), both None when there is no mask at all.
     """
-    if bias is None and allowed is None:
-        return None, None
+    if allowed is None:
+        return bias, None
+    row_valid = allowed.any(dim=-1, keepdim=True)  # (..., N, M) -> (..., N, 1)
+    opened = allowed | ~row_valid
     if bias is None:
-        row_valid = allowed.any(dim=-1, keepdim=True)  # (..., N, M) -> (..., N, 1)
-        return allowed | ~row_valid, row_valid
-    if allowed is not None:
-        bias = bias.masked_fill(~allowed, float("-inf"))
-    row_valid = (bias != float("-inf")).any(dim=-1, keepdim=True)  # (..., N, M) -> (..., N, 1)
-    return bias.masked_fill(~row_valid, 0.0), row_valid
+        return opened, row_valid
+    return bias.masked_fill(~opened, float("-inf")), row_valid

@@ -2,7 +2,10 @@
 
 State-dict keys are identical in ``numpy_attention`` and ``torch_attention`` (DESIGN.md), so no
 renaming happens here; layout changes between layer families live in
-``numpy_attention.convert``.
+``numpy_attention.convert``. This is the one module of the package that imports
+``numpy_attention``.
+
+Tests: tests/torch_attention/test_transfer.py.
 """
 
 from __future__ import annotations

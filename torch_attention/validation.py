@@ -1,17 +1,25 @@
-"""Input checks shared by the public functions and layers: clear errors before any work.
+"""Input checks shared by every public function and layer: clear errors before any work.
 
-The twin of ``numpy_attention.validation``: the same checks with the same messages, on tensors.
-Every check raises ``TypeError`` (wrong kind of data) or ``ValueError`` (wrong shape or value)
-naming the argument and the shapes involved. No ``assert``: checks must also run under
-``python -O``.
+The twin of ``numpy_attention.validation``: the same checks under the same names and with the
+same messages, on tensors instead of arrays (``float_tensor`` / ``bool_tensor`` are the twins of
+``float_array`` / ``bool_array``). The bottom floor of the package: it imports torch alone.
+Every check raises ``TypeError`` (the wrong kind of data) or ``ValueError`` (the wrong shape or
+value) naming the argument and the shapes involved, and each check is written once, here. No
+``assert``: checks must also run under ``python -O``. ``grad_output`` has no twin: autograd
+checks the upstream gradient of a torch backward itself.
+
+Tests: tests/torch_attention/test_validation.py.
 """
 
 from __future__ import annotations
 
-import numbers
+import math
 from typing import Any
 
+import numpy as np
 import torch
+
+_REAL = (int, float, np.integer, np.floating)
 
 
 def float_tensor(name: str, value: Any) -> torch.Tensor:
@@ -40,32 +48,91 @@ def same_dtype(**tensors: torch.Tensor) -> torch.dtype:
     return next(iter(dtypes.values()))
 
 
+def flag(name: str, value: Any) -> bool:
+    """A Python or NumPy bool; anything else (``"no"``, 1, None) is a ``TypeError``: a truthy
+    string or number would otherwise switch an option on silently."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def integer(name: str, value: Any) -> int:
+    """A Python or NumPy integer (not a bool), as int; ``TypeError`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
+def positive_int(name: str, value: Any) -> int:
+    """An integer >= 1 (``TypeError`` for a non-integer, ``ValueError`` for one below 1)."""
+    value = integer(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """An integer >= 0 (``TypeError`` for a non-integer, ``ValueError`` for a negative one)."""
+    value = integer(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    return value
+
+
+def finite_real(name: str, value: Any) -> float:
+    """A finite real number, as float: ``TypeError`` for anything else, ``ValueError`` for NaN
+    and inf (a NaN scale would turn every output into NaN, or into 0 on some torch backends)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
 def dropout_p(p: Any, name: str = "dropout_p") -> float:
-    """A dropout probability in [0, 1); 1.0 (which ``nn.Dropout`` accepts) would divide by zero."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+    """A dropout probability in [0, 1); 1.0 (which ``nn.Dropout`` accepts) would divide by zero
+    in the inverted rescale."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, _REAL):
         raise TypeError(f"{name} must be a number in [0, 1), got {p!r}")
     if not 0.0 <= float(p) < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p}")
     return float(p)
 
 
-def scale(value: Any) -> float:
-    """A real scale factor (``None`` is handled by the caller)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {value!r}")
-    return float(value)
-
-
 def broadcasts_to(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
     """``ValueError`` unless ``tensor`` broadcasts to ``shape`` without growing it."""
     try:
-        result = tuple(torch.broadcast_shapes(tensor.shape, shape))
+        result: tuple[int, ...] | None = tuple(torch.broadcast_shapes(tensor.shape, shape))
     except RuntimeError:
         result = None
     if result != tuple(shape):
         raise ValueError(
             f"{name} of shape {tuple(tensor.shape)} does not broadcast to {tuple(shape)}"
         )
+
+
+def keep_mask(
+    name: str,
+    mask: Any,
+    p: float,
+    shape: tuple[int, ...],
+    device: torch.device,
+    *,
+    exact: bool = False,
+) -> torch.Tensor:
+    """An explicit dropout keep-mask (bool, True = kept) for a dropout of probability ``p``, on
+    ``device``.
+
+    A mask with ``p == 0`` is a ``ValueError`` (nothing would be rescaled: the caller meant
+    something else). The mask must broadcast to ``shape``, or equal it when ``exact``.
+    """
+    mask = bool_tensor(name, mask, device)
+    if p == 0.0:
+        raise ValueError(f"{name} was given but the dropout probability is 0; set it above 0")
+    if exact and tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
+    broadcasts_to(name, mask, shape)
+    return mask
 
 
 def layer_input(
