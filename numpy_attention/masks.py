@@ -64,7 +64,17 @@ def split_attn_mask(
     attn_mask: np.ndarray, score_shape: tuple[int, ...], dtype: np.dtype
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Split an SDPA-style ``attn_mask`` into (allowed, bias): bool masks are "may attend",
-    float masks are added to the scores (cast to the compute dtype, never promoting it)."""
+    float masks are added to the scores (cast to the compute dtype, never promoting it).
+
+    A bool mask and a float bias are one float mask: the bias with -inf where the bool mask is
+    False. Several arrays given together are refused, naming that rule.
+    """
+    if isinstance(attn_mask, (tuple, list)) and any(np.ndim(part) > 0 for part in attn_mask):
+        raise TypeError(
+            "attn_mask must be one array, bool (True = may attend) or float (added to the "
+            f"scores), got a {type(attn_mask).__name__} of {len(attn_mask)} arrays; to combine a "
+            "bool mask with a float bias, pass np.where(bool_mask, bias, -np.inf)"
+        )
     attn_mask = np.asarray(attn_mask)
     if attn_mask.dtype == np.bool_:
         validation.broadcasts_to("attn_mask", attn_mask, score_shape)

@@ -1,7 +1,10 @@
 """Tiled attention (numpy_attention.tiled) against the dense core, in float64 to FLOAT64_RTOL.
 
 The dense path (numpy_attention.functional, impl="dense") is the oracle: it is itself checked
-against torch autograd and finite differences in test_core_attention.py.
+against torch autograd and finite differences in test_functional.py and
+test_functional_options.py. Here: every option on both paths, on both sides of ``impl="auto"``'s
+threshold, gradcheck, the blocks a window or causal mask skips, bit-reproducibility, dtypes and
+memory.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from numpy_attention import functional, masks, no_grad, threads, tiled
+from numpy_attention import functional, masks, no_grad, scores, threads, tiled
 from numpy_attention.gradcheck import gradcheck
 
 from ..conftest import assert_close, assert_gradcheck
+from .cases import OPTIONS, make_case
 
 # (leading axes, N, M): odd lengths that no block size below divides, N == M, N < M, N > M,
 # B = H = 1, and an unbatched q.
@@ -40,7 +44,7 @@ def make_qkv(rng, lead, n, m, dtype=np.float64):
     return q, k, v
 
 
-def run_both(rng, q, k, v, *, blocks=(16, 16), tiled_kwargs=None, **kwargs):
+def run_both(generator, q, k, v, *, blocks=(16, 16), tiled_kwargs=None, **kwargs):
     """Forward (with lse) and backward on both paths with one random upstream gradient.
 
     Returns {name: (tiled value, dense value)} for out, lse, dq, dk, dv.
@@ -52,7 +56,7 @@ def run_both(rng, q, k, v, *, blocks=(16, 16), tiled_kwargs=None, **kwargs):
     out_d, lse_d, ctx_d = functional.attention_forward(
         q, k, v, impl="dense", return_lse=True, **kwargs
     )
-    dout = rng.standard_normal(out_d.shape).astype(out_d.dtype)
+    dout = generator.standard_normal(out_d.shape).astype(out_d.dtype)
     grads_t = functional.attention_backward(dout, ctx_t)[:3]
     grads_d = functional.attention_backward(dout, ctx_d)[:3]
     names = ("out", "lse", "dq", "dk", "dv")
@@ -144,40 +148,38 @@ def test_explicit_dropout_mask(rng, shape_name, causal):
 
 @pytest.mark.parametrize("shape_name", SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_regenerated_dropout_matches_its_materialized_mask(rng, shape_name, causal):
-    """The tiled path regenerates keep-masks per tile; dense with the materialized mask agrees."""
+def test_seeded_dropout_is_the_same_mask_on_both_paths(rng, shape_name, causal):
+    """Both paths regenerate the keep-mask from one seed on the same block grid: the same
+    results as each other, and as the dense path given the materialized mask."""
     lead, n, m = SHAPES[shape_name]
     q, k, v = make_qkv(rng, lead, n, m)
-    out_t, lse_t, ctx = tiled.tiled_attention_forward(
-        q, k, v, causal=causal, dropout_p=0.25, rng=rng, block_q=16, block_k=8, return_lse=True
+
+    pairs = run_both(rng, q, k, v, causal=causal, dropout_p=0.25, rng=7)
+    seed = tiled.tiled_attention_forward(q, k, v, dropout_p=0.25, rng=7).ctx.rules.seed
+    keep = scores.dropout_mask_from_seed(seed, (*lead, n, m), 0.25)
+    explicit = functional.attention(
+        q, k, v, causal=causal, dropout_p=0.25, dropout_mask=keep, impl="dense"
     )
-    keep = tiled.tiled_dropout_mask(ctx.plan.seed, (*lead, n, m), 0.25, block_q=16, block_k=8)
-    out_d, lse_d, ctx_d = functional.attention_forward(
-        q, k, v, causal=causal, dropout_p=0.25, dropout_mask=keep, impl="dense", return_lse=True
-    )
-    dout = rng.standard_normal(out_d.shape)
 
-    grads_t = functional.attention_backward(dout, ctx)[:3]
-    grads_d = functional.attention_backward(dout, ctx_d)[:3]
-
-    assert_close(out_t, out_d, name="out")
-    assert_close(lse_t, lse_d, name="lse")
-    for name, grad_t, grad_d in zip(("dq", "dk", "dv"), grads_t, grads_d, strict=True):
-        assert_close(grad_t, grad_d, name=name)
+    assert_all_close(pairs)
+    assert_close(pairs["out"][0], explicit, name="out")
+    assert 0.6 < keep.mean() < 0.9  # a real dropout, not an all-kept mask
 
 
-def test_regenerated_dropout_does_not_depend_on_tile_grouping(rng, monkeypatch):
-    """The per-block streams are keyed by (group, block), not by how tiles group them."""
+def test_seeded_dropout_does_not_depend_on_blocks_or_tile_grouping(rng, monkeypatch):
+    """The per-block streams are keyed by (head, block of the dropout grid), not by tiles."""
     lead, n, m = SHAPES["B2H3-N37-M113"]
     q, k, v = make_qkv(rng, lead, n, m)
-    kwargs = {"dropout_p": 0.25, "rng": 7, "block_q": 16, "block_k": 8}
-    out_grouped = tiled.tiled_attention_forward(q, k, v, **kwargs).out
-    monkeypatch.setattr(tiled, "TILE_ENTRIES", 1)  # one leading index per tile
+    kwargs = {"dropout_p": 0.25, "rng": 7}
+    reference = tiled.tiled_attention_forward(q, k, v, **kwargs).out
+    other_blocks = tiled.tiled_attention_forward(q, k, v, block_q=16, block_k=8, **kwargs).out
+    monkeypatch.setattr(tiled, "TILE_ENTRIES", 1)  # one head per tile
 
-    out_single, _, ctx = tiled.tiled_attention_forward(q, k, v, **kwargs)
+    single, _, ctx = tiled.tiled_attention_forward(q, k, v, block_q=5, block_k=7, **kwargs)
 
-    assert ctx.plan.group_chunk == 1
-    np.testing.assert_array_equal(out_single, out_grouped)
+    assert ctx.blocks.kv_chunk == 1
+    assert_close(other_blocks, reference, name="blocks 16 x 8")
+    assert_close(single, reference, name="one head per tile")
 
 
 def test_strided_heads_are_read_in_place(rng):
@@ -193,35 +195,214 @@ def test_strided_heads_are_read_in_place(rng):
     ctx = tiled.tiled_attention_forward(q, k, v, causal=True).ctx
 
     assert_all_close(pairs)
-    assert all(np.shares_memory(t, fused) for t in (ctx.q, ctx.k, ctx.v))
+    assert all(np.shares_memory(t, fused) for t in (ctx.k, ctx.v))  # q is scaled once, a copy
 
 
-def test_serial_fallback_without_blas_thread_control(rng, monkeypatch):
-    """Where NumPy's BLAS cannot be limited per thread, tiles run in the calling thread."""
-    lead, n, m = SHAPES["B2H3-N37-M113"]
-    q, k, v = make_qkv(rng, lead, n, m)
-    monkeypatch.setattr(threads, "_blas_threads", lambda: None)
+# -- today's options ------------------------------------------------------------------------------
 
-    pairs = run_both(rng, q, k, v, causal=True)
+
+def option_pairs(rng, name, lengths, blocks, **draw):
+    arrays, kwargs, dout, dlse = make_case(rng, name, lengths, **draw)
+    sinks = arrays.get("sinks")
+    runs = {}
+    for impl, extra in (("tiled", {"block_q": blocks[0], "block_k": blocks[1]}), ("dense", {})):
+        forward = tiled.tiled_attention_forward if impl == "tiled" else functional.attention_forward
+        if impl == "dense":
+            extra = {"impl": "dense"}
+        result = forward(
+            arrays["q"], arrays["k"], arrays["v"], sinks=sinks, return_lse=True, **kwargs, **extra
+        )
+        grads = functional.attention_backward(dout, result.ctx, dlse)
+        runs[impl] = {"out": result.out, "lse": result.lse, "dq": grads.dq, "dk": grads.dk}
+        runs[impl].update(dv=grads.dv, dsinks=grads.dsinks)
+    return {
+        name: (runs["tiled"][name], runs["dense"][name])
+        for name in runs["dense"]
+        if runs["dense"][name] is not None
+    }
+
+
+@pytest.mark.parametrize("blocks", [(2, 3), (4, 4), (64, 64)])
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_matches_dense(rng, name, blocks):
+    pairs = option_pairs(rng, name, "N9-M5", blocks)
 
     assert_all_close(pairs)
 
 
-def test_the_callers_blas_threads_are_left_as_they_were(rng):
-    """Pool threads limit their BLAS to one thread; the caller's count must survive that."""
-    blas = threads._blas_threads()
-    if blas is None or os.cpu_count() < 2:
-        pytest.skip("no pool here: NumPy's BLAS offers no per-thread control, or one core")
-    q, k, v = make_qkv(rng, (2, 3), 37, 113)
-    original = blas.get()
-    blas.set_local(2)  # a known count above 1, whatever earlier tests left
-    try:
-        tiled.tiled_attention_forward(q, k, v, block_q=16)  # 3 query blocks: tiles on the pool
-        after = blas.get()
-    finally:
-        blas.set_local(original)
+@pytest.mark.parametrize("lengths", ["N5-M9", "N7-M7"])
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_matches_dense_with_unequal_lengths(rng, name, lengths):
+    pairs = option_pairs(rng, name, lengths, (3, 2))
 
-    assert after == 2
+    assert_all_close(pairs)
+
+
+@pytest.mark.parametrize("side", ["below", "at"])
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_agrees_on_both_sides_of_the_auto_threshold(rng, name, side, monkeypatch):
+    """N * M just below the threshold (auto runs dense) and at it (auto runs tiled): the other
+    path gives the same results. The cases' lengths are small, so the threshold is lowered to
+    them; the real one is tested above (test_auto_picks_tiled_from_the_threshold)."""
+    arrays, kwargs, dout, dlse = make_case(rng, name, "N9-M5", batch=1)
+    monkeypatch.setattr(functional, "_TILED_FROM", 9 * 5 + (side == "below"))
+    q, k, v, sinks = arrays["q"], arrays["k"], arrays["v"], arrays.get("sinks")
+    auto = functional.attention_forward(q, k, v, sinks=sinks, return_lse=True, **kwargs)
+    other = "dense" if side == "at" else "tiled"
+    forced = functional.attention_forward(
+        q, k, v, sinks=sinks, return_lse=True, impl=other, **kwargs
+    )
+    grads = [functional.attention_backward(dout, r.ctx, dlse) for r in (auto, forced)]
+
+    picked = tiled.TiledAttentionCtx if side == "at" else functional.AttentionCtx
+    assert type(auto.ctx) is picked and type(forced.ctx) is not picked
+    pairs = {"out": (auto.out, forced.out), "lse": (auto.lse, forced.lse)}
+    for field in ("dq", "dk", "dv", "dsinks"):
+        if getattr(grads[0], field) is not None:
+            pairs[field] = (getattr(grads[0], field), getattr(grads[1], field))
+    assert_all_close(pairs)
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_gradcheck(rng, name):
+    arrays, kwargs, _, _ = make_case(rng, name, "N5-M9", batch=1)
+    names = list(arrays)
+
+    def forward(*tensors):
+        given = dict(zip(names, tensors, strict=True))
+        result = tiled.tiled_attention_forward(
+            given["q"], given["k"], given["v"], sinks=given.get("sinks"), return_lse=True,
+            block_q=2, block_k=3, **kwargs,
+        )  # fmt: skip
+        lse = np.where(np.isfinite(result.lse), result.lse, 0.0)
+        return np.concatenate([result.out, lse[..., None]], axis=-1), result.ctx
+
+    def backward(dcombined, ctx):
+        return tiled.tiled_attention_backward(dcombined[..., :-1], ctx, dcombined[..., -1])
+
+    assert_gradcheck(gradcheck(forward, *arrays.values(), backward=backward))
+
+
+def visible_tiles(n, m, block, **kwargs):
+    """The (query block, key block) pairs holding at least one visible score, by brute force."""
+    probs = functional.attention_forward(
+        np.zeros((1, n, 1)), np.zeros((1, m, 1)), np.zeros((1, m, 1)), impl="dense", **kwargs
+    ).ctx.probs[0]
+    return {(i // block, j // block) for i, j in zip(*np.nonzero(probs), strict=True)}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window": (64, 0)},
+        {"window": (40, 40)},
+        {"causal": True},
+        {"causal": True, "align": "bottom-right"},
+        {"window": (None, 0), "align": "bottom-right"},
+        {},
+    ],
+)
+@pytest.mark.parametrize("lengths", [(512, 512), (320, 512), (512, 320)])
+def test_only_the_tiles_someone_sees_are_computed(rng, kwargs, lengths, monkeypatch):
+    """Causal masks, windows and alignment skip whole tiles, forward and backward: a window's
+    cost grows linearly in N. Every tile computed holds a visible score, and every tile
+    holding one is computed."""
+    n, m = lengths
+    block = 32
+    expected = visible_tiles(n, m, block, **kwargs)
+    computed = []
+    apply = scores.apply
+
+    def counting(rules, tile_scores, tile):
+        computed.append((tile.rows.start // block, tile.cols.start // block))
+        return apply(rules, tile_scores, tile)
+
+    monkeypatch.setattr(scores, "apply", counting)
+    q, k, v = (rng.standard_normal((1, length, 2)) for length in (n, m, m))
+    result = tiled.tiled_attention_forward(q, k, v, block_q=block, block_k=block, **kwargs)
+    forward = list(computed)
+    computed.clear()
+    tiled.tiled_attention_backward(np.ones(result.out.shape), result.ctx)
+
+    assert sorted(forward) == sorted(expected)
+    assert sorted(computed) == sorted(expected)
+    if "window" in kwargs and None not in kwargs["window"]:  # linear in N, not quadratic:
+        left, right = kwargs["window"]  # a query block's keys span block + left + right
+        per_block = -(-(block + left + right) // block) + 1
+        assert len(expected) <= per_block * -(-n // block)
+
+
+@pytest.mark.parametrize("name", ["plain", "gqa-2", "everything"])
+def test_backward_is_bit_reproducible_whatever_the_thread_timing(rng, name, monkeypatch):
+    """float32, one head (one part) in many key blocks: the tiles of different key blocks add
+    into the same rows of dq on different threads. Their order is fixed, so every run, and a
+    serial run, give the very same bits."""
+    n = 192
+    if name == "plain":
+        arrays = {key: rng.standard_normal((1, 1, n, 16)) for key in "qkv"}
+        kwargs, sinks = {"causal": True}, None
+    else:
+        arrays, kwargs, _, _ = make_case(rng, name, "N7-M7", d=16, dv=16, batch=1)
+        sinks = arrays.pop("sinks", None)
+        arrays = {
+            key: rng.standard_normal(a.shape[:-2] + (n,) + a.shape[-1:])
+            for key, a in arrays.items()
+        }
+        kwargs.pop("dropout_mask", None)
+        kwargs.pop("key_padding_mask", None)
+        kwargs.pop("dropout_p", None)
+    q, k, v = (arrays[key].astype(np.float32) for key in "qkv")
+    sinks = None if sinks is None else sinks.astype(np.float32)
+    dout = rng.standard_normal(q.shape[:-1] + v.shape[-1:]).astype(np.float32)
+
+    def run():
+        result = tiled.tiled_attention_forward(
+            q, k, v, sinks=sinks, block_q=16, block_k=16, **kwargs
+        )
+        return (result.out, *functional.attention_backward(dout, result.ctx)[:3])
+
+    first = run()
+    again = [run() for _ in range(4)]
+    monkeypatch.setattr(threads, "_blas_threads", lambda: None)
+    serial = run()
+
+    for other in [*again, serial]:
+        for a, b in zip(first, other, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(
+    "name", ["gqa-2", "window-3-2", "softcap", "alibi-H", "sinks", "everything"]
+)
+def test_low_precision_results_are_as_accurate_as_their_dtype(rng, dtype, name):
+    """Outputs and every gradient against the float64 result on the same rounded inputs, each
+    tensor on its own scale, with the suite's tolerance for the dtype (float16 is computed in
+    float32 and rounded once)."""
+    arrays, kwargs, dout, dlse = make_case(rng, name, "N9-M5", d=16, dv=8)
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = kwargs["attn_mask"].astype(dtype)
+    rounded = {key: a.astype(dtype) for key, a in arrays.items()}
+    dout, dlse = dout.astype(dtype), dlse.astype(dtype)
+
+    def run(given, upstream, lse_upstream):
+        result = tiled.tiled_attention_forward(
+            given["q"], given["k"], given["v"], sinks=given.get("sinks"), return_lse=True,
+            block_q=4, block_k=2, **kwargs,
+        )  # fmt: skip
+        grads = tiled.tiled_attention_backward(upstream, result.ctx, lse_upstream)
+        return {"out": result.out, "dq": grads.dq, "dk": grads.dk, "dv": grads.dv}
+
+    actual = run(rounded, dout, dlse)
+    expected = run(
+        {key: a.astype(np.float64) for key, a in rounded.items()},
+        dout.astype(np.float64),
+        dlse.astype(np.float64),
+    )
+
+    for key, value in actual.items():
+        assert value.dtype == dtype, key
+        assert_close(value, expected[key], dtype=dtype, name=key)
 
 
 # -- gradient check of the tiled pair ----------------------------------------------------------
@@ -264,8 +445,8 @@ def test_float32_stays_float32(rng):
         :3
     ]
 
-    stored = [ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, np.asarray(ctx.plan.scale)]
-    stored.append(np.asarray(ctx.plan.rescale))
+    stored = [ctx.q_scaled, ctx.k, ctx.v, ctx.out, ctx.lse, np.asarray(ctx.rules.scale)]
+    stored.append(np.asarray(ctx.rules.rescale))
     assert all(a.dtype == np.float32 for a in [out, lse, *grads, *stored])
 
 
@@ -282,7 +463,7 @@ def test_float16_is_computed_in_float32(rng):
     )
 
     assert out.dtype == np.float16 and all(g.dtype == np.float16 for g in grads)
-    assert lse.dtype == ctx.q.dtype == np.float32
+    assert lse.dtype == ctx.q_scaled.dtype == np.float32
     assert_close(lse, lse_d, dtype=np.float32, name="lse")
     assert_close(out.astype(np.float32), out_d.astype(np.float32), dtype=np.float32, name="out")
 
@@ -349,11 +530,13 @@ def test_bad_input_is_rejected_before_any_work(rng, kwargs, error):
         functional.attention_forward(q, k, v, **kwargs)
 
 
-@pytest.mark.parametrize("size", [0, -16, 2.5, True])
-def test_block_sizes_must_be_positive_integers(rng, size):
+@pytest.mark.parametrize(
+    ("size", "error"), [(0, ValueError), (-16, ValueError), (2.5, TypeError), (True, TypeError)]
+)
+def test_block_sizes_must_be_positive_integers(rng, size, error):
     q, k, v = make_qkv(rng, (2, 3), 37, 37)
 
-    with pytest.raises(ValueError, match="block_k"):
+    with pytest.raises(error, match="block_k must be"):
         tiled.tiled_attention_forward(q, k, v, block_k=size)
 
 

@@ -1,0 +1,153 @@
+"""The score pipeline (numpy_attention.scores): options checked once, the band of visible keys
+and the tiles it skips, masks and dropout sliced per tile, hidden scores replaced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numpy_attention import scores
+from numpy_attention.scores import Tile
+
+
+def rules_for(n, m, **options):
+    q, k = np.zeros((2, 3, n, 4)), np.zeros((2, 3, m, 4))
+    return scores.prepare(q, k, k, **options).rules
+
+
+def band(n, m, left, right, offset):
+    """Bool (N, M): key j visible to query i, by the definition p_i - left <= j <= p_i + right."""
+    i, j = np.arange(n)[:, None] + offset, np.arange(m)[None, :]
+    visible = np.ones((n, m), dtype=bool)
+    if left is not None:
+        visible &= j >= i - left
+    if right is not None:
+        visible &= j <= i + right
+    return visible
+
+
+SIDES = st.one_of(st.none(), st.integers(0, 12))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    n=st.integers(1, 40),
+    m=st.integers(1, 40),
+    left=SIDES,
+    right=SIDES,
+    causal=st.booleans(),
+    bottom_right=st.booleans(),
+    block=st.integers(1, 9),
+)
+def test_visible_ranges_hold_exactly_the_band(n, m, left, right, causal, bottom_right, block):
+    """For every block of queries (keys), visible_cols (visible_rows) is the smallest range of
+    keys (queries) holding every visible pair of that block; the band grid of a tile that
+    straddles it hides exactly what the definition hides."""
+    align = "bottom-right" if bottom_right else "top-left"
+    rules = rules_for(n, m, window=(left, right), causal=causal, align=align)
+    visible = band(n, m, left, 0 if causal and right is None else (
+        min(right, 0) if causal else right), rules.offset)  # fmt: skip
+
+    for start in range(0, n, block):
+        rows = slice(start, min(start + block, n))
+        seen = np.nonzero(visible[rows].any(axis=0))[0]
+        lo, hi = scores.visible_cols(rules, rows)
+        assert (lo, hi) == ((seen[0], seen[-1] + 1) if len(seen) else (lo, lo))
+    for start in range(0, m, block):
+        cols = slice(start, min(start + block, m))
+        seen = np.nonzero(visible[:, cols].any(axis=1))[0]
+        lo, hi = scores.visible_rows(rules, cols)
+        assert (lo, hi) == ((seen[0], seen[-1] + 1) if len(seen) else (lo, lo))
+    for transposed in (False, True):
+        tile = Tile(slice(0, 1), slice(0, n), slice(0, m), transposed)
+        hidden = scores._band_hidden(rules, tile)
+        expected = ~visible.T if transposed else ~visible
+        if hidden is None:
+            assert not expected.any()
+        else:
+            np.testing.assert_array_equal(hidden, expected)
+
+
+def test_apply_replaces_hidden_scores_never_adds_to_them():
+    rules = rules_for(3, 4, causal=True, attn_mask=np.array([0.0, -np.inf, 1.0, 2.0]))
+    logits = np.full((6, 3, 4), np.nan)  # every score NaN, as from a NaN key
+    tile = Tile(slice(0, 6), slice(0, 3), slice(0, 4), transposed=False)
+
+    scores.apply(rules, logits, tile)
+
+    hidden = ~band(3, 4, None, 0, 0) | (np.arange(4) == 1)
+    assert np.all(np.isneginf(logits[:, hidden]))
+    assert np.all(np.isnan(logits[:, ~hidden]))
+
+
+def test_softcap_and_alibi_on_a_transposed_tile():
+    slopes = np.array([0.5, 0.25, 0.125])
+    rules = rules_for(4, 6, softcap=2.0, alibi_slopes=slopes, align="bottom-right")
+    logits = np.random.default_rng(0).standard_normal((6, 4, 6)) * 5  # (G, N, M)
+    tile = Tile(slice(0, 6), slice(1, 3), slice(2, 6), transposed=True)
+    block = logits[:, 1:3, 2:6].swapaxes(-1, -2).copy()  # (g, bk, bq)
+
+    capped = scores.apply(rules, block, tile)
+
+    distance = np.abs(np.arange(1, 3)[:, None] + 2 - np.arange(2, 6)[None, :])  # |p_i - j|
+    expected = (
+        2.0 * np.tanh(logits[:, 1:3, 2:6] / 2.0) - np.tile(slopes, 2)[:, None, None] * distance
+    )
+    np.testing.assert_allclose(block.swapaxes(-1, -2), expected, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(capped.swapaxes(-1, -2), np.tanh(logits[:, 1:3, 2:6] / 2.0))
+
+
+def test_backward_applies_the_tanh_chain_only_with_softcap():
+    dscores = np.ones((1, 2, 2))
+    capped = np.array([[[0.0, 0.5], [-0.5, 0.9]]])
+
+    np.testing.assert_array_equal(scores.backward(rules_for(2, 2), dscores.copy(), None), dscores)
+    np.testing.assert_allclose(
+        scores.backward(rules_for(2, 2, softcap=1.0), dscores.copy(), capped), 1 - capped**2
+    )
+
+
+def test_masks_are_sliced_per_tile_without_materializing_the_broadcast():
+    per_batch = np.random.default_rng(1).random((2, 1, 5, 7)) > 0.5  # (B, 1, N, M)
+    rules = rules_for(5, 7, attn_mask=per_batch)
+    tile = Tile(slice(2, 5), slice(1, 4), slice(3, 7), transposed=False)  # heads 2..4: b 0, 1
+
+    (hidden,) = rules.hidden
+    block = scores._tile(hidden, rules.lead, tile)
+
+    np.testing.assert_array_equal(block, ~per_batch[[0, 1, 1], 0][:, 1:4, 3:7])
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols"), [((0, 300), (0, 300)), ((5, 37), (250, 530)), ((256, 257), (0, 1))]
+)
+def test_seeded_keep_mask_is_the_same_whatever_the_tiles(rows, cols):
+    whole = scores.dropout_mask_from_seed(123, (2, 600, 600), 0.3)
+    groups = slice(0, 2)
+    tile = Tile(groups, slice(*rows), slice(*cols), transposed=False)
+    rules = rules_for(600, 600, dropout_p=0.3)._replace(seed=123, lead=(2,))
+
+    block = scores.keep_tile(rules, tile)
+
+    np.testing.assert_array_equal(block, whole[:, slice(*rows), slice(*cols)])
+    assert abs(whole.mean() - 0.7) < 0.01
+
+
+def test_different_seeds_and_heads_draw_different_masks():
+    whole = scores.dropout_mask_from_seed(5, (2, 64, 64), 0.5)
+    other = scores.dropout_mask_from_seed(6, (2, 64, 64), 0.5)
+
+    assert not np.array_equal(whole[0], whole[1])
+    assert not np.array_equal(whole, other)
+
+
+def test_options_are_kept_in_the_form_the_tiles_read():
+    rules = rules_for(
+        5, 7, causal=True, window=(2, 3), alibi_slopes=np.ones((2, 3)), sinks=np.arange(3.0)
+    )
+
+    assert (rules.left, rules.right, rules.offset) == (2, 0, 0)  # causal caps the right side
+    assert rules.slopes.shape == (6,) and rules.sinks.tolist() == [0, 1, 2, 0, 1, 2]
+    assert rules_for(5, 7, align="bottom-right").offset == 2
