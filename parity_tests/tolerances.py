@@ -14,19 +14,20 @@ Tests: tests/parity/test_tolerances.py, tests/parity/test_registry.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from numpy_attention.gradcheck import GRADCHECK_RTOL
 
 # float64 against float64 (NumPy hand-derived backward vs torch autograd): both sides round at
 # eps64 = 2.2e-16 and reductions of up to ~1e4 terms grow that by at most ~1e2-1e3, so 1e-10 leaves
 # a wide margin while a wrong term in a backward shows up at 1e-3 or worse.
 FLOAT64_RTOL = 1e-10
 
-# Finite differences (numpy_attention.gradcheck, eps = 1e-6, float64): truncation error ~eps^2 and
-# cancellation error ~eps64 / eps ~ 1e-10, measured at 1e-9 to 1e-10 on the core ops.
-GRADCHECK_RTOL = 1e-7
+# Finite differences (GRADCHECK_RTOL, imported above) is defined beside the tool that uses it,
+# numpy_attention.gradcheck, which cannot import this package; its reasoning is there.
 
 # float32 against float32 (NumPy vs torch, same weights and inputs). Measured on the functional
 # core (B, H, N, M, D) in {(2,3,37,113,16), (1,1,203,128,64), (2,4,128,128,128)}, causal, 20 seeds:
@@ -107,15 +108,6 @@ def at_most_one_key(allowed: np.ndarray | None, m: int) -> bool:
     if allowed is None:
         return m <= 1
     return int(np.max(np.sum(allowed, axis=-1), initial=0)) <= 1
-
-
-def grad_scale(grads: Iterable[np.ndarray]) -> float:
-    """The largest |entry| of several gradients. Not a parity rule: as a floor it hides errors in
-    the smaller gradients (a 1% error in one 100 times smaller than the largest reads 1e-4). The
-    parity suite floors only structurally zero tensors, each on a named tensor's scale
-    (``structural_floors``), and so should every test.
-    """
-    return max((float(np.max(np.abs(g), initial=0.0)) for g in grads), default=0.0)
 
 
 def structural_floors(grads: Mapping[str, np.ndarray], *, one_key: bool) -> dict[str, float]:
