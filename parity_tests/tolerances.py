@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from numpy_attention.gradcheck import GRADCHECK_RTOL
+from numpy_attention.gradcheck import GRADCHECK_RTOL as GRADCHECK_RTOL
 
 # float64 against float64 (NumPy hand-derived backward vs torch autograd): both sides round at
 # eps64 = 2.2e-16 and reductions of up to ~1e4 terms grow that by at most ~1e2-1e3, so 1e-10 leaves
