@@ -17,7 +17,9 @@ is computed in float32 and returned as float16 (lse stays float32). Integer or b
 
 Derivation: docs/derivations/softmax.md, docs/derivations/attention.md and the pages it links
 (softcap, ALiBi and masks, windows, GQA, sinks, lse).
-Tests: tests/numpy_attention/test_functional.py, tests/numpy_attention/test_functional_ops.py.
+Tests: tests/numpy_attention/test_functional.py, test_functional_ops.py (softmax, heads),
+test_functional_options.py (today's options, edge rules), test_functional_properties.py
+(random combinations), all under tests/numpy_attention/.
 """
 
 from __future__ import annotations
@@ -227,7 +229,8 @@ def attention_backward(
     dS1 = dS * (1 - tanh^2(S1 / softcap)) (softcap only);
     dQ = dS1 K * scale;  dK = sum over the group of dS1^T (Q * scale).
     Hidden entries have P = 0, so dS = 0 there, and a row with nothing to attend to gets zero
-    gradient. Derivation: docs/derivations/attention.md (and softcap.md, gqa.md, sinks.md,
+    gradient. Derivation: docs/derivations/attention.md (and alibi.md, windows.md, softcap.md,
+    gqa.md, sinks.md,
     lse.md).
 
     Args:

@@ -24,7 +24,7 @@ Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M ke
 width, Dv value head width, G the product of q's leading axes (B * H), g a tile's share of them.
 
 Derivation: docs/derivations/attention.md (pipeline), softcap.md, alibi.md, windows.md,
-sinks.md, gqa.md. Tests: tests/numpy_attention/test_scores.py.
+sinks.md, gqa.md, lse.md. Tests: tests/numpy_attention/test_scores.py.
 """
 
 from __future__ import annotations
@@ -165,7 +165,9 @@ def prepare(
             if np.isneginf(float_mask).any():  # -inf in a float mask hides: replace, not add
                 hidden.append(np.isneginf(float_mask))
     if key_padding_mask is not None:
-        hidden.append(~masks.key_padding_allowed(key_padding_mask, q.shape, m))
+        padded = ~masks.key_padding_allowed(key_padding_mask, q.shape, m)  # (B, 1, .., 1, M)
+        hidden.append(padded)
+        k, v = _unread(k, padded), _unread(v, padded)
 
     p = validation.dropout_p(dropout_p)
     keep, seed = None, None
@@ -290,7 +292,23 @@ def _check_sinks(
         )
     if sinks.dtype != dtype:
         raise TypeError(f"sinks must have the dtype of q, k and v ({dtype}), got {sinks.dtype}")
+    if not np.all(np.isfinite(sinks)):
+        raise ValueError(f"sinks must be finite logits (None for no sinks), got {sinks}")
     return np.broadcast_to(sinks.astype(compute), lead).reshape(-1)  # (G,)
+
+
+def _unread(t: np.ndarray, padded: np.ndarray) -> np.ndarray:
+    """``t`` (k or v, (..., M, W)) with its padded rows set to 0 if any of them is not finite.
+
+    Padding is hidden from every query, so its scores are replaced, but the products P V (and
+    dS K in the backward) still multiply its rows by exact zeros, and IEEE makes 0 x NaN = NaN:
+    garbage in padding (an unwritten cache slot) would reach every row on the dense path and
+    the rows of the tiles that hold it on the tiled path. Rows no query sees are never read
+    instead, on both paths; finite padding is left as it is (the results do not change).
+    """
+    pad = padded[..., 0, :, None]  # scores (B, 1, .., 1, M) -> rows (B, 1, .., M, 1) of (..., M, W)
+    garbage = pad & ~np.isfinite(t)
+    return np.where(pad, t.dtype.type(0), t) if garbage.any() else t
 
 
 def _full_rank(mask: np.ndarray, rank: int) -> np.ndarray:

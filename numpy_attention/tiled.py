@@ -10,7 +10,7 @@ tiles nobody sees (so a window's cost grows linearly in N) and mask only the til
 softcap, ALiBi and masks apply per tile; a sink starts each row's online softmax as a state with
 no value (row max = the sink logit, row sum = 1). GQA: the query heads of one kv head share each
 key/value block through broadcasting, so K and V are never repeated. Memory is O(N * block) per
-head. Derivation: docs/derivations/tiled.md.
+head.
 
 Work is cut into independent tiles (a run of kv heads with their query heads at one index of
 the other leading axes, times one block) that ``threads.run`` spreads over the cores. Results do
@@ -22,7 +22,10 @@ Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M ke
 D head width, Dv value head width; O the product of q's leading axes but the heads axis, G = O * H
 the flattened leading indices; g, gk a tile's share of query heads and kv heads.
 
-Derivation: docs/derivations/tiled.md. Tests: tests/numpy_attention/test_tiled.py.
+Derivation: docs/derivations/tiled.md (the online softmax and the recomputing backward),
+windows.md (the tiles skipped), lse.md and sinks.md (delta - dlse, the sink as a starting state).
+Tests: tests/numpy_attention/test_tiled.py, and the random combinations of
+tests/numpy_attention/test_functional_properties.py.
 """
 
 from __future__ import annotations
@@ -201,7 +204,7 @@ def tiled_attention_backward(
     dS1 = dS * (1 - tanh^2) (softcap);  dQ_i += dS1 K_j * scale;  dK_j += dS1^T (Q_i * scale);
     dK, dV summed over each kv head's query heads; dsink_h = -sum over rows of
     exp(sink_h - lse) * delta. A dead row has lse = -inf and P = 0 in every tile: zero gradient.
-    Derivation: docs/derivations/tiled.md.
+    Derivation: docs/derivations/tiled.md, lse.md, sinks.md.
 
     Args:
         dout: (..., H, N, Dv) gradient of the output.

@@ -220,6 +220,26 @@ def test_a_non_finite_hidden_key_never_leaks(rng, impl, bad, hider):
 
 @NON_FINITE
 @pytest.mark.parametrize("impl", ["dense", "tiled"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_garbage_in_padding_is_never_read(rng, impl, bad):
+    """K and V rows that every query hides (key padding) are not multiplied by zeros but never
+    read: an unwritten slot leaves every output and gradient finite, on both paths."""
+    q, k, v = (rng.standard_normal((2, 2, 6, 3)) for _ in range(3))
+    padding = np.zeros((2, 6), dtype=bool)
+    padding[0, 4:] = True
+    clean = attention_forward(q, k, v, key_padding_mask=padding, impl=impl)
+    k[0, :, 4:], v[0, :, 4:] = bad, bad
+
+    result = attention_forward(q, k, v, key_padding_mask=padding, impl=impl)
+    grads = attention_backward(np.ones(result.out.shape), result.ctx)
+
+    np.testing.assert_array_equal(result.out, clean.out)
+    assert all(np.isfinite(grad).all() for grad in grads[:3])
+    assert np.all(grads.dk[0, :, 4:] == 0) and np.all(grads.dv[0, :, 4:] == 0)
+
+
+@NON_FINITE
+@pytest.mark.parametrize("impl", ["dense", "tiled"])
 def test_nan_reaches_exactly_the_rows_that_see_it(rng, impl):
     q, k, v = (rng.standard_normal((1, 1, 6, 3)) for _ in range(3))
     q[0, 0, 2, 1] = np.nan  # query row 2
@@ -264,6 +284,7 @@ BAD = [
     ({"alibi_slopes": np.ones(4, dtype=int)}, TypeError, "alibi_slopes must be a floating"),
     ({"sinks": np.ones(3)}, ValueError, r"sinks must be \(H,\)"),
     ({"sinks": np.ones(4, dtype=np.float32)}, TypeError, "sinks must have the dtype"),
+    ({"sinks": np.array([0.0, -np.inf, 1.0, 2.0])}, ValueError, "sinks must be finite"),
     ({"attn_mask": (np.ones((3, 5), bool), np.ones((3, 5)))}, TypeError, "attn_mask must be one"),
     (
         {"dropout_p": 0.1, "dropout_mask": np.ones((3, 5), int)},
