@@ -13,7 +13,9 @@ achieved GFLOP/s against NumPy's own matmul rate measured in the same run, and N
 traced memory; ``crossover``, the dense/tiled crossover that sets ``impl="auto"``; ``blocks``,
 the tiled path's block sizes; ``profile``, the tiled path's products alone against the whole;
 ``gpt2``, the GPT-2 layer (x (10, 512, 768), 12 heads) forward in NumPy against the torch mirror
-on SDPA. The issue's targets are reported where the parts they need ran.
+on SDPA; ``options`` and ``window``, the cost of today's options on the tiled path
+(``parity_tests/bench_options.py``). The issues' targets are reported where the parts they need
+ran.
 
 The report goes to stdout. Only ``--write-docs`` (with the whole benchmark) rewrites the
 generated block of docs/benchmarks.md and, when matplotlib is installed (the ``plot`` extra),
@@ -47,6 +49,8 @@ from numpy_attention.functional import merge_heads_forward
 from numpy_attention.fused import CausalSelfAttention, split_projection_forward
 from torch_attention.fused import CausalSelfAttention as TorchCausalSelfAttention
 
+from . import bench_options
+
 # (B, H, N, D), causal, float32; the last one is the long sequence.
 SHAPES = [
     (1, 12, 512, 64),
@@ -63,6 +67,7 @@ CROSSOVER_ROUNDS = 15  # dense and tiled alternate, so that load on a shared mac
 PROFILE = (1, 12, 2048, 64)  # block-size sweep, profile and the first two targets
 BLOCK_SWEEP = [(128, 128), (256, 256), (512, 512), (128, 512), (512, 128)]  # (block_q, block_k)
 LONG = (1, 4, 16384, 64)  # the memory target
+SDPA_TARGET_SHAPES = [(1, 12, 2048, 64), (1, 8, 4096, 64)]  # forward and fwd+bwd against SDPA
 GPT2 = {"batch": 10, "tokens": 512, "width": 768, "heads": 12}
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -305,10 +310,28 @@ def mib(size: float) -> str:
     return f"{size / 2**20:,.0f} MiB"
 
 
-def targets(rows: dict, layer: dict | None) -> list[str]:
-    """The issue's targets, as ratios from this run: those whose measurements ran."""
+def targets(
+    rows: dict, layer: dict | None, options: dict | None = None, window: dict | None = None
+) -> list[str]:
+    """The issues' targets, as ratios from this run: those whose measurements ran."""
     checks = []
     main = rows.get(PROFILE, {})
+    for shape in SDPA_TARGET_SHAPES:  # step 7: the plain path pushed to torch's fused kernel
+        if shape in rows:
+            checks += [
+                (
+                    f"NumPy tiled forward (inference) <= 1.0x torch SDPA at {shape}",
+                    rows[shape]["tiled fwd"] / rows[shape]["sdpa fwd"],
+                    1.0,
+                    "{:.2f}x",
+                ),
+                (
+                    f"NumPy tiled fwd+bwd <= 0.9x torch SDPA at {shape}",
+                    rows[shape]["tiled fwd+bwd"] / rows[shape]["sdpa fwd+bwd"],
+                    0.9,
+                    "{:.2f}x",
+                ),
+            ]
     if "eager fwd+bwd" in main:
         checks += [
             (
@@ -342,12 +365,13 @@ def targets(rows: dict, layer: dict | None) -> list[str]:
                 "{:.2f}x",
             )
         )
-    if not checks:
+    lines = [
+        f"| {name} | {fmt.format(value)} | {'yes' if value <= limit else 'no'} |"
+        for name, value, limit, fmt in checks
+    ] + bench_options.targets(options, window)
+    if not lines:
         return []
-    lines = ["### Targets", "", "| target | this run | met |", "|---|---|---|"]
-    for name, value, limit, fmt in checks:
-        lines.append(f"| {name} | {fmt.format(value)} | {'yes' if value <= limit else 'no'} |")
-    return [*lines, ""]
+    return ["### Targets", "", "| target | this run | met |", "|---|---|---|", *lines, ""]
 
 
 def shape_tables(rows: dict, rate: float) -> list[str]:
@@ -469,6 +493,8 @@ def report(
     cross: list | None = None,
     floor: dict | None = None,
     layer: dict | None = None,
+    options: dict | None = None,
+    window: dict | None = None,
 ) -> str:
     """The Markdown report of the parts that ran (None: the part did not run)."""
     lines = [
@@ -477,7 +503,7 @@ def report(
         f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s. "
         f"Times: the best of {repeats} runs after one warm-up (one run from N = 16384 on).",
         "",
-        *targets(rows or {}, layer),
+        *targets(rows or {}, layer, options, window),
     ]
     if rows:
         lines += shape_tables(rows, rate)
@@ -489,6 +515,10 @@ def report(
         lines += profile_lines(floor)
     if layer is not None:
         lines += layer_lines(layer)
+    if options is not None:
+        lines += bench_options.option_lines(options, seconds)
+    if window is not None:
+        lines += bench_options.window_lines(window, seconds)
     return "\n".join(lines).rstrip("\n")
 
 
@@ -533,7 +563,7 @@ def plot(rows: dict) -> Path | None:
     return path
 
 
-PARTS = ("shapes", "crossover", "blocks", "profile", "gpt2")
+PARTS = ("shapes", "crossover", "blocks", "profile", "gpt2", "options", "window")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -614,7 +644,9 @@ def main(argv: list[str] | None = None) -> int:
         whole = rows[PROFILE]["tiled fwd+bwd"] if rows and PROFILE in rows else None
         floor = tile_products_floor(PROFILE, repeats, whole)
     layer = gpt2_layer(repeats) if "gpt2" in parts else None
-    text = report(rate, repeats, rows, sweep, cross, floor, layer)
+    options_rows = bench_options.option_rows(best_time, repeats) if "options" in parts else None
+    window = bench_options.window_rows(best_time) if "window" in parts else None
+    text = report(rate, repeats, rows, sweep, cross, floor, layer, options_rows, window)
     print(text)
     if options.write_docs:
         write_doc(text)
