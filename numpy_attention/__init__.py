@@ -4,7 +4,21 @@ Shape legend used everywhere: B batch, H heads, N query length, M key/value leng
 width, D head width, Dv value head width.
 """
 
-from . import convert, functional, fused, masks, merge, scores, state, threads, tiled, varlen
+from . import (
+    convert,
+    functional,
+    fused,
+    grouped,
+    masks,
+    merge,
+    norms,
+    rope,
+    scores,
+    state,
+    threads,
+    tiled,
+    varlen,
+)
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -17,9 +31,12 @@ from .functional import attention_backward, attention_forward
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
+from .grouped import GroupedQueryAttention, KVCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
+from .norms import RMSNorm
+from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .state import load_module, save_module
 from .varlen import varlen_attention_backward, varlen_attention_forward
@@ -63,4 +80,13 @@ __all__ = [
     "state",
     "save_module",
     "load_module",
+    "grouped",
+    "norms",
+    "rope",
+    "GroupedQueryAttention",
+    "KVCache",
+    "RMSNorm",
+    "rope_backward",
+    "rope_forward",
+    "rope_inv_freq",
 ]

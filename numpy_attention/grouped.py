@@ -1,0 +1,451 @@
+"""Today's decoder attention: grouped-query attention with RoPE, optional QK-norm, a sliding window,
+softcap and sinks, and a KV cache for decoding, named like Hugging Face's Llama family so that
+its attention state dicts load without renaming.
+
+Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
+M keys attended (N without a cache; the cache's length after this call with one), C model width
+(``hidden_size``), D head width (``head_dim``).
+
+The layer's chain, and its backward walking it in reverse through the parts' own backwards:
+
+    q = rope(q_norm(split_heads(q_proj(x), H)))        (B, H, N, D)     q_norm: QK-norm only
+    k = rope(k_norm(split_heads(k_proj(x), H_kv)))     (B, H_kv, N, D)  (appended to the cache)
+    v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
+    o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
+    out = o_proj(merge_heads(o))                       (B, N, C)
+
+x feeds the query, key and value paths, so dx = dxq + dxk + dxv. ``rope_forward``,
+``rope_backward`` and ``RMSNorm`` live on the layers floor (``rope.py``, ``norms.py``) and are
+importable from here too.
+
+Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place, the cache),
+docs/derivations/rope.md, docs/derivations/rmsnorm.md.
+Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
+equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
+tests/numpy_attention/test_norms.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import validation
+from .functional import (
+    HeadsCtx,
+    attention_backward,
+    attention_forward,
+    merge_heads_backward,
+    merge_heads_forward,
+    split_heads_backward,
+    split_heads_forward,
+)
+from .grad_mode import no_grad
+from .layers import Linear, dropout_keep_mask
+from .module import Module
+from .norms import RMSNorm
+from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+
+__all__ = [
+    "GroupedQueryAttention",
+    "KVCache",
+    "RMSNorm",
+    "rope_backward",
+    "rope_forward",
+    "rope_inv_freq",
+]
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer, for decoding one token at a time.
+
+    ``k`` and ``v`` are (B, H_kv, max_len, D) arrays of which the first ``length`` positions are
+    filled. Keys are stored after RoPE, so a cached key never needs rotating again.
+
+    Args:
+        batch: B.
+        num_kv_heads: H_kv.
+        max_len: the most tokens the cache holds.
+        head_dim: D.
+        dtype: a floating dtype, that of the layer it serves.
+    """
+
+    def __init__(
+        self, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: Any
+    ) -> None:
+        batch = validation.positive_int("batch", batch)
+        num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
+        max_len = validation.positive_int("max_len", max_len)
+        head_dim = validation.positive_int("head_dim", head_dim)
+        dtype = np.dtype(dtype)
+        if not np.issubdtype(dtype, np.floating):
+            raise TypeError(f"KVCache needs a floating dtype, got {dtype}")
+        self.max_len = max_len
+        self.k = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype=dtype)
+        self.v = np.zeros_like(self.k)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """How many positions are filled."""
+        return self._length
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.k.dtype
+
+    def check_append(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Raise unless keys of ``shape`` (B, H_kv, N, D) and ``dtype`` fit: B, H_kv and D the
+        cache's, ``length + N <= max_len``, the cache's dtype. Writes nothing."""
+        batch, heads, _, width = self.k.shape
+        if len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, heads, width):
+            raise ValueError(
+                f"the cache holds (B, H_kv, max_len, D) = {self.k.shape}; keys and values to "
+                f"append must be ({batch}, {heads}, N, {width}), got {tuple(shape)}"
+            )
+        if dtype != self.dtype:
+            raise TypeError(f"the cache holds {self.dtype}, got keys and values of {dtype}")
+        needed = self._length + shape[2]
+        if needed > self.max_len:
+            raise ValueError(
+                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
+                f"+ {shape[2]} new tokens need a length of {needed}"
+            )
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write k and v (B, H_kv, N, D) after what is cached; nothing is written when they are
+        refused.
+
+        Returns:
+            keys and values so far, (B, H_kv, length, D) each: views of the cache.
+        """
+        k = validation.float_array("k", k)
+        v = validation.float_array("v", v)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have one shape, got k {k.shape} and v {v.shape}")
+        validation.same_dtype(k=k, v=v)
+        self.check_append(k.shape, k.dtype)
+        start, stop = self._length, self._length + k.shape[2]
+        self.k[:, :, start:stop] = k
+        self.v[:, :, start:stop] = v
+        self._length = stop
+        return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def reset(self) -> None:
+        """Forget every cached position (a new sequence); the arrays are kept."""
+        self._length = 0
+
+    def __repr__(self) -> str:
+        return f"KVCache(shape={self.k.shape}, dtype={self.dtype}, length={self._length})"
+
+
+# -- the layer ----------------------------------------------------------------------------------
+
+
+class _GroupedCtx(NamedTuple):
+    q_heads: HeadsCtx
+    k_heads: HeadsCtx
+    v_heads: HeadsCtx
+    q_rope: RopeCtx
+    k_rope: RopeCtx
+    attn: Any  # attention_forward's ctx (dense or tiled)
+    out_heads: HeadsCtx
+
+
+class _CachedForward(NamedTuple):
+    """What a forward with a cache leaves: nothing to differentiate."""
+
+
+class GroupedQueryAttention(Module):
+    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2 and
+    GPT-OSS.
+
+    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
+    ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
+    ``qk_norm``, ``q_norm`` and ``k_norm`` = RMSNorm(D, norm_eps) (per head, before RoPE, as in
+    Qwen3); with ``sinks``, ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs
+    like one key of score 0; trained or loaded values replace it).
+
+    Args:
+        hidden_size: C.
+        num_heads: H, a multiple of ``num_kv_heads``.
+        num_kv_heads: H_kv; H_kv = H is multi-head attention, 1 multi-query.
+        head_dim: D, even (RoPE rotates pairs); None for C // H (C must then divide by H).
+        bias: whether q_proj, k_proj and v_proj have biases (Qwen2, GPT-OSS).
+        out_bias: whether o_proj has a bias (GPT-OSS).
+        rope_theta: the RoPE base when ``inv_freq`` is None: inv_freq = rope_theta^(-2i/D).
+        inv_freq: (D/2,) RoPE frequencies used as given (a model's own; rope_theta is then
+            unused).
+        rope_attention_factor: multiplies RoPE's cos and sin (YaRN's, LongRoPE's factor).
+        rope_interleaved: RoPE's pairs are (x_2i, x_2i+1) instead of (x_i, x_i+D/2).
+        qk_norm: RMSNorm of q and k per head before RoPE.
+        norm_eps: the QK-norm's eps.
+        window: (left, right) as in ``attention_forward`` (query i sees keys i - left ..
+            i + right, intersected with causal; None sides unbounded), or None. Hugging Face's
+            ``sliding_window = W`` is (W - 1, 0).
+        softcap: > 0 caps the scores, ``softcap * tanh(S / softcap)`` (Gemma 2); 0 = off.
+        sinks: one learned sink logit per query head (GPT-OSS).
+        scaling: the score scale; None for 1 / sqrt(D) (Gemma 2: query_pre_attn_scalar^-0.5).
+        dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
+        rng: generator or seed for the projections' initial weights and the keep-masks drawn
+            in train mode.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool = False,
+        rope_theta: float = 10000.0,
+        inv_freq: Any = None,
+        rope_attention_factor: float = 1.0,
+        rope_interleaved: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float = 0.0,
+        sinks: bool = False,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
+        self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}) "
+                    "when head_dim is None"
+                )
+            head_dim = self.hidden_size // self.num_heads
+        self.head_dim = validation.positive_int("head_dim", head_dim)
+        if self.head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of coordinates: head_dim must be even, got {self.head_dim}"
+            )
+        self.inv_freq = _check_inv_freq(inv_freq, self.head_dim, rope_theta)
+        self.rope_attention_factor = validation.finite_real(
+            "rope_attention_factor", rope_attention_factor
+        )
+        self.rope_interleaved = validation.flag("rope_interleaved", rope_interleaved)
+        self.qk_norm = validation.flag("qk_norm", qk_norm)
+        norm_eps = validation.finite_real("norm_eps", norm_eps)
+        if norm_eps <= 0:
+            raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        self.window = _check_window(window)
+        self.softcap = validation.finite_real("softcap", softcap)
+        if self.softcap < 0:
+            raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
+        self.has_sinks = validation.flag("sinks", sinks)
+        self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
+        self.dropout = validation.dropout_p(dropout, "dropout")
+        self.rng = np.random.default_rng(rng)
+
+        width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = validation.flag("bias", bias)
+        out_bias = validation.flag("out_bias", out_bias)
+        self.q_proj = Linear(self.hidden_size, width, bias=bias, rng=self.rng)
+        self.k_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
+        self.v_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
+        self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, norm_eps)
+        if self.has_sinks:
+            self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
+
+    def constructor_args(self) -> dict[str, Any]:
+        """The base's, with an ``inv_freq`` array as a list of floats (exact: float64 holds
+        every float32 value), so that ``save_module`` can store it as JSON."""
+        args = super().constructor_args()
+        if args["inv_freq"] is not None:
+            args["inv_freq"] = np.asarray(args["inv_freq"], dtype=np.float64).tolist()
+        return args
+
+    def forward(
+        self,
+        x: np.ndarray,
+        *,
+        positions: Any = None,
+        key_padding_mask: np.ndarray | None = None,
+        cache: KVCache | None = None,
+        attn_dropout_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Causal self-attention of x's tokens over the cache's and their own.
+
+        Args:
+            x: (B, N, C).
+            positions: RoPE positions, (N,) or (B, N) (each batch element its own: left
+                padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
+            key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
+                or with a cache all ``cache.length + N`` of them.
+            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype: this call's keys and
+                values are appended and the queries attend with ``align="bottom-right"`` (token
+                i of x sits at position ``cache.length + i`` of the key axis). No backward
+                follows a forward with a cache.
+            attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+
+        Returns:
+            (B, N, C).
+        """
+        x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
+        b, n, _ = x.shape
+        start = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype)
+            start = cache.length
+        m = start + n
+        if positions is None:
+            positions = start + np.arange(n)
+        positions = check_positions(positions, (b, self.num_heads, n, self.head_dim))
+        padding = _key_padding(key_padding_mask, b, m, cache is not None)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout,
+            (b, self.num_heads, n, m),
+            self.training,
+            attn_dropout_mask,
+            self.rng,
+        )
+
+        # With a cache there is no backward: keep nothing (no probabilities, no projections' x).
+        with no_grad() if cache is not None else contextlib.nullcontext():
+            out, ctx = self._chain(x, positions, padding, keep, cache)
+        self._save_ctx(_CachedForward() if cache is not None else ctx, out)
+        return out
+
+    def _chain(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        padding: np.ndarray | None,
+        keep: np.ndarray | None,
+        cache: KVCache | None,
+    ) -> tuple[np.ndarray, _GroupedCtx]:
+        """The forward chain (see the module docstring); inputs already checked."""
+        rope: dict[str, Any] = {
+            "inv_freq": self.inv_freq,
+            "interleaved": self.rope_interleaved,
+            "attention_factor": self.rope_attention_factor,
+        }
+        q, q_heads = split_heads_forward(self.q_proj(x), self.num_heads)  # -> (B, H, N, D)
+        k, k_heads = split_heads_forward(self.k_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v, v_heads = split_heads_forward(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
+        q, q_rope = rope_forward(q, positions, **rope)
+        k, k_rope = rope_forward(k, positions, **rope)
+        if cache is not None:
+            k, v = cache.append(k, v)  # -> (B, H_kv, M, D), everything cached so far
+        attn = attention_forward(
+            q,
+            k,
+            v,
+            causal=True,
+            window=self.window,
+            align="bottom-right",  # query i at key position M - N + i (i without a cache)
+            key_padding_mask=padding,
+            scale=self.scaling,
+            softcap=self.softcap,
+            sinks=self.sinks if self.has_sinks else None,
+            enable_gqa=True,
+            dropout_p=self.dropout if keep is not None else 0.0,
+            dropout_mask=keep,
+        )  # (B, H, N, D)
+        merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
+        out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
+        ctx = _GroupedCtx(q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads)
+        return out, ctx
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Gradient of x; adds the gradients of every parameter.
+
+        dO = split(o_proj^T(dY));  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
+        summed over each group of H / H_kv query heads);  dQn = rope^T(dQr) (rotate by -angle);
+        dQh = q_norm^T(dQn);  dxq = q_proj^T(merge(dQh)), and likewise dxk, dxv;
+        dx = dxq + dxk + dxv. Derivation: docs/derivations/grouped.md.
+
+        Args:
+            dout: (B, N, C) gradient of the output of the last forward (one without a cache).
+
+        Returns:
+            dx (B, N, C).
+        """
+        saved = self._ctx
+        if saved is not None and isinstance(saved.ctx, _CachedForward):
+            raise RuntimeError(
+                "GroupedQueryAttention.backward follows a forward without a cache (the training "
+                "path); the last forward appended to a KVCache, which is inference only"
+            )
+        dout, ctx = self._pop_ctx(dout)
+        dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*D)
+        dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, D)
+        grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
+        if grads.dsinks is not None:  # with sinks
+            self._accumulate("sinks", grads.dsinks)
+        dq = rope_backward(grads.dq, ctx.q_rope)  # forward: q = rope(q_n)
+        dk = rope_backward(grads.dk, ctx.k_rope)
+        if self.qk_norm:
+            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)  # forward: q_n = norm(q_h)
+        dxq = self.q_proj.backward(split_heads_backward(dq, ctx.q_heads))  # (B, N, H*D) -> C
+        dxk = self.k_proj.backward(split_heads_backward(dk, ctx.k_heads))  # (B, N, H_kv*D) -> C
+        dxv = self.v_proj.backward(split_heads_backward(grads.dv, ctx.v_heads))
+        return dxq + dxk + dxv
+
+
+def _check_inv_freq(inv_freq: Any, head_dim: int, rope_theta: Any) -> np.ndarray:
+    """RoPE's (D/2,) frequencies in float64: given (finite, that length), or from rope_theta."""
+    if inv_freq is None:
+        return rope_inv_freq(head_dim, rope_theta)
+    validation.finite_real("rope_theta", rope_theta)
+    freqs = validation.float_array("inv_freq", inv_freq)
+    if freqs.shape != (head_dim // 2,):
+        raise ValueError(
+            f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got shape {freqs.shape}"
+        )
+    if not np.all(np.isfinite(freqs)):
+        raise ValueError("inv_freq must be finite")
+    return freqs.astype(np.float64)
+
+
+def _check_window(window: Any) -> tuple[int | None, int | None] | None:
+    """(left, right) with each side a non-negative int or None; None for no window."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be (left, right) or None, got {window!r}")
+    left, right = (
+        None if side is None else validation.non_negative_int(f"window[{i}]", side)
+        for i, side in enumerate(window)
+    )
+    return left, right
+
+
+def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:
+    """The key padding mask checked as bool (B, M), True = padding (None passes through)."""
+    if mask is None:
+        return None
+    mask = validation.bool_array("key_padding_mask", mask)
+    if mask.shape != (batch, m):
+        keys = "the cache's length after this call" if cached else "x's N"
+        raise ValueError(
+            f"key_padding_mask is (B, M) over the keys attended, M = {keys}: expected "
+            f"{(batch, m)}, got {mask.shape}"
+        )
+    return mask

@@ -1,0 +1,163 @@
+"""Rotary position embedding (RoPE): each pair of coordinates of a query or key head rotated by an
+angle proportional to the token's position, so that q_m . k_n depends on m - n alone.
+
+Shape legend: B batch, H heads, N sequence length, D head width (even); "..." leading axes.
+
+Pair i of D/2 turns by angle_i = position * inv_freq_i, with inv_freq_i = theta^(-2i / D) by
+default (``rope_inv_freq``). Two layouts say which coordinates form pair i:
+
+- half-split (``interleaved=False``, Llama / Hugging Face's ``rotate_half``): (x_i, x_{i + D/2});
+- interleaved (``interleaved=True``, GPT-J, Meta's original Llama): (x_{2i}, x_{2i+1}).
+
+Each pair (a, b) becomes f * (a cos - b sin, a sin + b cos), f the ``attention_factor`` that
+YaRN and LongRoPE multiply cos and sin by (1 elsewhere).
+
+Precision: angles are computed in float64 from float64 positions and ``inv_freq``, then cos and
+sin, and only the (N, D/2) tables are cast to x's dtype. A float32 angle at position 10^5 is off
+by up to 4e-3 rad (its spacing there), which float32 attention would inherit; the tables are
+small, and the rotation itself runs in x's dtype. Hugging Face computes the angles in float32
+from its float32 ``inv_freq``: a float32 frequency times an integer position is exact in float64,
+so passing the model's own ``inv_freq`` gives Hugging Face's angles up to its float32 rounding
+of the product (which is what a float64 comparison wants to leave out).
+
+Derivation: docs/derivations/rope.md.
+Tests: tests/numpy_attention/test_rope.py; in the layer, tests/numpy_attention/test_grouped.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import validation
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> np.ndarray:
+    """The default frequencies, ``1 / rope_theta ** (arange(0, D, 2) / D)``, float64 (D/2,).
+
+    Hugging Face computes the same formula in float32; a converted model passes its own
+    ``inv_freq`` instead (see the module docstring).
+    """
+    head_dim = validation.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim}"
+        )
+    theta = validation.finite_real("rope_theta", rope_theta)
+    if theta <= 0:
+        raise ValueError(f"rope_theta must be > 0, got {rope_theta}")
+    return 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+
+def check_positions(positions: Any, x_shape: tuple[int, ...]) -> np.ndarray:
+    """``positions`` checked against x (..., N, D): (N,), or (B, N) with B = x's first axis
+    (x (B, ..., N, D)); integer or float, finite. ``TypeError``/``ValueError`` naming the shapes.
+    """
+    positions = np.asarray(positions)
+    if positions.dtype.kind not in "iuf":
+        raise TypeError(f"positions must be integers (or floats), got dtype {positions.dtype}")
+    n = x_shape[-2]
+    batched = len(x_shape) >= 3 and positions.shape == (x_shape[0], n)
+    if positions.shape != (n,) and not batched:
+        per_batch = f" or (B, N) = {(x_shape[0], n)}" if len(x_shape) >= 3 else ""
+        raise ValueError(
+            f"positions must be (N,) = ({n},){per_batch} for x of shape {x_shape}, "
+            f"got {positions.shape}"
+        )
+    if positions.dtype.kind == "f" and not np.all(np.isfinite(positions)):
+        raise ValueError("positions must be finite")
+    return positions
+
+
+class RopeCtx(NamedTuple):
+    cos: np.ndarray  # f * cos(angle), (N, D/2) or (B, 1, ..., 1, N, D/2), x's dtype
+    sin: np.ndarray  # f * sin(angle), same shape
+    interleaved: bool
+    shape: tuple[int, ...]  # x's shape, which dout must have
+    dtype: np.dtype
+
+
+def rope_forward(
+    x: np.ndarray,
+    positions: Any,
+    *,
+    inv_freq: np.ndarray,
+    interleaved: bool = False,
+    attention_factor: float = 1.0,
+) -> tuple[np.ndarray, RopeCtx]:
+    """Rotate each pair of coordinates of x by angle = position * inv_freq, times f.
+
+    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+D/2}) (half-split) or
+    (x_{2i}, x_{2i+1}) (interleaved).
+
+    Args:
+        x: (..., N, D), D even; typically q or k (B, H, N, D).
+        positions: (N,), or (B, N) with B = x's first axis: each batch element its own positions
+            (left padding, cache offsets). Integers (or floats), finite.
+        inv_freq: (D/2,) frequencies, e.g. ``rope_inv_freq(D, theta)`` or a model's own.
+        interleaved: the pair layout (see the module docstring).
+        attention_factor: f, multiplies cos and sin (YaRN's and LongRoPE's attention factor).
+
+    Returns:
+        out (..., N, D) in x's dtype and the ctx for ``rope_backward`` (its cos and sin tables:
+        kept also under ``no_grad()``, as they cost nothing beyond the forward's own work).
+    """
+    x = validation.float_array("x", x)
+    if x.ndim < 2 or x.shape[-1] % 2 or x.shape[-1] == 0:
+        raise ValueError(
+            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
+            f"got shape {x.shape}"
+        )
+    half = x.shape[-1] // 2
+    positions = check_positions(positions, x.shape)
+    inv_freq = validation.float_array("inv_freq", inv_freq)
+    if inv_freq.shape != (half,):
+        raise ValueError(
+            f"inv_freq must be (D/2,) = ({half},) for x of shape {x.shape}, got {inv_freq.shape}"
+        )
+    interleaved = validation.flag("interleaved", interleaved)
+    factor = validation.finite_real("attention_factor", attention_factor)
+
+    # float64 angles (see the module docstring), then tables in x's dtype
+    angles = positions.astype(np.float64)[..., None] * inv_freq.astype(np.float64)  # (.., N, D/2)
+    cos = (np.cos(angles) * factor).astype(x.dtype)
+    sin = (np.sin(angles) * factor).astype(x.dtype)
+    if positions.ndim == 2:  # (B, N, D/2) -> (B, 1, ..., 1, N, D/2), against x (B, ..., N, D)
+        cos = cos.reshape(cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:])
+        sin = sin.reshape(cos.shape)
+    return _rotate(x, cos, sin, interleaved), RopeCtx(cos, sin, interleaved, x.shape, x.dtype)
+
+
+def rope_backward(dout: np.ndarray, ctx: RopeCtx) -> np.ndarray:
+    """Gradient of x: the forward is the linear map f R(angle) on each pair, so its backward is
+    the transpose, f R(angle)^T = f R(-angle):
+
+        (da, db) = f * (dy_a cos + dy_b sin, -dy_a sin + dy_b cos).
+
+    Derivation: docs/derivations/rope.md.
+
+    Args:
+        dout: (..., N, D), the shape of the forward's x.
+        ctx: from ``rope_forward``.
+
+    Returns:
+        dx (..., N, D) in x's dtype.
+    """
+    dout = validation.grad_output(dout, ctx.shape, ctx.dtype)
+    return _rotate(dout, ctx.cos, -ctx.sin, ctx.interleaved)  # rotate back: sin(-a) = -sin(a)
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    """(a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D)."""
+    first, second = (slice(0, None, 2), slice(1, None, 2)) if interleaved else _halves(x)
+    a, b = x[..., first], x[..., second]  # (..., N, D/2) each
+    out = np.empty_like(x)  # cos and sin broadcast against x's leading axes
+    out[..., first] = a * cos - b * sin
+    out[..., second] = a * sin + b * cos
+    return out
+
+
+def _halves(x: np.ndarray) -> tuple[slice, slice]:
+    half = x.shape[-1] // 2
+    return slice(0, half), slice(half, None)

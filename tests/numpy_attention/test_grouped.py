@@ -1,0 +1,535 @@
+"""GroupedQueryAttention and KVCache (numpy_attention.grouped): gradcheck and torch autograd of
+every option, GQA's grouping, float32, decoding with the cache equal to the full sequence, the
+cache's own contract, module files, and bad input refused before any work.
+
+The torch oracle is the layer written in torch ops: ``F.linear``, torch's ``F.rms_norm``,
+``test_rope.torch_rope``, and the attention of ``oracle.py`` (K and V repeated for GQA, the sink
+as one more softmax column), or ``F.scaled_dot_product_attention`` with ``enable_gqa`` where its
+options suffice.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from numpy_attention import gradcheck, load_module, no_grad, save_module
+from numpy_attention.grouped import GroupedQueryAttention, KVCache
+
+from ..conftest import assert_close, assert_gradcheck, to_torch
+from .oracle import attention as oracle_attention
+from .test_rope import torch_rope
+
+B, N, C, H, D = 2, 5, 6, 4, 4  # head_dim set apart from C // H
+KV_HEADS = [1, 2, 4]  # MQA, GQA, MHA
+DROPOUT = 0.3
+# float32 frequencies as a model hands them over (llama3-style: the low ones scaled down)
+MODEL_INV_FREQ = np.array([1.0, 0.0125], dtype=np.float32)
+
+# Each option on its own, and all of them together. Dropout runs in train mode with an explicit
+# keep-mask.
+OPTIONS = {
+    "plain": {},
+    "qk_norm": {"qk_norm": True, "norm_eps": 0.1},
+    "sinks": {"sinks": True},
+    "window": {"window": (2, 0)},
+    "softcap": {"softcap": 1.5},
+    "bias": {"bias": True},
+    "out_bias": {"out_bias": True},
+    "scaling": {"scaling": 0.8},
+    "dropout": {"dropout": DROPOUT},
+    "rope": {"rope_interleaved": True, "rope_attention_factor": 1.2, "rope_theta": 100.0},
+    "inv_freq": {"inv_freq": MODEL_INV_FREQ},
+    "everything": {
+        "qk_norm": True,
+        "norm_eps": 0.1,
+        "sinks": True,
+        "window": (2, None),
+        "softcap": 1.5,
+        "bias": True,
+        "out_bias": True,
+        "scaling": 0.8,
+        "dropout": DROPOUT,
+        "rope_interleaved": True,
+        "rope_attention_factor": 1.2,
+    },
+}
+
+
+def make_layer(rng, kv_heads=2, **options):
+    """A float64 layer; sinks and norm weights random (their initial zeros and ones would hide a
+    wrong gradient); train mode only with dropout (whose keep-masks the tests give)."""
+    layer = GroupedQueryAttention(C, H, kv_heads, head_dim=D, rng=rng, **options)
+    layer.astype(np.float64).train(options.get("dropout", 0.0) > 0)
+    state = layer.state_dict()
+    for name in ("sinks", "q_norm.weight", "k_norm.weight"):
+        if name in state:
+            state[name] = 1.0 + 0.5 * rng.standard_normal(state[name].shape)
+    layer.load_state_dict(state)
+    return layer
+
+
+def left_padded(batch, n, pads):
+    """Element b has ``pads[b]`` padding tokens on the left: key_padding_mask (B, N), True =
+    padding, and per-batch positions counting real tokens from 0 (0 on the padding too)."""
+    padding = np.arange(n)[None, :] < np.asarray(pads)[:, None]
+    positions = np.maximum(np.cumsum(~padding, axis=1) - 1, 0)
+    return padding, positions
+
+
+def forward_inputs(rng, layer, *, padded, n=N):
+    """x and the forward's keywords: left padding with per-batch positions when ``padded``, a
+    keep-mask when the layer is in train mode."""
+    x = rng.standard_normal((B, n, C))
+    options = {}
+    if padded:  # element 0: 2 padding tokens (two queries that see nothing), element 1: none
+        options["key_padding_mask"], options["positions"] = left_padded(B, n, [2, 0])
+    if layer.training:
+        options["attn_dropout_mask"] = rng.random((B, H, n, n)) >= DROPOUT
+    return x, options
+
+
+def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_dropout_mask=None,
+                attention=None):  # fmt: skip
+    """The layer in torch ops, from its constructor arguments ``args`` (constructor_args()).
+
+    x (B, N, C) and ``params`` (state-dict name -> tensor) are torch tensors; the others NumPy.
+    ``attention(q, k, v, visible, scale)`` replaces the oracle's attention where given.
+    """
+    b, n, _ = x.shape
+    heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
+
+    def project(name, count):
+        y = F.linear(x, params[f"{name}.weight"], params.get(f"{name}.bias"))
+        return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
+
+    q, k, v = project("q_proj", heads), project("k_proj", kv_heads), project("v_proj", kv_heads)
+    if args["qk_norm"]:
+        q = F.rms_norm(q, (d,), params["q_norm.weight"], args["norm_eps"])
+        k = F.rms_norm(k, (d,), params["k_norm.weight"], args["norm_eps"])
+    theta = args["rope_theta"]
+    inv_freq = (
+        1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        if args["inv_freq"] is None
+        else torch.tensor(args["inv_freq"], dtype=torch.float64)
+    )
+    positions = torch.arange(n) if positions is None else to_torch(positions)
+    rope = {"interleaved": args["rope_interleaved"], "factor": args["rope_attention_factor"]}
+    q, k = torch_rope(q, positions, inv_freq, **rope), torch_rope(k, positions, inv_freq, **rope)
+    padding = None if key_padding_mask is None else to_torch(key_padding_mask)
+    if attention is None:
+        out, _ = oracle_attention(
+            q, k, v, causal=True, window=args["window"], key_padding_mask=padding,
+            scale=args["scaling"], softcap=args["softcap"], sinks=params.get("sinks"),
+            enable_gqa=True, dropout_p=args["dropout"],
+            dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
+        )  # fmt: skip
+    else:
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        if args["window"] is not None:
+            visible &= torch.ones(n, n, dtype=torch.bool).triu(-args["window"][0])
+        if padding is not None:
+            visible = visible & ~padding[:, None, None, :]  # (B, 1, N, N)
+        out = attention(q, k, v, visible, args["scaling"])
+    out = out.transpose(1, 2).reshape(b, n, heads * d)  # (B, H, N, D) -> (B, N, H*D)
+    return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
+
+
+def torch_grads(layer, x, dout, attention=None, **forward):
+    """Output and gradients (dx and every parameter's, by name) of ``torch_layer``, as NumPy."""
+    tx = to_torch(x, requires_grad=True)
+    params = {
+        name: to_torch(value, requires_grad=True) for name, value in layer.state_dict().items()
+    }
+    out = torch_layer(tx, params, layer.constructor_args(), attention=attention, **forward)
+    out.backward(to_torch(dout))
+    grads = {name: tensor.grad.numpy() for name, tensor in params.items()}
+    return out.detach().numpy(), tx.grad.numpy(), grads
+
+
+def assert_matches(layer, x, dout, expected, **forward):
+    """The layer's forward and backward against (out, dx, grads by name)."""
+    out_expected, dx_expected, grads_expected = expected
+
+    out = layer(x, **forward)
+    dx = layer.backward(dout)
+
+    assert_close(out, out_expected, name="out")
+    assert_close(dx, dx_expected, name="dx")
+    grads = layer.named_grads()
+    assert sorted(grads) == sorted(grads_expected)
+    for name, grad in grads_expected.items():
+        assert_close(grads[name], grad, name=name)
+
+
+# -- gradients and values, option by option ---------------------------------------------------
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_matches_torch_autograd(rng, option, kv_heads, padded):
+    layer = make_layer(rng, kv_heads, **OPTIONS[option])
+    x, forward = forward_inputs(rng, layer, padded=padded)
+    dout = rng.standard_normal((B, N, C))
+
+    assert_matches(layer, x, dout, torch_grads(layer, x, dout, **forward), **forward)
+
+
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
+    """The oracle's attention replaced by torch's own SDPA (K and V not repeated by hand)."""
+
+    def sdpa(q, k, v, visible, scale):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible, scale=scale, enable_gqa=True
+        )
+
+    layer = make_layer(rng, kv_heads, window=(1, 0), scaling=0.7, bias=True)
+    x, forward = forward_inputs(rng, layer, padded=padded)
+    dout = rng.standard_normal((B, N, C))
+
+    assert_matches(
+        layer, x, dout, torch_grads(layer, x, dout, attention=sdpa, **forward), **forward
+    )
+
+
+@pytest.mark.parametrize("option", ["plain", "everything"])
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+def test_gradcheck(rng, option, kv_heads):
+    layer = make_layer(rng, kv_heads, **OPTIONS[option])
+    x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
+
+    assert_gradcheck(gradcheck(layer, x, **forward))
+
+
+def test_kv_heads_are_shared_by_consecutive_query_heads(rng):
+    """GQA with H_kv kv heads is MHA whose kv head h is kv head h // (H / H_kv): the same
+    output, and each shared kv weight's gradient is the sum of its group's gradients."""
+    group = H // 2
+    gqa = make_layer(rng, 2, bias=True)
+    mha = make_layer(rng, H, bias=True)
+    state = gqa.state_dict()
+    repeated = {  # rows of kv head c, repeated for each query head of its group
+        name: np.repeat(state[name].reshape(2, D, -1), group, axis=0).reshape(H * D, -1)
+        for name in ("k_proj.weight", "v_proj.weight")
+    }
+    repeated.update(
+        {
+            name: np.repeat(state[name].reshape(2, D), group, axis=0).reshape(H * D)
+            for name in ("k_proj.bias", "v_proj.bias")
+        }
+    )
+    mha.load_state_dict({**state, **repeated})
+    x = rng.standard_normal((B, N, C))
+    dout = rng.standard_normal((B, N, C))
+
+    out_gqa, out_mha = gqa(x), mha(x)
+    dx_gqa, dx_mha = gqa.backward(dout), mha.backward(dout)
+
+    assert_close(out_gqa, out_mha, name="out")
+    assert_close(dx_gqa, dx_mha, name="dx")
+    for name, grad in gqa.named_grads().items():
+        summed = mha.named_grads()[name]
+        if name.split(".")[0] in ("k_proj", "v_proj"):  # (H*D, ...) -> sum over each group
+            summed = summed.reshape(2, group, D, -1).sum(axis=1).reshape(grad.shape)
+        assert_close(grad, summed, name=name)
+
+
+def test_float32_follows_float64(rng):
+    layer64 = make_layer(rng, 2, **OPTIONS["everything"])
+    layer32 = copy.deepcopy(layer64).astype(np.float32)
+    x, forward = forward_inputs(rng, layer64, padded=True)
+    dout = rng.standard_normal((B, N, C))
+
+    out32 = layer32(x.astype(np.float32), **forward)
+    dx32 = layer32.backward(dout.astype(np.float32))
+    out64 = layer64(x, **forward)
+    dx64 = layer64.backward(dout)
+
+    assert out32.dtype == dx32.dtype == np.float32
+    assert_close(out32, out64, dtype=np.float32, name="out")
+    assert_close(dx32, dx64, dtype=np.float32, name="dx")
+    for name, grad in layer64.named_grads().items():
+        assert layer32.named_grads()[name].dtype == np.float32
+        assert_close(layer32.named_grads()[name], grad, dtype=np.float32, name=name)
+
+
+def test_dropout_draws_from_the_layers_generator_and_is_off_in_eval(rng):
+    layer = make_layer(rng, 2, dropout=DROPOUT)
+    x = rng.standard_normal((B, N, C))
+    twin = copy.deepcopy(layer)  # the same generator state
+
+    drawn = layer(x)
+    keep = twin.rng.random((B, H, N, N)) >= DROPOUT  # what the layer's generator gave
+    explicit = twin(x, attn_dropout_mask=keep)
+    evaluated = layer.eval()(x)
+    without = copy.deepcopy(layer)
+    without.dropout = 0.0
+
+    np.testing.assert_array_equal(drawn, explicit)
+    np.testing.assert_array_equal(evaluated, without(x))
+    assert np.abs(drawn - evaluated).max() > 1e-3
+    with pytest.raises(ValueError, match="attn_dropout_mask was given in eval mode"):
+        layer(x, attn_dropout_mask=keep)
+
+
+# -- decoding with the cache ------------------------------------------------------------------
+
+DECODE = {
+    "plain": ({}, 2),
+    "left_padding": ({}, 2),
+    "window": ({"window": (2, 0)}, 2),  # a window shorter than the sequence
+    "sinks_softcap_qk_norm": (
+        {"sinks": True, "softcap": 1.5, "qk_norm": True, "bias": True, "scaling": 0.8},
+        2,
+    ),
+    "mqa_interleaved": ({"rope_interleaved": True, "rope_attention_factor": 1.2}, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE))
+@pytest.mark.parametrize("step", [1, 2])
+def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step):
+    """Prefill 3 tokens, then ``step`` tokens at a time: every row as the full forward's."""
+    options, kv_heads = DECODE[case]
+    n, prefill = 9, 3
+    layer = make_layer(rng, kv_heads, **options)
+    x = rng.standard_normal((B, n, C))
+    forward = {}
+    if case == "left_padding":  # element 0: 2 padding tokens, element 1: 4
+        forward["key_padding_mask"], forward["positions"] = left_padded(B, n, [2, 4])
+    cache = KVCache(B, kv_heads, n + 1, D, np.float64)
+
+    full = layer(x, **forward)
+    outs = []
+    for start, stop in [(0, prefill), *((t, t + step) for t in range(prefill, n, step))]:
+        stop = min(stop, n)
+        part = {}
+        if forward:  # positions of these tokens; padding over everything cached
+            part = {
+                "positions": forward["positions"][:, start:stop],
+                "key_padding_mask": forward["key_padding_mask"][:, :stop],
+            }
+        outs.append(layer(x[:, start:stop], cache=cache, **part))
+
+    assert cache.length == n
+    assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
+
+
+def test_default_positions_continue_from_the_cache(rng):
+    """Without positions, a call with a cache puts its tokens at cache.length + arange(N)."""
+    layer = make_layer(rng, 2)
+    x = rng.standard_normal((B, 4, C))
+    cache = KVCache(B, 2, 4, D, np.float64)
+    layer(x[:, :3], cache=cache)
+    reference = KVCache(B, 2, 4, D, np.float64)
+    layer(x[:, :3], cache=reference)
+
+    implicit = layer(x[:, 3:], cache=cache)
+    explicit = layer(x[:, 3:], cache=reference, positions=np.array([3]))
+    shifted = layer(x[:, 3:], cache=KVCache(B, 2, 4, D, np.float64), positions=np.array([3]))
+
+    np.testing.assert_array_equal(implicit, explicit)
+    np.testing.assert_array_equal(cache.k, reference.k)
+    assert np.abs(implicit - shifted).max() > 1e-3  # the cache is attended, not only positions
+
+
+def test_backward_after_a_cached_forward_is_refused(rng):
+    layer = make_layer(rng, 2)
+    x = rng.standard_normal((B, 3, C))
+    layer(x, cache=KVCache(B, 2, 3, D, np.float64))
+
+    with pytest.raises(RuntimeError, match="last forward appended to a KVCache"):
+        layer.backward(np.ones((B, 3, C)))
+
+
+# -- the cache itself -------------------------------------------------------------------------
+
+
+def test_cache_appends_and_returns_views_of_everything_so_far(rng):
+    cache = KVCache(B, 2, 6, D, np.float32)
+    k1, v1 = rng.standard_normal((2, B, 2, 4, D)).astype(np.float32)
+    k2, v2 = rng.standard_normal((2, B, 2, 1, D)).astype(np.float32)
+
+    cache.append(k1, v1)
+    keys, values = cache.append(k2, v2)
+
+    assert cache.length == 5 and keys.shape == values.shape == (B, 2, 5, D)
+    np.testing.assert_array_equal(keys, np.concatenate([k1, k2], axis=2))
+    np.testing.assert_array_equal(values, np.concatenate([v1, v2], axis=2))
+    assert np.shares_memory(keys, cache.k) and np.shares_memory(values, cache.v)
+    cache.reset()
+    assert cache.length == 0
+    keys, _ = cache.append(k2, v2)
+    np.testing.assert_array_equal(keys, k2)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "error", "match"),
+    [
+        ((B, 2, 3, D), np.float64, ValueError, "too short: max_len = 4.*2 cached.*3 new.*5"),
+        ((B + 1, 2, 1, D), np.float64, ValueError, r"\(2, 2, N, 4\), got \(3, 2, 1, 4\)"),
+        ((B, 1, 1, D), np.float64, ValueError, r"\(2, 2, N, 4\), got \(2, 1, 1, 4\)"),
+        ((B, 2, 1, D + 2), np.float64, ValueError, r"\(2, 2, N, 4\), got \(2, 2, 1, 6\)"),
+        ((B, 2, 1, D), np.float32, TypeError, "cache holds float64, got .* float32"),
+    ],
+)
+def test_cache_refuses_what_does_not_fit_and_writes_nothing(rng, shape, dtype, error, match):
+    cache = KVCache(B, 2, 4, D, np.float64)
+    cache.append(*rng.standard_normal((2, B, 2, 2, D)))
+    before = cache.k.copy(), cache.v.copy()
+    k, v = rng.standard_normal((2, *shape)).astype(dtype)
+
+    with pytest.raises(error, match=match):
+        cache.append(k, v)
+
+    assert cache.length == 2
+    np.testing.assert_array_equal(cache.k, before[0])
+    np.testing.assert_array_equal(cache.v, before[1])
+
+
+def test_cache_refuses_bad_construction_and_mismatched_k_v():
+    with pytest.raises(TypeError, match="KVCache needs a floating dtype, got int64"):
+        KVCache(B, 2, 4, D, np.int64)
+    with pytest.raises(ValueError, match="max_len must be a positive int"):
+        KVCache(B, 2, 0, D, np.float64)
+    with pytest.raises(ValueError, match=r"k and v must have one shape"):
+        KVCache(B, 2, 4, D, np.float64).append(np.zeros((B, 2, 1, D)), np.zeros((B, 2, 2, D)))
+
+
+# -- the layer's contract: parameters, module files, bad input --------------------------------
+
+
+def test_parameters_are_named_like_hugging_face(rng):
+    layer = GroupedQueryAttention(8, 4, 2, bias=True, qk_norm=True, sinks=True, rng=rng)
+    plain = GroupedQueryAttention(8, 4, 2, rng=rng)
+
+    shapes = {name: value.shape for name, value in layer.state_dict().items()}
+    assert shapes == {
+        "sinks": (4,),
+        "q_proj.weight": (8, 8),
+        "q_proj.bias": (8,),
+        "k_proj.weight": (4, 8),
+        "k_proj.bias": (4,),
+        "v_proj.weight": (4, 8),
+        "v_proj.bias": (4,),
+        "o_proj.weight": (8, 8),
+        "q_norm.weight": (2,),
+        "k_norm.weight": (2,),
+    }
+    assert list(plain.state_dict()) == [
+        f"{proj}.weight" for proj in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ]
+    assert layer.dtype == np.float32 and np.all(layer.sinks == 0)
+
+
+def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
+    options = {"inv_freq": MODEL_INV_FREQ, "window": (3, 0), "qk_norm": True, "sinks": True}
+    layer = make_layer(rng, 2, **options)
+    path = tmp_path / "gqa.npz"
+    x = rng.standard_normal((B, N, C))
+
+    save_module(path, layer)
+    loaded = load_module(path, make_layer(np.random.default_rng(0), 2, **options))
+
+    assert loaded.constructor_args()["inv_freq"] == MODEL_INV_FREQ.astype(float).tolist()
+    np.testing.assert_array_equal(loaded(x), layer(x))
+    with pytest.raises(ValueError, match=r"gqa\.npz.*window"):
+        load_module(path, make_layer(rng, 2, **{**options, "window": (2, 0)}))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((8, 6, 4), {}, ValueError, r"num_heads \(6\) must be a multiple of num_kv_heads \(4\)"),
+        ((10, 4, 2), {}, ValueError, r"hidden_size \(10\) must be divisible by num_heads \(4\)"),
+        ((8, 4, 2), {"head_dim": 3}, ValueError, "head_dim must be even, got 3"),
+        ((6, 2, 2), {}, ValueError, "head_dim must be even, got 3"),
+        ((8, 4, 2), {"inv_freq": np.ones(2)}, ValueError, r"inv_freq must be .* \(1,\), got .*2"),
+        ((8, 4, 2), {"window": (-1, 0)}, ValueError, r"window\[0\] must be a non-negative int"),
+        ((8, 4, 2), {"window": 4}, TypeError, r"window must be \(left, right\) or None"),
+        ((8, 4, 2), {"softcap": -1.0}, ValueError, "softcap must be >= 0"),
+        ((8, 4, 2), {"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
+        ((8, 4, 2), {"norm_eps": 0.0}, ValueError, "norm_eps must be > 0"),
+        ((8, 4, 2), {"scaling": np.nan}, ValueError, "scaling must be finite"),
+        ((8, 4, 2), {"sinks": 1}, TypeError, "sinks must be a bool"),
+    ],
+)
+def test_bad_construction_is_refused(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        GroupedQueryAttention(*args, **kwargs)
+
+
+def test_weights_of_another_head_dim_are_refused(rng):
+    state = GroupedQueryAttention(8, 4, 2, head_dim=4, rng=rng).state_dict()
+
+    with pytest.raises(ValueError, match=r"q_proj\.weight.*\(16, 8\).*\(8, 8\)"):
+        GroupedQueryAttention(8, 4, 2, rng=rng).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("forward", "error", "match"),
+    [
+        ({"positions": np.arange(4)}, ValueError, r"positions must be \(N,\) = \(3,\)"),
+        ({"positions": np.zeros((B + 1, 3), int)}, ValueError, r"\(B, N\) = \(2, 3\).*\(3, 3\)"),
+        ({"positions": np.zeros(3, bool)}, TypeError, "positions must be integers"),
+        ({"key_padding_mask": np.zeros((B, 3), bool)}, ValueError, r"cache's length.*\(2, 5\)"),
+        ({"cache": KVCache(B, 2, 2, D, np.float64)}, ValueError, "max_len = 2.*length of 3"),
+        ({"cache": KVCache(B + 1, 2, 8, D, np.float64)}, ValueError, r"\(3, 2, 8, 4\)"),
+        ({"cache": KVCache(B, 1, 8, D, np.float64)}, ValueError, r"\(2, 1, 8, 4\)"),
+        ({"cache": KVCache(B, 2, 8, D + 2, np.float64)}, ValueError, r"\(2, 2, 8, 6\)"),
+        ({"cache": KVCache(B, 2, 8, D, np.float32)}, TypeError, "holds float32.*float64"),
+        ({"cache": "cache"}, TypeError, "cache must be a KVCache, got str"),
+    ],
+)
+def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward, error, match):
+    """Nothing is projected and nothing is written to any cache."""
+    layer = make_layer(rng, 2)
+    cache = KVCache(B, 2, 8, D, np.float64)
+    layer(rng.standard_normal((B, 2, C)), cache=cache)  # 2 tokens cached
+    given = forward.get("cache")
+    if not isinstance(given, (KVCache, str)):
+        forward = {**forward, "cache": cache}
+    caches = [c for c in (cache, given) if isinstance(c, KVCache)]
+    before = [(c.length, c.k.copy(), c.v.copy()) for c in caches]
+
+    def projected(x):
+        raise AssertionError("q_proj ran before the input was checked")
+
+    monkeypatch.setattr(layer.q_proj, "forward", projected)
+    with pytest.raises(error, match=match):
+        layer(rng.standard_normal((B, 3, C)), **forward)
+
+    for c, (length, k, v) in zip(caches, before, strict=True):
+        assert c.length == length
+        np.testing.assert_array_equal(c.k, k)
+        np.testing.assert_array_equal(c.v, v)
+
+
+@pytest.mark.parametrize(
+    ("x", "error", "match"),
+    [
+        (np.zeros((B, N, C + 1)), ValueError, r"x has last axis 7"),
+        (np.zeros((N, C)), ValueError, r"x must have rank 3"),
+        (np.zeros((B, N, C), np.float32), TypeError, "x has dtype float32"),
+    ],
+)
+def test_bad_x_is_refused(rng, x, error, match):
+    with pytest.raises(error, match=match):
+        make_layer(rng, 2)(x)
+
+
+def test_no_grad_forward_keeps_nothing(rng):
+    layer = make_layer(rng, 2, qk_norm=True)
+
+    with no_grad():
+        layer(rng.standard_normal((B, N, C)))
+
+    with pytest.raises(RuntimeError, match="forward first"):
+        layer.backward(np.ones((B, N, C)))

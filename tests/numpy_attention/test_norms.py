@@ -1,0 +1,141 @@
+"""RMSNorm (numpy_attention.norms): gradcheck of the pure pair and the layer, torch's own
+``F.rms_norm`` under autograd in float64, float32, the layer's parameter and gradient
+accumulation, bad input."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from numpy_attention.gradcheck import gradcheck
+from numpy_attention.norms import RMSNorm, rmsnorm_backward, rmsnorm_forward
+
+from ..conftest import assert_close, assert_gradcheck, to_torch
+
+B, H, N, D = 2, 3, 5, 8
+SHAPES = [(D,), (N, D), (B, H, N, D)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gradcheck_of_the_pure_pair(rng, shape):
+    x = rng.standard_normal(shape)
+    weight = rng.standard_normal(D)
+
+    # eps through partial: gradcheck's own ``eps`` keyword is its finite-difference step
+    report = gradcheck(partial(rmsnorm_forward, eps=0.3), x, weight, backward=rmsnorm_backward)
+
+    assert_gradcheck(report)
+
+
+def test_gradcheck_of_the_layer(rng):
+    layer = RMSNorm(D, eps=0.1)
+    layer.load_state_dict({"weight": rng.standard_normal(D)})
+
+    assert_gradcheck(gradcheck(layer, rng.standard_normal((B, H, N, D))))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_matches_torch_rms_norm_under_autograd(rng, shape, eps):
+    layer = RMSNorm(D, eps=eps).astype(np.float64)
+    layer.load_state_dict({"weight": rng.standard_normal(D)})
+    x = 3.0 * rng.standard_normal(shape)
+    dout = rng.standard_normal(shape)
+    tx = to_torch(x, requires_grad=True)
+    tweight = to_torch(layer.weight, requires_grad=True)
+
+    out = layer(x)
+    dx = layer.backward(dout)
+    expected = torch.nn.functional.rms_norm(tx, (D,), tweight, eps)
+    expected.backward(to_torch(dout))
+
+    assert_close(out, expected, name="out")
+    assert_close(dx, tx.grad, name="dx")
+    assert_close(layer.named_grads()["weight"], tweight.grad, name="weight")
+
+
+def test_float32_is_computed_in_float32(rng):
+    x = rng.standard_normal((B, N, D))
+    weight = rng.standard_normal(D)
+    dout = rng.standard_normal(x.shape)
+
+    out32, ctx32 = rmsnorm_forward(x.astype(np.float32), weight.astype(np.float32))
+    dx32, dweight32 = rmsnorm_backward(dout.astype(np.float32), ctx32)
+    out64, ctx64 = rmsnorm_forward(x, weight)
+    dx64, dweight64 = rmsnorm_backward(dout, ctx64)
+
+    assert out32.dtype == dx32.dtype == dweight32.dtype == ctx32.inv_rms.dtype == np.float32
+    assert_close(out32, out64, dtype=np.float32, name="out")
+    assert_close(dx32, dx64, dtype=np.float32, name="dx")
+    assert_close(dweight32, dweight64, dtype=np.float32, name="dweight")
+
+
+def test_layer_starts_at_ones_and_accumulates_its_gradient(rng):
+    assert RMSNorm(D).weight.dtype == np.float32  # like every layer's parameters
+    layer = RMSNorm(D).astype(np.float64)
+    x = rng.standard_normal((N, D))
+    dout = rng.standard_normal((N, D))
+
+    out = layer(x)
+    layer.backward(dout)
+    layer(x)
+    layer.backward(dout)
+
+    assert list(layer.state_dict()) == ["weight"]
+    assert np.array_equal(layer.weight, np.ones(D))
+    mean_square = np.mean(x**2, axis=-1, keepdims=True)
+    # weight ones: rms(out) = rms(x) / sqrt(mean(x^2) + eps), 1 but for eps
+    assert_close(
+        np.sqrt(np.mean(out**2, axis=-1, keepdims=True)),
+        np.sqrt(mean_square / (mean_square + 1e-6)),
+        name="rms of the output",
+    )
+    expected = 2 * (dout * x / np.sqrt(mean_square + 1e-6)).sum(0)
+    assert_close(layer.named_grads()["weight"], expected, name="2 x dweight")
+    assert layer.constructor_args() == {"dim": D, "eps": 1e-6}
+
+
+@pytest.mark.parametrize(
+    ("x", "error", "match"),
+    [
+        (
+            np.zeros((N, D + 1), np.float32),
+            ValueError,
+            r"RMSNorm expects x \(\.\.\., 8\).*\(5, 9\)",
+        ),
+        (np.zeros((N, D)), TypeError, "x has dtype float64 but RMSNorm's weight is float32"),
+        (np.zeros((N, D), int), TypeError, "x must be a floating-point array"),
+    ],
+)
+def test_layer_refuses_bad_input(x, error, match):
+    with pytest.raises(error, match=match):
+        RMSNorm(D)(x)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((0,), ValueError, "dim must be a positive int"),
+        ((D, 0.0), ValueError, "eps must be > 0"),
+        ((D, np.nan), ValueError, "eps must be finite"),
+        ((D, "1e-6"), TypeError, "eps must be a real number"),
+    ],
+)
+def test_layer_refuses_bad_arguments(args, error, match):
+    with pytest.raises(error, match=match):
+        RMSNorm(*args)
+
+
+def test_pure_pair_refuses_bad_input(rng):
+    x = rng.standard_normal((N, D))
+
+    with pytest.raises(ValueError, match=r"x \(5, 8\) and weight \(7,\)"):
+        rmsnorm_forward(x, np.ones(D - 1))
+    with pytest.raises(TypeError, match="x float64, weight float32"):
+        rmsnorm_forward(x, np.ones(D, np.float32))
+    _, ctx = rmsnorm_forward(x, np.ones(D))
+    with pytest.raises(ValueError, match=r"dout must have the output's shape \(5, 8\)"):
+        rmsnorm_backward(np.zeros((N, D - 1)), ctx)
