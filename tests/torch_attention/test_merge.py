@@ -185,16 +185,18 @@ def test_float32_stays_float32_and_matches_float64(rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_outputs_are_merged_in_float32_and_rounded_once(rng, dtype):
+@pytest.mark.parametrize("lse_dtype", ["float32", "half"])
+def test_half_inputs_are_merged_in_float32_and_rounded_once(rng, dtype, lse_dtype):
+    lse_type = torch.float32 if lse_dtype == "float32" else dtype
     outs = [to_torch(rng.standard_normal((*LEAD, N, DV))).to(dtype) for _ in "ab"]
-    lses = [to_torch(rng.standard_normal((*LEAD, N))).float() for _ in "ab"]
+    lses = [to_torch(rng.standard_normal((*LEAD, N))).to(lse_type) for _ in "ab"]
 
     out, lse = merge_attention(outs[0], lses[0], outs[1], lses[1])
-    wide_out, wide_lse = merge_attention(outs[0].float(), lses[0], outs[1].float(), lses[1])
+    wide_out, wide_lse = merge_attention(*(t.float() for t in (outs[0], lses[0], outs[1], lses[1])))
 
-    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert out.dtype == dtype and lse.dtype == lse_type
     assert torch.equal(out, wide_out.to(dtype))
-    assert torch.equal(lse, wide_lse)
+    assert torch.equal(lse, wide_lse.to(lse_type))
 
 
 # -- bad input ----------------------------------------------------------------------------------
