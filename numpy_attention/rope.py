@@ -14,7 +14,7 @@ YaRN and LongRoPE multiply cos and sin by (1 elsewhere).
 
 Precision: angles are computed in float64 from float64 positions and ``inv_freq``, then cos and
 sin, and only the (N, D/2) tables are cast to x's dtype. A float32 angle at position 10^5 is off
-by up to 4e-3 rad (its spacing there), which float32 attention would inherit; the tables are
+by up to 4e-3 rad (half its spacing there), which float32 attention would inherit; the tables are
 small, and the rotation itself runs in x's dtype. Hugging Face computes the angles in float32
 from its float32 ``inv_freq``: a float32 frequency times an integer position is exact in float64,
 so passing the model's own ``inv_freq`` gives Hugging Face's angles up to its float32 rounding
