@@ -269,11 +269,14 @@ class GroupedQueryAttention(Module):
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
 
     def constructor_args(self) -> dict[str, Any]:
-        """The base's, with an ``inv_freq`` array as a list of floats (exact: float64 holds
-        every float32 value), so that ``save_module`` can store it as JSON."""
+        """The base's, in a form that survives JSON (``save_module``): an ``inv_freq`` array as
+        a list of floats (exact: float64 holds every float32 value), ``window`` as a tuple
+        whether it was given as a tuple or as the list JSON reads back."""
         args = super().constructor_args()
         if args["inv_freq"] is not None:
             args["inv_freq"] = np.asarray(args["inv_freq"], dtype=np.float64).tolist()
+        if args["window"] is not None:
+            args["window"] = tuple(args["window"])
         return args
 
     def forward(

@@ -11,6 +11,7 @@ options suffice.
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -437,8 +438,12 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
 
     save_module(path, layer)
     loaded = load_module(path, make_layer(np.random.default_rng(0), 2, **options))
+    # what load_module does to rebuild a layer: its arguments, through JSON
+    rebuilt = GroupedQueryAttention(**json.loads(json.dumps(layer.constructor_args())))
 
     assert loaded.constructor_args()["inv_freq"] == MODEL_INV_FREQ.astype(float).tolist()
+    assert rebuilt.constructor_args() == layer.constructor_args()
+    np.testing.assert_array_equal(rebuilt.inv_freq, MODEL_INV_FREQ)
     np.testing.assert_array_equal(loaded(x), layer(x))
     with pytest.raises(ValueError, match=r"gqa\.npz.*window"):
         load_module(path, make_layer(rng, 2, **{**options, "window": (2, 0)}))
