@@ -2,11 +2,13 @@
 
 Targets: ``F.scaled_dot_product_attention`` with the default dispatch and with each backend that
 ``torch.nn.attention.sdpa_kernel`` can force on the device; ``torch_attention.functional.attention``
-with each backend; ``nn.MultiheadAttention`` through an adapter (identity projections), with
-``need_weights=True`` and ``False``.
+with each backend that runs forward and backward there; ``nn.MultiheadAttention`` through an
+adapter (identity projections), with ``need_weights=True`` and ``False``. A backend that cannot
+take a small plain problem forward and backward on the device is left out (found by trying one).
 
-A forced SDPA backend that refuses a case (the CPU flash kernel has no dropout, say) raises
-``KernelUnsupported`` with torch's own reason, and the case is skipped for that target. Known
+A forced backend that refuses a case (the CPU flash kernel has no dropout, say) raises
+``KernelUnsupported`` with torch's (or torch_attention's) own reason, and the case is skipped for
+that target. Known
 failures are listed in ``EXPECTED_FAILURES`` with the reason, and reported as XFAIL, never hidden;
 an expected failure that passes is reported as XPASS and fails the run, so the list stays honest.
 docs/kernel-verification.md records what each target does.
@@ -43,6 +45,8 @@ SDPA_BACKENDS = {
 
 # What SDPA says when the forced backend cannot take a problem on this device, dtype or shape.
 SDPA_REFUSALS = ("No available kernel", "No viable backend")
+# What torch_attention.functional.attention says when a forced backend cannot compute a call.
+TORCH_ATTENTION_REFUSAL = "cannot compute this call"
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,12 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         available = tuple(d for d in dtypes if _backend_runs(backend, device, d))
         if available:
             targets.append(Target(f"sdpa[{name}]", forced_sdpa(backend), available))
-    for backend in BACKENDS:
-        targets.append(
-            Target(f"torch_attention[{backend}]", torch_attention_kernel(backend), dtypes)
-        )
+    for name in BACKENDS:
+        available = tuple(d for d in dtypes if _torch_attention_runs(name, device, d))
+        if available:
+            targets.append(
+                Target(f"torch_attention[{name}]", torch_attention_kernel(name), available)
+            )
     for need_weights in (True, False):
         targets.append(
             Target(f"mha[need_weights={need_weights}]", mha_kernel(need_weights), dtypes)
@@ -145,29 +151,48 @@ def _strip_location(message: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _backend_runs(backend: SDPBackend, device: str | torch.device, dtype: str) -> bool:
-    """Whether ``backend`` takes a plain small (1, 1, 8, 64) problem on ``device`` in ``dtype``."""
-    q = torch.randn(1, 1, 8, 64, device=device, dtype=getattr(torch, dtype))
+    """Whether SDPA forced to ``backend`` runs a small problem on ``device`` in ``dtype``."""
+    return _runs(forced_sdpa(backend), device, dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _torch_attention_runs(backend: str, device: str | torch.device, dtype: str) -> bool:
+    """Whether ``torch_attention``'s ``backend`` runs a small problem on ``device`` in ``dtype``
+    (FlexAttention has no backward on CPU, say)."""
+    return _runs(torch_attention_kernel(backend), device, dtype)
+
+
+def _runs(kernel: Kernel, device: str | torch.device, dtype: str) -> bool:
+    """Whether ``kernel`` takes a plain (1, 1, 8, 64) problem forward and backward, rather than
+    raising ``KernelUnsupported``."""
+    q = torch.randn(1, 1, 8, 64, device=device, dtype=getattr(torch, dtype), requires_grad=True)
     try:
-        forced_sdpa(backend)(q, q, q)
+        kernel(q, q, q).sum().backward()
     except KernelUnsupported:
         return False
     return True
 
 
 def torch_attention_kernel(backend: str) -> Kernel:
-    """``torch_attention.functional.attention`` with ``backend``, behind the SDPA signature."""
+    """``torch_attention.functional.attention`` with ``backend``, behind the SDPA signature. A
+    call the backend says it cannot compute raises ``KernelUnsupported`` with its reason."""
 
     def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-        return attention(
-            query,
-            key,
-            value,
-            causal=is_causal,
-            attn_mask=attn_mask,
-            scale=scale,
-            dropout_p=dropout_p,
-            backend=backend,
-        )
+        try:
+            return attention(
+                query,
+                key,
+                value,
+                causal=is_causal,
+                attn_mask=attn_mask,
+                scale=scale,
+                dropout_p=dropout_p,
+                backend=backend,
+            )
+        except ValueError as exc:
+            if TORCH_ATTENTION_REFUSAL not in str(exc):
+                raise
+            raise KernelUnsupported(str(exc)) from exc
 
     kernel.__name__ = f"torch_attention[{backend}]"
     return kernel

@@ -8,6 +8,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from parity_tests import KernelUnsupported, check_kernel
+from parity_tests.checker import targets
 from parity_tests.checker.targets import (
     EXPECTED_FAILURES,
     builtin_targets,
@@ -54,3 +55,33 @@ def test_the_mha_adapter_refuses_dv_unlike_d():
 
     with pytest.raises(KernelUnsupported, match="Dv == D"):
         mha_kernel(need_weights=False)(q, q, v)
+
+
+def _with_a_backend_that_refuses(real):
+    def attention(*args, backend, **kwargs):
+        if backend == "never":
+            raise ValueError("backend='never' cannot compute this call: not on this device")
+        if backend == "broken":
+            raise ValueError("a real bug")
+        return real(*args, backend=backend, **kwargs)
+
+    return attention
+
+
+def test_a_torch_attention_backend_that_refuses_a_call_skips_it(monkeypatch):
+    monkeypatch.setattr(targets, "attention", _with_a_backend_that_refuses(targets.attention))
+    q = torch.randn(1, 1, 4, 8)
+
+    with pytest.raises(KernelUnsupported, match="not on this device"):
+        targets.torch_attention_kernel("never")(q, q, q)
+    with pytest.raises(ValueError, match="a real bug"):
+        targets.torch_attention_kernel("broken")(q, q, q)
+
+
+def test_a_backend_that_cannot_run_on_the_device_is_left_out(monkeypatch):
+    monkeypatch.setattr(targets, "attention", _with_a_backend_that_refuses(targets.attention))
+    monkeypatch.setattr(targets, "BACKENDS", ("math", "never"))
+
+    names = [target.name for target in builtin_targets("cpu", DTYPES)]
+
+    assert "torch_attention[math]" in names and "torch_attention[never]" not in names
