@@ -39,6 +39,12 @@ LAYERS = {
                             [(B, N, C)]),
     "CrossAttention": ((C, 2), {"attn_drop": 0.2, "out_drop": 0.3, "bias": False,
                                 "causal": True}, [(B, N, C), (B, M, C)]),
+    "RMSNorm": ((C,), {"eps": 1e-5}, [(B, N, C)]),
+    "GroupedQueryAttention": ((C, 2, 1), {"head_dim": 2, "bias": True, "out_bias": True,
+                               "rope_theta": 500.0, "inv_freq": None, "rope_attention_factor": 1.1,
+                               "rope_interleaved": True, "qk_norm": True, "norm_eps": 1e-5,
+                               "window": (3, 0), "softcap": 2.0, "sinks": True, "scaling": 0.5,
+                               "dropout": 0.25}, [(B, N, C)]),
 }  # fmt: skip
 
 
