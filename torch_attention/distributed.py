@@ -37,6 +37,7 @@ per-block backward from the final lse and delta). Tests: tests/torch_attention/t
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, NamedTuple
 
@@ -253,9 +254,14 @@ def _ring_forward(
         block = _visible_block(plan, origin, rows, q.device)
         if block is not None:
             k_blk, v_blk = (t[..., block.cols, :].to(compute).unsqueeze(2) for t in held)
-            for tile in _tiles(block.rows):
+            for tile, cols in _tiles(plan, block, qpos):
                 part = _block_forward(
-                    q_scaled[..., tile, :], k_blk, v_blk, qpos[tile], block.kpos, plan
+                    q_scaled[..., tile, :],
+                    k_blk[..., cols, :],
+                    v_blk[..., cols, :],
+                    qpos[tile],
+                    block.kpos[cols],
+                    plan,
                 )
                 out[..., tile, :], lse[..., tile] = merge_attention(
                     out[..., tile, :], lse[..., tile], *part
@@ -296,21 +302,21 @@ def _ring_backward(
         if block is not None:
             k_blk, v_blk = (t[..., block.cols, :].to(compute).unsqueeze(2) for t in held)
             dk_blk, dv_blk = torch.zeros_like(k_blk), torch.zeros_like(v_blk)
-            for tile in _tiles(block.rows):
+            for tile, cols in _tiles(plan, block, qpos):
                 dq_tile, dk_tile, dv_tile = _block_backward(
                     q_scaled[..., tile, :],
-                    k_blk,
-                    v_blk,
+                    k_blk[..., cols, :],
+                    v_blk[..., cols, :],
                     dout[..., tile, :],
                     lse[..., tile],
                     delta[..., tile],
                     qpos[tile],
-                    block.kpos,
+                    block.kpos[cols],
                     plan,
                 )
                 dq[..., tile, :] += dq_tile
-                dk_blk += dk_tile
-                dv_blk += dv_tile
+                dk_blk[..., cols, :] += dk_tile
+                dv_blk[..., cols, :] += dv_tile
         dk_held, dv_held = (
             partial.wait()
             if partial is not None
@@ -335,7 +341,7 @@ def _ring_backward(
 class _Block(NamedTuple):
     rows: slice  # the shard's query rows that see some key of the block
     cols: slice  # the block's keys that some of those queries see
-    kpos: torch.Tensor  # the global positions of those keys
+    kpos: torch.Tensor  # the global positions of those keys, ascending
 
 
 def _visible_block(plan: _Plan, origin: int, rows: int, device: torch.device) -> _Block | None:
@@ -374,11 +380,22 @@ def _span(chunks: tuple[tuple[int, int], ...], chosen: set[int]) -> slice:
     return slice(starts[min(chosen)], starts[max(chosen) + 1])
 
 
-def _tiles(rows: slice) -> list[slice]:
-    return [
-        slice(start, min(start + _QUERY_TILE, rows.stop))
-        for start in range(rows.start, rows.stop, _QUERY_TILE)
-    ]
+def _tiles(plan: _Plan, block: _Block, qpos: torch.Tensor) -> list[tuple[slice, slice]]:
+    """The block's query rows in tiles of ``_QUERY_TILE``, each with the slice of the block's
+    keys that it may see (causal and windows narrow it; positions ascend within a shard, so a
+    tile's first and last queries bound its reach); a tile that sees nothing is left out."""
+    first_positions = qpos[block.rows].tolist()
+    keys = block.kpos.tolist()
+    tiles = []
+    for start in range(0, len(first_positions), _QUERY_TILE):
+        stop = min(start + _QUERY_TILE, len(first_positions))
+        first, last = first_positions[start], first_positions[stop - 1]
+        lo = 0 if plan.left is None else bisect.bisect_left(keys, first - plan.left)
+        hi = len(keys) if plan.right is None else bisect.bisect_right(keys, last + plan.right)
+        if lo < hi:
+            offset = block.rows.start
+            tiles.append((slice(offset + start, offset + stop), slice(lo, hi)))
+    return tiles
 
 
 def _scores(
@@ -396,14 +413,14 @@ def _scores(
         capped = torch.tanh(scores / plan.softcap)
         scores = plan.softcap * capped
     ahead = kpos[None, :] - qpos[:, None]  # j - i, (rows, cols)
-    visible = None
+    hidden = None
     if plan.right is not None:
-        visible = ahead <= plan.right
+        hidden = ahead > plan.right
     if plan.left is not None:
-        behind = ahead >= -plan.left
-        visible = behind if visible is None else visible & behind
-    if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))  # replaced, never added to
+        behind = ahead < -plan.left
+        hidden = behind if hidden is None else hidden | behind
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))  # replaced, never added to
     return scores, capped
 
 

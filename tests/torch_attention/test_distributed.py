@@ -397,11 +397,12 @@ def test_shard_positions_refuse_what_the_layout_cannot_split(args, error, match)
         shard_positions(*args)
 
 
-def computed_blocks(layout: str, causal: bool, world: int, rows: int):
+def computed_blocks(layout: str, causal: bool, world: int, rows: int, left=None, right=None):
     """{(rank, step): (query rows, keys)} of the blocks each rank computes; the rest skip."""
     blocks = {}
+    right = 0 if causal else right
     for rank in range(world):
-        plan = distributed._Plan(1.0, 0.0, None, 0 if causal else None, layout, None, rank, world)
+        plan = distributed._Plan(1.0, 0.0, left, right, layout, None, rank, world)
         for step in range(world):
             origin = distributed._kv_origin(rank, step, world)
             block = distributed._visible_block(plan, origin, rows, torch.device("cpu"))
@@ -432,3 +433,15 @@ def test_without_causal_or_window_every_block_is_computed_whole():
     blocks = computed_blocks("zigzag", False, 4, 6)
 
     assert blocks == {(rank, step): (6, 6) for rank in range(4) for step in range(4)}
+
+
+def test_a_window_skips_the_blocks_out_of_its_reach():
+    blocks = computed_blocks("contiguous", False, 4, 6, left=5, right=3)
+
+    expected = {
+        (rank, step)
+        for rank in range(4)
+        for step in range(4)
+        if abs(distributed._kv_origin(rank, step, 4) - rank) <= 1
+    }
+    assert set(blocks) == expected
