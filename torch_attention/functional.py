@@ -1,43 +1,61 @@
 """The stateless core in torch: softmax, scaled dot-product attention, head split/merge.
 
 The twin of ``numpy_attention.functional``. ``attention`` has the semantics of
-``numpy_attention.functional.attention_forward``, edge rules included (DESIGN.md "Edge rules"),
-and runs on one of four backends:
+``numpy_attention.functional.attention_forward`` with today's options (GQA, causal alignment,
+windows, softcap, ALiBi, sinks, lse) and its edge rules (DESIGN.md), and runs on one of five
+backends:
 
-- ``"sdpa"``: ``F.scaled_dot_product_attention``, the fast path; our masks are translated into
-  its single ``attn_mask`` / ``is_causal`` (``masks.to_sdpa``). It cannot take an explicit
-  dropout keep-mask. Inputs holding NaN or inf go to the plain path (SDPA's kernels do not keep
-  the edge rules for them).
 - ``"math"``: the score pipeline of ``scores.py`` in plain torch ops, differentiated by autograd.
 - ``"manual"``: ``ManualAttention``, a ``torch.autograd.Function`` running the same pipeline,
-  whose backward is the hand-derived one of ``numpy_attention.functional.attention_backward``.
-- ``"auto"``: ``"sdpa"``, unless an explicit ``dropout_mask`` forces ``"math"``.
+  whose backward is written by hand (the math of ``numpy_attention.functional``'s backward).
+- ``"sdpa"``: ``F.scaled_dot_product_attention`` where the options fit (``backends.py``).
+- ``"flex"``: FlexAttention's ``score_mod`` and ``block_mask`` (``backends.py``); forward-only
+  on CPU.
+- ``"auto"``: the fastest backend that supports the call on its device (``backends.choose``).
 
-Whatever the backend, a query row with nothing to attend to gets output 0 and gradient 0.
-docs/torch-backends.md says what each backend does and how the masks are translated.
+A backend that cannot compute an option exactly refuses it with a ``ValueError`` naming the
+option; it never computes something else. docs/torch-backends.md says what each backend does,
+supports and refuses.
 
-Shape legend: B batch, H heads, N query length, M key/value length, D head width (queries and
-keys), Dv value head width. "..." is any number of leading batch axes.
+Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M key/value length,
+D head width (queries and keys), Dv value head width; "..." any leading axes of q, the last of
+them the heads axis H.
 
 Dtypes: q, k and v share one float dtype, which the output has. ``"math"`` and ``"manual"``
-compute float16 and bfloat16 in float32 (like NumPy's float16 rule); ``"sdpa"`` follows torch.
+compute float16 and bfloat16 in float32 (like NumPy's float16 rule) and return lse in float32;
+``"sdpa"`` and ``"flex"`` follow torch.
 
-Derivation: docs/derivations/attention.md, docs/derivations/softmax.md.
-Tests: tests/torch_attention/test_functional.py.
+Derivation: docs/derivations/attention.md and the pages it links (softmax.md, softcap.md,
+alibi.md, windows.md, gqa.md, sinks.md, lse.md). Tests: tests/torch_attention/test_functional.py
+(edge rules, the original options, half precision by the kernel checker's policy) and
+test_functional_options.py (today's options, option by option, on every backend).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import masks, scores, validation
-from .scores import ScoreRules
+from . import backends, scores, validation
+from .scores import AttentionOutput, ScoreRules
 
-BACKENDS = ("auto", "sdpa", "math", "manual")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+BACKENDS = ("auto", "sdpa", "flex", "math", "manual")
+
+__all__ = [
+    "BACKENDS",
+    "AttentionOutput",
+    "ManualAttention",
+    "attention",
+    "check_backend",
+    "merge_heads",
+    "softmax",
+    "split_heads",
+]
 
 
 def check_backend(backend: Any) -> str:
@@ -68,195 +86,288 @@ def softmax(scores_: torch.Tensor) -> torch.Tensor:
 # -- attention --------------------------------------------------------------------------------
 
 
+class Options(TypedDict, total=False):
+    """The keyword options of ``attention`` other than ``return_lse``, for its overloads: with
+    ``return_lse=False`` it returns a tensor, with ``True`` an ``AttentionOutput``."""
+
+    causal: bool
+    window: tuple[int | None, int | None] | None
+    align: str
+    key_padding_mask: torch.Tensor | None
+    attn_mask: torch.Tensor | None
+    scale: float | None
+    softcap: float
+    alibi_slopes: torch.Tensor | None
+    sinks: torch.Tensor | None
+    enable_gqa: bool
+    dropout_p: float
+    dropout_mask: torch.Tensor | None
+    backend: str
+
+
+@overload
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    return_lse: Literal[False] = False,
+    **options: Unpack[Options],
+) -> torch.Tensor: ...
+
+
+@overload
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    return_lse: Literal[True],
+    **options: Unpack[Options],
+) -> AttentionOutput: ...
+
+
+@overload
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    return_lse: bool,
+    **options: Unpack[Options],
+) -> torch.Tensor | AttentionOutput: ...
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
     causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    align: str = "top-left",
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    enable_gqa: bool = False,
     dropout_p: float = 0.0,
     dropout_mask: torch.Tensor | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
-    """Scaled dot-product attention: ``softmax(q k^T * scale + masks) v``.
+    return_lse: bool = False,
+) -> torch.Tensor | AttentionOutput:
+    """Scaled dot-product attention with today's options, in the order of the score pipeline.
 
-    S = Q K^T * scale (+ float attn_mask); S = -inf where hidden; P = softmax(S);
-    P' = P * keep / (1 - dropout_p) in dropout; O = P' V.
+    S = Q K^T * scale; S = softcap * tanh(S / softcap); S -= slope_h * |p_i - j|; S += float
+    attn_mask; S = -inf where hidden; P = softmax(S) with the sink in each row's denominator;
+    P' = P * keep / (1 - dropout_p); O = P' V.
 
     Args:
-        q: (..., N, D) queries.
-        k: (..., M, D) keys; same leading axes and dtype as q.
-        v: (..., M, Dv) values; same leading axes and dtype as q.
-        causal: top-left aligned causal mask, query i sees keys j <= i (as SDPA's is_causal);
+        q: (..., H, N, D) queries (any leading axes; the last is the heads axis).
+        k: (..., H_kv, M, D) keys; H_kv = H unless ``enable_gqa``; q's dtype.
+        v: (..., H_kv, M, Dv) values; q's dtype.
+        causal: query i sees keys j <= p_i (p_i = i, or i + M - N with ``align="bottom-right"``);
             a Python or NumPy bool.
+        window: (left, right): query i sees keys p_i - left <= j <= p_i + right; either side
+            may be None (unbounded). Intersects with ``causal``.
+        align: "top-left" (SDPA's is_causal) or "bottom-right" (flash-attn's; a KV-cache decode
+            step): where query i sits on the key axis, for causal, windows and ALiBi.
         key_padding_mask: bool (B, M), True = padding, never attended. Needs a batched q.
         attn_mask: bool (True = may attend) or float (added to the scores; -inf hides),
-            broadcasting to (..., N, M).
+            broadcasting to (..., H, N, M).
         scale: multiplies q k^T, a finite real number; defaults to 1 / sqrt(D).
+        softcap: > 0 caps the scores with ``softcap * tanh(S / softcap)`` (Gemma 2); 0 = off.
+        alibi_slopes: (H,) or (B, H) float tensor: ALiBi, ``S -= slope_h * |p_i - j|``.
+        sinks: (H,) tensor in q's dtype, one logit per query head that joins every row's
+            softmax with no value (gpt-oss's attention sinks), used as given.
+        enable_gqa: k and v may have H_kv heads with H % H_kv == 0; query head h reads kv head
+            h // (H // H_kv).
         dropout_p: inverted dropout on the attention weights, in [0, 1).
-        dropout_mask: bool keep-mask (True = kept) broadcasting to (..., N, M); needs
-            dropout_p > 0 and a backend other than ``"sdpa"``. Without it, dropout draws from
-            torch's global generator (inside SDPA for ``"sdpa"``).
-        backend: ``"auto"``, ``"sdpa"``, ``"math"`` or ``"manual"`` (module docstring).
+        dropout_mask: bool keep-mask (True = kept) broadcasting to (..., H, N, M); needs
+            dropout_p > 0. Without it, dropout draws from torch's global generator
+            (``rand(..., H, N, M) >= p``; inside SDPA for ``"sdpa"``).
+        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"math"`` or ``"manual"`` (module
+            docstring).
+        return_lse: also return lse, the log-sum-exp of each row of scores (the sink's term
+            included), as flash-attention does; differentiable.
 
     Returns:
-        out (..., N, Dv) in the inputs' dtype. A query row with nothing to attend to gets 0;
-        M = 0 gives zeros, N = 0 an empty output.
+        out (..., H, N, Dv) in the inputs' dtype, or with ``return_lse=True`` the NamedTuple
+        ``AttentionOutput(out, lse)``, lse (..., H, N) in the compute dtype (float32 for half
+        inputs). A row with nothing to attend to gets output 0 and lse -inf (with sinks: the
+        sink logit); M = 0 gives zeros, N = 0 an empty output.
 
     Masks given as array-likes are converted to tensors on q's device.
     """
     backend = check_backend(backend)
+    return_lse = validation.flag("return_lse", return_lse)
     q, k, v, rules = scores.prepare(
         q,
         k,
         v,
         causal=causal,
+        window=window,
+        align=align,
         key_padding_mask=key_padding_mask,
         attn_mask=attn_mask,
         scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        enable_gqa=enable_gqa,
         dropout_p=dropout_p,
         dropout_mask=dropout_mask,
     )
-    if backend == "auto":
-        backend = "sdpa" if rules.keep is None else "math"
-    if backend == "sdpa":
-        if rules.keep is not None:
-            raise ValueError(
-                "backend='sdpa' cannot take an explicit dropout_mask; use 'math' or 'manual'"
+    call = backends.Call(rules, return_lse, q.dtype, q.device, _needs_grad(q, k, v, rules))
+    backend = backends.choose(call) if backend == "auto" else backends.check(backend, call)
+    lse: torch.Tensor | None = None
+    if backend == "sdpa" and backends.all_finite(q, k, v, rules.bias, rules.slopes):
+        out = backends.sdpa(q, k, v, rules)
+    elif backend == "flex":
+        out, lse = backends.flex(q, k, v, rules)
+    else:  # math, manual, and sdpa's non-finite calls: SDPA's kernels break the edge rules
+        keep = rules.keep if rules.keep is not None else _draw_keep(q, rules)
+        if backend == "manual":
+            out, lse = ManualAttention.apply(
+                q, k, v, rules.bias, rules.slopes, rules.sinks, rules, keep
             )
-        if _all_finite(q, k, v, rules.bias):
-            return _sdpa(q, k, v, rules)
-        backend = "math"  # SDPA's kernels turn a NaN row into 0: the plain path keeps the rules
-    keep = rules.keep if rules.keep is not None else _draw_keep(q, rules)
-    if backend == "math":
-        return _plain_forward(q, k, v, rules.bias, rules, keep)[0]
-    out, _ = ManualAttention.apply(q, k, v, rules.bias, rules, keep)
-    return out
+        else:
+            out, lse = _plain_forward(q, k, v, rules, keep)
+    if not return_lse:
+        return out
+    if lse is None:
+        raise RuntimeError(f"backend {backend!r} gave no lse although it accepted the call")
+    return AttentionOutput(out, lse)
+
+
+def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -> bool:
+    """Whether autograd will want a backward through this call."""
+    tensors = (q, k, v, rules.bias, rules.slopes, rules.sinks)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _draw_keep(q: torch.Tensor, rules: ScoreRules) -> torch.Tensor | None:
-    """A keep-mask drawn from torch's generator, ``rand(..., N, M) >= p``; None without dropout."""
+    """A keep-mask drawn from torch's generator, ``rand(..., H, N, M) >= p``; None without
+    dropout."""
     if rules.dropout_p == 0.0:
         return None
     return torch.rand(tuple(q.shape[:-1]) + (rules.m,), device=q.device) >= rules.dropout_p
 
 
-def _plain_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor | None,
-    rules: ScoreRules,
-    keep: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The straight-line pipeline in torch ops: out (..., N, Dv) in q's dtype, probs (..., N, M).
+# -- the math backend: the pipeline under autograd --------------------------------------------
 
-    The ``"math"`` backend runs it under autograd; ``ManualAttention.forward`` runs it too and
-    keeps ``probs`` for its hand-derived backward.
-    """
+
+def _plain_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules, keep: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out (..., H, N, Dv) in q's dtype and lse (..., H, N) in the compute dtype, by autograd."""
+    out, lse, _, _ = _pipeline(q, k, v, rules, keep)
+    return out, lse
+
+
+def _pipeline(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules, keep: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The straight-line pipeline in torch ops: out, lse, probs (..., H, N, M) before dropout,
+    and the softcap's tanh (or None). ``"math"`` runs it under autograd; ``ManualAttention``
+    runs it without a graph and keeps probs and tanh for its backward."""
     dtype, compute = q.dtype, rules.compute
     q, k, v = (t.to(compute) for t in (q, k, v))
-    s = scores.scores_forward(q, k, rules._replace(bias=bias))  # (..., N, M)
-    probs, _ = scores.softmax_forward(s)
+    s, capped = scores.scores_forward(q, k, rules)  # (..., H, N, M)
+    probs, lse = scores.softmax_forward(s, rules.sinks)
     weights = probs if keep is None else probs * keep / (1.0 - rules.dropout_p)
-    out = weights @ v  # (..., N, M) @ (..., M, Dv) -> (..., N, Dv)
-    return out.to(dtype), probs
+    out = scores.pv(weights, v, rules.group)  # (..., H, N, M) @ (..., H_kv, M, Dv)
+    return out.to(dtype), lse, probs, capped
+
+
+# -- the manual backend: the hand-derived backward --------------------------------------------
 
 
 class ManualAttention(torch.autograd.Function):
-    """Attention with the hand-derived backward of ``numpy_attention.functional``.
+    """Attention whose backward is derived by hand, the math of the NumPy core's backward.
 
-    ``apply(q, k, v, bias, rules, keep) -> (out, probs)``, with the call prepared by
-    ``scores.prepare``: ``bias`` the float mask (it gets a gradient when it requires one),
-    ``rules`` the rest of the call, ``keep`` the dropout keep-mask or None. ``probs`` is returned
-    for the backward only and has no gradient.
+    ``apply(q, k, v, bias, slopes, sinks, rules, keep) -> (out, lse)``, with the call prepared
+    by ``scores.prepare``: ``bias`` the float mask, ``slopes`` ALiBi's slopes and ``sinks`` the
+    sink logits as ``rules`` holds them (each gets a gradient when it requires one), ``rules``
+    the rest of the call, ``keep`` the dropout keep-mask or None.
     """
 
     @staticmethod
     def forward(
+        ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         bias: torch.Tensor | None,
+        slopes: torch.Tensor | None,
+        sinks: torch.Tensor | None,
         rules: ScoreRules,
         keep: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _plain_forward(q, k, v, bias, rules, keep)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-        q, k, v, bias, rules, keep = inputs
-        _, probs = output
-        ctx.mark_non_differentiable(probs)
-        ctx.save_for_backward(q, k, v, probs, keep)
+        rules = rules._replace(bias=bias, slopes=slopes, sinks=sinks)
+        out, lse, probs, capped = _pipeline(q, k, v, rules, keep)
+        ctx.save_for_backward(q, k, v, probs, lse, capped, keep, bias, slopes, sinks)
         ctx.rules = rules
-        ctx.bias_shape = None if bias is None else bias.shape
+        return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(
-        ctx: Any, dout: torch.Tensor, dprobs_unused: torch.Tensor
-    ) -> tuple[torch.Tensor | None, ...]:
-        """Gradients of q, k, v (and of the float bias when it requires one).
+    def backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None) -> tuple[Any, ...]:
+        """Gradients of q, k, v, the float mask, the ALiBi slopes and the sinks.
 
-        P' = P * keep / (1 - p) (P' = P without dropout), then
-        dV = P'^T dO;  dP' = dO V^T;  dP = dP' * keep / (1 - p);
-        dS = P * (dP - rowsum(dP * P));  dQ = dS K * scale;  dK = dS^T Q * scale;
-        dBias = dS summed over the axes the bias was broadcast along.
-        Hidden entries have P = 0, so dS = 0 there and a fully masked row gets zero gradient.
-        Derivation: docs/derivations/attention.md.
+        Forward: S1 = Q K^T * scale; S2 = c * tanh(S1 / c); S = S2 - slope * |p_i - j| + A,
+        -inf where hidden; P = exp(S - lse), lse = log(sum_j exp(S_j) + exp(s)); P' = P * keep
+        / (1 - p); O = P' V. Walking it back:
+        dV = P'^T dO (summed over each GQA group);  dP' = dO V^T;  dP = dP' * keep / (1 - p);
+        dS = P * (dP - rowsum(dP * P)) + dlse * P;
+        dsink = sum over rows of P_sink * (dlse - rowsum(dP * P)), P_sink = exp(s - lse);
+        dA = dS (summed to A's shape);  dslope = -sum(dS * |p_i - j|);
+        dS1 = dS * (1 - tanh^2(S1 / c));  dQ = dS1 K * scale;  dK = dS1^T Q * scale (summed
+        over each GQA group). Hidden entries have P = 0, so dS = 0 there, and a row with
+        nothing to attend to gets gradient 0 (with a sink, its lse is the sink logit: dlse
+        flows to the sink alone). Derivation: docs/derivations/attention.md, softcap.md,
+        alibi.md, windows.md, gqa.md, sinks.md, lse.md.
         """
-        q_in, k_in, v_in, probs, keep = ctx.saved_tensors
+        q_in, k_in, v_in, probs, lse, capped, keep, bias, slopes, sinks = ctx.saved_tensors
         rules: ScoreRules = ctx.rules
-        q, k, v, dout = (t.to(probs.dtype) for t in (q_in, k_in, v_in, dout))
+        compute, group = rules.compute, rules.group
+        q, k, v, dout = (t.to(compute) for t in (q_in, k_in, v_in, dout))
         rescale = 1.0 / (1.0 - rules.dropout_p)
 
         weights = probs if keep is None else probs * keep * rescale
-        dv = weights.transpose(-2, -1) @ dout  # (..., M, N) @ (..., N, Dv) -> (..., M, Dv)
-        dweights = dout @ v.transpose(-2, -1)  # (..., N, Dv) @ (..., Dv, M) -> (..., N, M)
+        dweights, dv = scores.pv_backward(dout, weights, v, group)  # forward: O = P' V
         dprobs = dweights if keep is None else dweights * keep * rescale
-        row_dot = (dprobs * probs).sum(dim=-1, keepdim=True)  # rowsum(dP * P), (..., N, 1)
+        row_dot = (dprobs * probs).sum(dim=-1, keepdim=True)  # rowsum(dP * P), (..., H, N, 1)
         dscores = probs * (dprobs - row_dot)
-        dq = (dscores @ k) * rules.scale  # (..., N, M) @ (..., M, D) -> (..., N, D)
-        dk = (dscores.transpose(-2, -1) @ q) * rules.scale  # (..., M, N) @ (..., N, D)
-        dbias = dscores.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[3] else None
-        return dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v_in.dtype), dbias, None, None
-
-
-# -- the sdpa backend -------------------------------------------------------------------------
-
-
-def _all_finite(*tensors: torch.Tensor | None) -> bool:
-    """Whether every given tensor is free of NaN and inf (one host sync on an accelerator)."""
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t is not None)
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with our masks, and 0 on rows with nothing to attend to.
-
-    Causal alone uses SDPA's own ``is_causal`` (top-left, as ours, and never a fully masked
-    row); any other mask becomes one SDPA ``attn_mask`` with the causal mask folded in. Called
-    with finite inputs only (non-finite ones take the plain path, which multiplies the values of
-    hidden keys by exact zeros as the reference does, where a fused kernel may skip them).
-    """
-    is_causal = rules.causal and rules.allowed is None and rules.bias is None
-    sdpa_mask, row_valid = None, None
-    if not is_causal:
-        bias = None if rules.bias is None else rules.bias.to(q.dtype)
-        sdpa_mask, row_valid = masks.to_sdpa(rules.visible(q.device), bias)
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=sdpa_mask,
-        dropout_p=rules.dropout_p,
-        is_causal=is_causal,
-        scale=rules.scale,
-    )
-    return out if row_valid is None else out.masked_fill(~row_valid, 0.0)
+        dlse_rows = None if dlse is None else dlse.to(compute)[..., None]  # (..., H, N, 1)
+        if dlse_rows is not None:
+            dscores = dscores + dlse_rows * probs  # forward: lse = log(sum_j exp(S_j) + ...)
+        dsinks = None
+        if ctx.needs_input_grad[5]:
+            sink_probs = torch.exp(sinks - lse[..., None])  # P_sink, (..., H, N, 1)
+            upstream = -row_dot if dlse_rows is None else dlse_rows - row_dot
+            dsinks = (sink_probs * upstream).sum_to_size(sinks.shape)
+        dbias = dscores.sum_to_size(bias.shape) if ctx.needs_input_grad[3] else None
+        dslopes = None
+        if ctx.needs_input_grad[4]:
+            rows = torch.arange(rules.n, device=q.device)[:, None]
+            cols = torch.arange(rules.m, device=q.device)[None, :]
+            dslopes = -(dscores * scores.distance(rules, rows, cols)).sum_to_size(slopes.shape)
+        if capped is not None:
+            dscores = dscores * (1 - capped * capped)  # forward: S2 = c * tanh(S1 / c)
+        dq, dk = scores.qk_backward(dscores, q, k, group)  # forward: S1 = Q K^T * scale
+        return (
+            (dq * rules.scale).to(q_in.dtype),
+            (dk * rules.scale).to(k_in.dtype),
+            dv.to(v_in.dtype),
+            dbias,
+            dslopes,
+            dsinks,
+            None,
+            None,
+        )
 
 
 # -- heads ------------------------------------------------------------------------------------

@@ -77,7 +77,19 @@ def split_attn_mask(
     attn_mask: Any, score_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Split an SDPA-style ``attn_mask`` into (allowed, bias): bool masks are "may attend",
-    float masks are added to the scores (cast to the compute ``dtype``, never promoting it)."""
+    float masks are added to the scores (cast to the compute ``dtype``, never promoting it).
+
+    A bool mask and a float bias are one float mask: the bias with -inf where the bool mask is
+    False. Several tensors given together are refused, naming that rule.
+    """
+    if isinstance(attn_mask, (tuple, list)) and any(
+        torch.as_tensor(part).ndim > 0 for part in attn_mask
+    ):
+        raise TypeError(
+            "attn_mask must be one tensor, bool (True = may attend) or float (added to the "
+            f"scores), got a {type(attn_mask).__name__} of {len(attn_mask)} tensors; to combine "
+            "a bool mask with a float bias, pass torch.where(bool_mask, bias, -torch.inf)"
+        )
     attn_mask = torch.as_tensor(attn_mask, device=device)
     if attn_mask.dtype == torch.bool:
         validation.broadcasts_to("attn_mask", attn_mask, score_shape)

@@ -89,6 +89,20 @@ def finite_real(name: str, value: Any) -> float:
     return float(value)
 
 
+def window(value: Any, name: str = "window") -> tuple[int | None, int | None]:
+    """A sliding window ``(left, right)``, each side a non-negative int or None (unbounded);
+    None is no window, ``(None, None)``. (NumPy keeps this check in ``scores._check_window``.)"""
+    if value is None:
+        return None, None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be (left, right) or None, got {value!r}")
+    left, right = (
+        None if side is None else non_negative_int(f"{name}[{i}]", side)
+        for i, side in enumerate(value)
+    )
+    return left, right
+
+
 def dropout_p(p: Any, name: str = "dropout_p") -> float:
     """A dropout probability in [0, 1); 1.0 (which ``nn.Dropout`` accepts) would divide by zero
     in the inverted rescale."""

@@ -63,10 +63,14 @@ def make_mask(rng, kind, lead, n, m):
 
 
 def as_torch(kwargs):
-    return {
-        name: to_torch(value) if isinstance(value, np.ndarray) else value
-        for name, value in kwargs.items()
-    }
+    """NumPy arrays (also inside a tuple) as tensors; other values as they are."""
+
+    def convert(value):
+        if isinstance(value, tuple):
+            return tuple(convert(part) for part in value)
+        return to_torch(value) if isinstance(value, np.ndarray) else value
+
+    return {name: convert(value) for name, value in kwargs.items()}
 
 
 def run_reference(q, k, v, dout, **kwargs):
@@ -264,28 +268,39 @@ def test_a_hidden_non_finite_key_never_leaks(rng, backend, hiding, value):
     assert_close(dv, expected[3], dtype=np.float32, name="dv")
 
 
-# name -> keyword arguments hiding key 4 of batch element 0, whose value v[0, :, 4, 0] is NaN
-VALUE_AT_HIDDEN_KEY = {
-    "padded key": HIDING["padding"],
-    "fully padded batch element": {"key_padding_mask": np.arange(2)[:, None].repeat(7, 1) == 0},
-}
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hiding", ["bool mask", "causal future"])
+def test_a_value_at_a_hidden_key_is_multiplied_by_an_exact_zero(rng, backend, hiding):
+    """IEEE 0 x NaN = NaN: a NaN value at a key hidden by a mask or the causal future reaches the
+    rows of its head, on every backend as in the NumPy reference's dense path (documented in
+    docs/torch-backends.md). Key padding is the exception: the next test."""
+    q, k, v, dout = float32_case(rng, 4, 7)
+    v[0, 1, 4, 0] = NAN
+
+    out = run_torch(q, k, v, dout, backend, **HIDING[hiding])[0]
+
+    expected = golden(q, k, v, dout, **HIDING[hiding])[0]
+    assert np.isnan(expected[0, 1, :, 0]).all() and np.isnan(expected).sum() == 4
+    assert_same_nan_rows_and_close(out, expected)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", VALUE_AT_HIDDEN_KEY)
-def test_a_value_at_a_hidden_key_is_multiplied_by_an_exact_zero(rng, backend, case):
-    """IEEE 0 x NaN = NaN: a NaN value at a hidden key reaches every row of its batch element,
-    also rows with nothing to attend to, on every backend as in the NumPy reference (documented
-    in docs/torch-backends.md)."""
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_garbage_in_padding_is_never_read(rng, backend, value):
+    """K and V rows that every query hides (key padding: an unwritten cache slot) are not
+    multiplied by zeros but never read: every output and gradient stays finite, as in NumPy."""
     q, k, v, dout = float32_case(rng, 4, 7)
-    v[0, :, 4, 0] = NAN
-    kwargs = VALUE_AT_HIDDEN_KEY[case]
+    padding = np.zeros((2, 7), dtype=bool)
+    padding[0, 4:] = True
+    padding[1] = True  # batch element 1: nothing to attend to
+    clean = run_torch(q, k, v, dout, backend, key_padding_mask=padding)
+    k[:, :, 4:], v[:, :, 4:] = value, value
 
-    out = run_torch(q, k, v, dout, backend, **kwargs)[0]
+    out, dq, dk, dv = run_torch(q, k, v, dout, backend, key_padding_mask=padding)
 
-    expected = golden(q, k, v, dout, **kwargs)[0]
-    assert np.isnan(expected[0, ..., 0]).all() and not np.isnan(expected[1]).any()
-    assert_same_nan_rows_and_close(out, expected)
+    assert np.array_equal(out, clean[0])
+    assert all(np.isfinite(grad).all() for grad in (dq, dk, dv))
+    assert np.all(dk[0, :, 4:] == 0) and np.all(dv[0, :, 4:] == 0)
 
 
 def sdpa_reading_visible_values_only(
@@ -305,7 +320,7 @@ def sdpa_reading_visible_values_only(
 def test_sdpa_backend_keeps_the_exact_zero_rule_whatever_the_kernel_reads(rng, monkeypatch):
     q, k, v, dout = float32_case(rng, 4, 7)
     v[0, :, 4, 0] = NAN
-    kwargs = HIDING["padding"]
+    kwargs = HIDING["bool mask"]
     monkeypatch.setattr(
         torch.nn.functional, "scaled_dot_product_attention", sdpa_reading_visible_values_only
     )
@@ -313,6 +328,50 @@ def test_sdpa_backend_keeps_the_exact_zero_rule_whatever_the_kernel_reads(rng, m
     out = run_torch(q, k, v, dout, "sdpa", **kwargs)[0]
 
     assert_same_nan_rows_and_close(out, golden(q, k, v, dout, **kwargs)[0])
+
+
+# -- edge rules on flex, forward only (FlexAttention has no CPU backward) ----------------------
+
+
+def flex_edge_case(rng, name):
+    """q, k, v (float64, Dv = D) and keyword arguments of one edge case, as NumPy arrays."""
+    n, m = {"no keys": (5, 0), "no queries": (0, 7)}.get(name, (4, 7))
+    q, k, v = make_qkv(rng, (2, 3), n, m, 4, 4)
+    if name == "NaN query row":
+        q[1, 2, 3, 0] = NAN
+        return q, k, v, {}
+    if name.startswith("hidden NaN key"):
+        k[:, :, 4, 1] = NAN
+        return q, k, v, HIDING[name.removeprefix("hidden NaN key, ")]
+    if name == "dead rows":
+        return q, k, v, make_mask(rng, "bool", (2, 3), n, m)
+    return q, k, v, {}
+
+
+FLEX_EDGES = [
+    "no keys",
+    "no queries",
+    "NaN query row",
+    *(f"hidden NaN key, {hiding}" for hiding in HIDING),
+    "dead rows",
+]
+
+
+@pytest.mark.parametrize("edge", FLEX_EDGES)
+def test_flex_keeps_the_edge_rules(rng, edge):
+    q, k, v, kwargs = flex_edge_case(rng, edge)
+    tensors = [to_torch(t) for t in (q, k, v)]
+
+    out, lse = attention(*tensors, backend="flex", return_lse=True, **as_torch(kwargs))
+
+    expected_out, expected_lse = attention(
+        *tensors, backend="math", return_lse=True, **as_torch(kwargs)
+    )
+    for name, actual, expected in (("out", out, expected_out), ("lse", lse, expected_lse)):
+        assert torch.equal(actual.isnan(), expected.isnan()), name
+        assert torch.equal(actual == -INF, expected == -INF), name
+        finite = torch.isfinite(expected)
+        assert_close(actual[finite], expected[finite], name=name)
 
 
 # -- edge rules: fully masked query rows ------------------------------------------------------
@@ -487,6 +546,55 @@ BAD_CALLS = {
     "scale inf": (lambda a: {**a, "scale": float("inf")}, ValueError, "scale must be finite"),
     "causal string": (lambda a: {**a, "causal": "no"}, TypeError, "causal must be a bool"),
     "causal int": (lambda a: {**a, "causal": 1}, TypeError, "causal must be a bool"),
+    "fewer kv heads without enable_gqa": (
+        lambda a: {**a, "k": a["k"][:, :1], "v": a["v"][:, :1]},
+        ValueError,
+        r"share their leading axes.*enable_gqa=True",
+    ),
+    "H not a multiple of H_kv": (
+        lambda a: {**a, "k": a["k"][:, :2], "v": a["v"][:, :2], "enable_gqa": True},
+        ValueError,
+        r"H = 3 must be a multiple of the kv heads H_kv = 2",
+    ),
+    "enable_gqa string": (lambda a: {**a, "enable_gqa": "yes"}, TypeError, "enable_gqa"),
+    "window negative": (lambda a: {**a, "window": (-1, 2)}, ValueError, r"window\[0\]"),
+    "window float": (lambda a: {**a, "window": (None, 1.5)}, TypeError, r"window\[1\]"),
+    "window int": (lambda a: {**a, "window": 3}, TypeError, r"window must be \(left, right\)"),
+    "align": (lambda a: {**a, "align": "top"}, ValueError, "align must be one of"),
+    "softcap negative": (lambda a: {**a, "softcap": -1.0}, ValueError, "softcap must be >= 0"),
+    "softcap nan": (lambda a: {**a, "softcap": float("nan")}, ValueError, "softcap must be finite"),
+    "alibi_slopes of 2 heads": (
+        lambda a: {**a, "alibi_slopes": np.ones(2)},
+        ValueError,
+        r"alibi_slopes must be \(H,\) or \(B, H\).*\(2,\)",
+    ),
+    "alibi_slopes of another batch": (
+        lambda a: {**a, "alibi_slopes": np.ones((3, 3))},
+        ValueError,
+        r"alibi_slopes \(B, H\) = \(3, 3\)",
+    ),
+    "alibi_slopes int": (
+        lambda a: {**a, "alibi_slopes": np.ones(3, dtype=np.int64)},
+        TypeError,
+        "alibi_slopes",
+    ),
+    "sinks of 2 heads": (lambda a: {**a, "sinks": np.ones(2)}, ValueError, r"sinks must be \(H,\)"),
+    "sinks float32": (
+        lambda a: {**a, "sinks": np.ones(3, dtype=np.float32)},
+        TypeError,
+        "sinks must have the dtype",
+    ),
+    "return_lse int": (lambda a: {**a, "return_lse": 1}, TypeError, "return_lse must be a bool"),
+    "sinks -inf": (
+        lambda a: {**a, "sinks": np.array([0.0, -np.inf, 1.0])},
+        ValueError,
+        "sinks must be finite",
+    ),
+    "attn_mask bool and float together": (
+        lambda a: {**a, "attn_mask": (np.ones((5, 7), dtype=bool), np.zeros((5, 7)))},
+        TypeError,
+        "attn_mask must be one",
+    ),
 }
 
 
@@ -495,7 +603,7 @@ def valid_call(rng):
     return {"q": q, "k": k, "v": v}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "flex"])
 @pytest.mark.parametrize("bad", BAD_CALLS)
 def test_bad_input_raises_like_numpy(rng, backend, bad):
     change, error, match = BAD_CALLS[bad]
@@ -523,7 +631,7 @@ def test_sdpa_refuses_an_explicit_dropout_mask(rng):
     kwargs = as_torch(valid_call(rng))
     keep = torch.ones(5, 7, dtype=torch.bool)
 
-    with pytest.raises(ValueError, match="cannot take an explicit dropout_mask"):
+    with pytest.raises(ValueError, match="backend='sdpa' cannot compute .* explicit dropout_mask"):
         attention(**kwargs, dropout_p=0.2, dropout_mask=keep, backend="sdpa")
 
 

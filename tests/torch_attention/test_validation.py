@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from numpy_attention import functional as numpy_functional
 from numpy_attention import validation as numpy_validation
 from torch_attention import validation
 
@@ -132,3 +133,22 @@ def test_bool_tensor_converts_array_likes_and_refuses_other_dtypes():
     )
     with pytest.raises(TypeError, match="m must be a bool tensor, got dtype torch.float32"):
         validation.bool_tensor("m", torch.ones(2), CPU)
+
+
+@pytest.mark.parametrize("window", [3, (1,), (1, 2, 3), (-1, None), (None, 1.5), ("2", 0)])
+def test_a_bad_window_raises_like_numpys_check(window):
+    x = np.ones((1, 2, 3))
+    with pytest.raises((TypeError, ValueError)) as expected:
+        numpy_functional.attention_forward(x, x, x, window=window)
+
+    with pytest.raises(expected.type) as actual:
+        validation.window(window)
+
+    assert str(actual.value) == str(expected.value)
+
+
+@pytest.mark.parametrize(
+    ("window", "sides"), [(None, (None, None)), ((None, 0), (None, 0)), ([3, np.int64(2)], (3, 2))]
+)
+def test_a_window_comes_back_as_two_sides(window, sides):
+    assert validation.window(window) == sides
