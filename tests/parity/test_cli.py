@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import check_kernel, registry
-from parity_tests.checker import targets
+from parity_tests.checker import calibration, pitfalls, targets
 from parity_tests.checker.render import SCHEMA_VERSION
 from parity_tests.cli import main
 from parity_tests.registry import ParityRow
@@ -161,12 +161,19 @@ def test_progress_goes_to_stderr(capsys):
     assert f"{SDPA} on cpu (quick battery)" in err
 
 
-def test_calibration_reports_the_policy_tables(capsys):
+def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
+    # One correct target and one pitfall: the measurement itself is tested in test_calibration.
+    sdpa = targets.Target("sdpa", F.scaled_dot_product_attention, ("bfloat16",))
+    monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: [sdpa])
+    monkeypatch.setattr(
+        calibration, "PITFALLS", {"rowsum": pitfalls.PITFALLS["backward_without_rowsum"]}
+    )
+
     code = main(["--calibrate", "1", "--quick", "--dtype", "bfloat16", "--device", "cpu"])
 
     out = capsys.readouterr().out
     assert code == 0
-    assert "| bfloat16 | dq |" in out and "| backward_without_rowsum |" in out
+    assert "| bfloat16 | dq |" in out and "| rowsum |" in out
 
 
 @pytest.mark.parametrize(
