@@ -37,7 +37,9 @@ Layouts (legend: C model width, H heads, D = C // H head width, L context length
   ``q_attn.weight`` (C, C), ``q_attn.bias`` and ``c_attn.weight`` (C, 2C) for keys and values.
 
 ``save_state`` / ``load_state`` (``.npz`` files) live in ``numpy_attention.state`` and are
-importable from here too. Layouts and decisions: docs/weight-transfer.md.
+importable from here too, as are ``grouped_from_hf`` and ``hf_attention_state`` (Hugging Face's
+Llama-family attention -> ``GroupedQueryAttention``, in ``numpy_attention.hf``). Layouts and
+decisions: docs/weight-transfer.md.
 
 Tests: tests/numpy_attention/test_convert.py; against torch and transformers in
 tests/parity/test_transfers.py.
@@ -51,6 +53,11 @@ from typing import Any
 import numpy as np
 
 from . import masks, validation
+
+# Hugging Face's decoder attention builds a layer (GroupedQueryAttention), so its converter lives
+# in numpy_attention.hf; importable from here with the other layouts.
+from .hf import grouped_from_hf as grouped_from_hf
+from .hf import hf_attention_state as hf_attention_state
 from .module import _to_numpy
 
 # The .npz state files moved to numpy_attention.state; they stay importable from here.
