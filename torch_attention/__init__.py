@@ -12,7 +12,7 @@ width, D head width, Dv value head width.
 Tests: tests/torch_attention/ (one test file per module, test_X.py for X.py).
 """
 
-from . import functional, fused, masks
+from . import functional, fused, grouped, masks
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -22,6 +22,7 @@ from .attention import (
     SimpleSelfAttention,
 )
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
+from .grouped import GroupedQueryAttention, KVCache, RMSNorm, rope, rope_inv_freq
 from .layers import Dropout, Linear
 from .transfer import from_numpy, to_numpy
 
@@ -31,9 +32,12 @@ __all__ = [
     "CausalSelfAttention",
     "CrossAttention",
     "Dropout",
+    "GroupedQueryAttention",
+    "KVCache",
     "Linear",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
+    "RMSNorm",
     "SelfAttentionV1",
     "SelfAttentionV2",
     "SimpleSelfAttention",
@@ -41,6 +45,9 @@ __all__ = [
     "from_numpy",
     "functional",
     "fused",
+    "grouped",
     "masks",
+    "rope",
+    "rope_inv_freq",
     "to_numpy",
 ]

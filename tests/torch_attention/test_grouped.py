@@ -1,0 +1,435 @@
+"""torch_attention.grouped, the torch twin of today's decoder attention: RoPE and RMSNorm against
+their NumPy twins and torch's gradcheck; the layer's state dict, gradcheck on every option and
+backend, decoding with the cache equal to the full forward on every backend, the cache's
+refusals (nothing written), and bad input. The layer against its NumPy twin, every option and
+backend, is the parity registry's (tests/parity/test_registry.py); against transformers,
+tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import numpy_attention.grouped as np_grouped
+from numpy_attention.norms import rmsnorm_backward, rmsnorm_forward
+from numpy_attention.rope import rope_backward, rope_forward
+from torch_attention import from_numpy
+from torch_attention.grouped import GroupedQueryAttention, KVCache, RMSNorm, rope, rope_inv_freq
+
+from ..conftest import assert_close, to_numpy, to_torch
+
+C, H, H_KV, D = 16, 4, 2, 6
+# Every option that changes the math, each alone; "all" together (with GQA everywhere).
+OPTIONS = {
+    "plain": {},
+    "bias": {"bias": True, "out_bias": True},
+    "qk_norm": {"qk_norm": True, "norm_eps": 1e-5},
+    "window": {"window": (2, 0)},
+    "softcap": {"softcap": 1.5},
+    "sinks": {"sinks": True},
+    "scaling": {"scaling": 0.7},
+    "yarn-factor": {"rope_attention_factor": 1.3},
+    "interleaved": {"rope_interleaved": True},
+    "all": {
+        "bias": True,
+        "qk_norm": True,
+        "window": (3, 0),
+        "softcap": 2.0,
+        "sinks": True,
+        "scaling": 0.5,
+        "rope_attention_factor": 1.2,
+    },
+}
+# The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
+SDPA_REFUSES = ("softcap", "sinks")
+BACKENDS = ["auto", "sdpa", "math", "manual"]
+
+
+def applies(backend, options):
+    return backend != "sdpa" or not any(options.get(name) for name in SDPA_REFUSES)
+
+
+RUNS = [
+    pytest.param(name, backend, id=f"{name}-{backend}")
+    for name, options in OPTIONS.items()
+    for backend in BACKENDS
+    if applies(backend, options)
+]
+
+
+def twins(rng, options, backend="math"):
+    """A float64 NumPy layer with random weights (norm weights and sinks too) and its torch twin
+    holding the same state."""
+    np_layer = np_grouped.GroupedQueryAttention(C, H, H_KV, head_dim=D, **options, rng=0)
+    np_layer.astype(np.float64)
+    np_layer.load_state_dict(
+        {name: rng.standard_normal(value.shape) for name, value in np_layer.state_dict().items()}
+    )
+    torch_layer = GroupedQueryAttention(**np_layer.constructor_args(), backend=backend).double()
+    return np_layer, from_numpy(torch_layer, np_layer)
+
+
+def left_padded(rng, b=2, n=9, pad=3):
+    """x (B, N, C), a key padding mask whose last element is left-padded by ``pad`` tokens, and
+    the positions a tokenizer's left padding gives (0 at the first real token)."""
+    x = rng.standard_normal((b, n, C))
+    padding = np.zeros((b, n), dtype=bool)
+    padding[-1, :pad] = True
+    positions = np.maximum(np.cumsum(~padding, axis=1) - 1, 0)
+    return x, padding, positions
+
+
+# -- RoPE ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("batched_positions", [False, True])
+def test_rope_matches_numpy_forward_and_backward(rng, interleaved, batched_positions):
+    x = rng.standard_normal((2, 3, 7, D))
+    positions = (
+        np.stack([np.arange(7) + 4, np.arange(7) - 2]) if batched_positions else np.arange(7)
+    )
+    inv_freq = rng.random(D // 2)
+    dout = rng.standard_normal(x.shape)
+    options = {"inv_freq": inv_freq, "interleaved": interleaved, "attention_factor": 1.3}
+
+    expected, ctx = rope_forward(x, positions, **options)
+    x_t = to_torch(x, requires_grad=True)
+    out = rope(x_t, to_torch(positions), **options)
+    out.backward(to_torch(dout))
+
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, rope_backward(dout, ctx), name="dx")
+
+
+def test_rope_passes_gradcheck(rng):
+    x = to_torch(rng.standard_normal((2, 2, 5, D)), requires_grad=True)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+
+    assert torch.autograd.gradcheck(
+        lambda t: rope(t, positions, inv_freq=rope_inv_freq(D), attention_factor=0.9), (x,)
+    )
+
+
+def test_rope_keeps_float32_and_computes_angles_in_float64(rng):
+    """Positions around 1e5: float32 angles would be off by up to 4e-3 rad; the NumPy twin's
+    float64 angles agree to float32 rounding."""
+    x = rng.standard_normal((1, 5, D)).astype(np.float32)
+    positions = 100_000 + np.arange(5)
+    inv_freq = rope_inv_freq(D, 500_000.0)
+
+    out = rope(to_torch(x), to_torch(positions), inv_freq=inv_freq)
+
+    assert out.dtype == torch.float32
+    assert_close(out, rope_forward(x, positions, inv_freq=inv_freq.numpy())[0], name="out")
+
+
+def test_rope_default_frequencies_are_numpys():
+    assert_close(rope_inv_freq(D, 500_000.0), np_grouped.rope_inv_freq(D, 500_000.0))
+
+
+@pytest.mark.parametrize(
+    ("positions", "message"),
+    [(np.arange(6), r"positions must be \(N,\) = \(7,\) or \(B, N\)"), (np.ones(7, bool), "dtype")],
+)
+def test_rope_refuses_positions_of_the_wrong_shape_or_dtype(rng, positions, message):
+    x = to_torch(rng.standard_normal((2, 3, 7, D)))
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        rope(x, positions, inv_freq=rope_inv_freq(D))
+
+
+def test_rope_refuses_an_odd_width_and_frequencies_of_the_wrong_length(rng):
+    with pytest.raises(ValueError, match="even head width"):
+        rope(to_torch(rng.standard_normal((3, 5))), np.arange(3), inv_freq=np.ones(2))
+    with pytest.raises(ValueError, match=r"inv_freq must be \(D/2,\) = \(3,\)"):
+        rope(to_torch(rng.standard_normal((3, 6))), np.arange(3), inv_freq=np.ones(2))
+
+
+# -- RMSNorm ------------------------------------------------------------------------------------
+
+
+def test_rmsnorm_matches_numpy_forward_and_backward(rng):
+    x = rng.standard_normal((2, 3, 5, D))
+    weight = rng.standard_normal(D)
+    dout = rng.standard_normal(x.shape)
+    norm = RMSNorm(D, eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(to_torch(weight))
+
+    expected, ctx = rmsnorm_forward(x, weight, 1e-5)
+    x_t = to_torch(x, requires_grad=True)
+    out = norm(x_t)
+    out.backward(to_torch(dout))
+    dx, dweight = rmsnorm_backward(dout, ctx)
+
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    assert_close(norm.weight.grad, dweight, name="dweight")
+
+
+def test_rmsnorm_passes_gradcheck(rng):
+    norm = RMSNorm(D, eps=1e-6).double()
+    x = to_torch(rng.standard_normal((3, 2, D)), requires_grad=True)
+    weight = to_torch(rng.standard_normal(D), requires_grad=True)
+
+    def fn(x_, w_):
+        return torch.func.functional_call(norm, {"weight": w_}, (x_,))
+
+    assert torch.autograd.gradcheck(fn, (x, weight))
+
+
+def test_rmsnorm_refuses_another_width_or_dtype(rng):
+    norm = RMSNorm(D)
+    with pytest.raises(ValueError, match=r"RMSNorm expects x \(\.\.\., 6\)"):
+        norm(torch.ones(2, 5))
+    with pytest.raises(TypeError, match="float64 but RMSNorm's weight is torch.float32"):
+        norm(torch.ones(2, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        RMSNorm(D, eps=0.0)
+
+
+# -- the layer ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_state_dict_keys_and_shapes_are_the_numpy_twins(options):
+    np_layer = np_grouped.GroupedQueryAttention(C, H, H_KV, head_dim=D, **options, rng=0)
+    torch_layer = GroupedQueryAttention(C, H, H_KV, head_dim=D, **options)
+
+    np_state = np_layer.state_dict()
+    torch_state = torch_layer.state_dict()
+
+    assert list(torch_state) == list(np_state)  # names, in the order of creation
+    assert {k: tuple(v.shape) for k, v in torch_state.items()} == {
+        k: v.shape for k, v in np_state.items()
+    }
+
+
+def test_layer_matches_numpy_on_left_padding_with_every_option(rng):
+    """Per-batch positions and a left-padded element (the registry has no (B, N) positions)."""
+    np_layer, torch_layer = twins(rng, OPTIONS["all"])
+    x, padding, positions = left_padded(rng)
+    dout = rng.standard_normal(x.shape)
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+@pytest.mark.parametrize("backend", ["math", "manual"])
+def test_layer_passes_gradcheck_with_every_option(rng, backend):
+    _, layer = twins(rng, OPTIONS["all"], backend)
+    x, padding, positions = left_padded(rng, n=5, pad=2)
+    kwargs = {"positions": to_torch(positions), "key_padding_mask": to_torch(padding)}
+
+    assert torch.autograd.gradcheck(
+        lambda t: layer(t, **kwargs), (to_torch(x, requires_grad=True),)
+    )
+
+
+@pytest.mark.parametrize(("name", "backend"), RUNS)
+def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
+    """Prefill 5 tokens, then one at a time, on a left-padded batch: every step's output is the
+    full forward's rows."""
+    _, layer = twins(rng, OPTIONS[name], backend)
+    layer.eval()
+    x, padding, positions = left_padded(rng)
+    x, padding, positions = to_torch(x), to_torch(padding), to_torch(positions)
+    with torch.no_grad():
+        expected = layer(x, positions=positions, key_padding_mask=padding)
+    cache = KVCache(2, H_KV, 12, D, torch.float64)
+
+    steps = [(0, 5)] + [(i, i + 1) for i in range(5, 9)]
+    outs = [
+        layer(
+            x[:, start:stop],
+            positions=positions[:, start:stop],
+            key_padding_mask=padding[:, :stop],
+            cache=cache,
+        )
+        for start, stop in steps
+    ]
+
+    assert cache.length == 9
+    assert_close(torch.cat(outs, dim=1), expected, name="decoded")
+
+
+def test_decode_defaults_positions_to_the_cache_length(rng):
+    _, layer = twins(rng, OPTIONS["plain"])
+    x = to_torch(rng.standard_normal((1, 6, C)))
+    with torch.no_grad():
+        expected = layer(x)
+    cache = KVCache(1, H_KV, 6, D, torch.float64)
+
+    outs = [
+        layer(x[:, :4], cache=cache),
+        layer(x[:, 4:5], cache=cache),
+        layer(x[:, 5:], cache=cache),
+    ]
+
+    assert_close(torch.cat(outs, dim=1), expected, name="decoded")
+
+
+def test_a_forward_with_the_cache_builds_no_graph(rng):
+    _, layer = twins(rng, OPTIONS["plain"])
+    x = to_torch(rng.standard_normal((1, 3, C)), requires_grad=True)
+
+    out = layer(x, cache=KVCache(1, H_KV, 4, D, torch.float64))
+
+    assert not out.requires_grad
+
+
+def test_frequencies_stay_float64_when_the_layer_is_cast(rng):
+    hf_like = torch.tensor([1.0, 0.1, 0.01], dtype=torch.float32)  # a model's float32 inv_freq
+    layer = GroupedQueryAttention(C, H, H_KV, head_dim=D, inv_freq=hf_like).float()
+
+    assert layer.inv_freq.dtype == torch.float64
+    assert torch.equal(layer.inv_freq, hf_like.double())  # used as given
+    assert "inv_freq" not in layer.state_dict()
+
+
+def test_sdpa_refuses_sinks_and_softcap_by_name(rng):
+    for option in SDPA_REFUSES:
+        _, layer = twins(rng, OPTIONS[option], "sdpa")
+        with pytest.raises(ValueError, match=option):
+            layer(to_torch(rng.standard_normal((1, 3, C))))
+
+
+def test_train_mode_uses_the_explicit_keep_mask(rng):
+    np_layer, torch_layer = twins(rng, {"dropout": 0.3})
+    x = rng.standard_normal((2, 5, C))
+    keep = rng.random((2, H, 5, 5)) > 0.3
+
+    expected = np_layer.train()(x, attn_dropout_mask=keep)
+    out = torch_layer.train()(to_torch(x), attn_dropout_mask=to_torch(keep))
+
+    assert_close(out, expected, name="out")
+    with pytest.raises(ValueError, match=r"attn_dropout_mask must have shape \(2, 4, 5, 5\)"):
+        torch_layer(to_torch(x), attn_dropout_mask=to_torch(keep[:, :, :4]))
+
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+def test_a_cache_too_short_names_max_len_and_the_length_needed_and_writes_nothing(rng):
+    _, layer = twins(rng, OPTIONS["plain"])
+    cache = KVCache(1, H_KV, 5, D, torch.float64)
+    layer(to_torch(rng.standard_normal((1, 4, C))), cache=cache)
+    before = cache.k.clone(), cache.v.clone()
+
+    with pytest.raises(
+        ValueError, match="max_len = 5, but 4 cached \\+ 2 new tokens need a length of 6"
+    ):
+        layer(to_torch(rng.standard_normal((1, 2, C))), cache=cache)
+
+    assert cache.length == 4
+    assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
+
+
+@pytest.mark.parametrize(
+    ("cache", "error", "message"),
+    [
+        (KVCache(2, H_KV, 8, D, torch.float32), TypeError, "the cache holds torch.float32"),
+        (KVCache(3, H_KV, 8, D, torch.float64), ValueError, r"must be \(3, 2, N, 6\)"),
+        (KVCache(2, 1, 8, D, torch.float64), ValueError, r"must be \(2, 1, N, 6\)"),
+    ],
+    ids=["dtype", "batch", "heads"],
+)
+def test_a_cache_of_another_dtype_batch_or_heads_is_refused_before_any_work(
+    rng, cache, error, message
+):
+    _, layer = twins(rng, OPTIONS["plain"])
+
+    with pytest.raises(error, match=message):
+        layer(to_torch(rng.standard_normal((2, 3, C))), cache=cache)
+
+    assert cache.length == 0
+
+
+def test_a_cache_on_another_device_is_refused():
+    cache = KVCache(1, H_KV, 4, D, torch.float64)
+
+    with pytest.raises(ValueError, match="the cache lives on cpu, got keys and values on meta"):
+        cache.check_append((1, H_KV, 1, D), torch.float64, torch.device("meta"))
+
+
+def test_cache_reset_starts_a_new_sequence(rng):
+    _, layer = twins(rng, OPTIONS["plain"])
+    x = to_torch(rng.standard_normal((1, 3, C)))
+    cache = KVCache(1, H_KV, 3, D, torch.float64)
+    first = layer(x, cache=cache)
+
+    cache.reset()
+
+    assert_close(layer(x, cache=cache), first, name="after reset")
+    assert "length=3" in repr(cache)
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"num_kv_heads": 3}, ValueError, r"num_heads \(4\) must be a multiple of num_kv_heads"),
+        ({"head_dim": 5}, ValueError, "head_dim must be even"),
+        ({"head_dim": None, "hidden_size": 18}, ValueError, "divisible by num_heads"),
+        ({"inv_freq": np.ones(4)}, ValueError, r"inv_freq must be \(head_dim / 2,\) = \(3,\)"),
+        ({"inv_freq": np.array([1.0, np.nan, 1.0])}, ValueError, "inv_freq must be finite"),
+        ({"window": (-1, 0)}, ValueError, "window"),
+        ({"window": 3}, TypeError, "window must be"),
+        ({"softcap": -1.0}, ValueError, "softcap must be >= 0"),
+        ({"dropout": 1.0}, ValueError, "dropout"),
+        ({"backend": "flash"}, ValueError, "backend must be one of"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_bad_constructor_arguments_are_refused(kwargs, error, message):
+    arguments = {"hidden_size": C, "num_heads": H, "num_kv_heads": H_KV, "head_dim": D} | kwargs
+
+    with pytest.raises(error, match=message):
+        GroupedQueryAttention(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"positions": np.arange(4)}, ValueError, r"positions must be \(N,\) = \(5,\)"),
+        ({"positions": np.zeros((3, 5), int)}, ValueError, r"or \(B, N\) = \(2, 5\)"),
+        ({"key_padding_mask": np.zeros((2, 4), bool)}, ValueError, r"expected \(2, 5\)"),
+        ({"key_padding_mask": np.zeros((2, 5))}, TypeError, "key_padding_mask"),
+        ({"cache": "cache"}, TypeError, "cache must be a KVCache"),
+    ],
+    ids=["positions-N", "positions-B", "padding-shape", "padding-dtype", "cache-type"],
+)
+def test_bad_forward_arguments_are_refused(rng, kwargs, error, message):
+    _, layer = twins(rng, OPTIONS["plain"])
+
+    with pytest.raises(error, match=message):
+        layer(to_torch(rng.standard_normal((2, 5, C))), **kwargs)
+
+
+def test_an_input_of_another_dtype_names_both(rng):
+    layer = GroupedQueryAttention(C, H, H_KV, head_dim=D)
+
+    with pytest.raises(TypeError, match="float64 but the layer's parameters are torch.float32"):
+        layer(torch.ones(1, 2, C, dtype=torch.float64))
+
+
+def test_repr_names_the_options():
+    layer = GroupedQueryAttention(C, H, H_KV, head_dim=D, window=(3, 0), sinks=True)
+
+    text = repr(layer)
+
+    assert "window=(3, 0)" in text and "sinks=True" in text and "(q_proj): Linear" in text
+    assert to_numpy(layer.sinks).tolist() == [0.0] * H

@@ -1,0 +1,537 @@
+"""Today's decoder attention in torch, the twin of ``numpy_attention.grouped`` (and of the RoPE and
+RMSNorm it uses, ``numpy_attention.rope`` and ``numpy_attention.norms``): grouped-query attention
+with RoPE, optional QK-norm, a sliding window, softcap and sinks, and a KV cache for decoding,
+named like Hugging Face's Llama family so that its attention state dicts load without renaming.
+
+Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
+M keys attended (N without a cache; the cache's length after this call with one), C model width
+(``hidden_size``), D head width (``head_dim``).
+
+The layer's chain (backward by autograd here; the pages derive the NumPy twin's):
+
+    q = rope(q_norm(split_heads(q_proj(x), H)))        (B, H, N, D)     q_norm: QK-norm only
+    k = rope(k_norm(split_heads(k_proj(x), H_kv)))     (B, H_kv, N, D)  (appended to the cache)
+    v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
+    o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
+    out = o_proj(merge_heads(o))                       (B, N, C)
+
+Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
+frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
+input's dtype. The attention itself runs on ``backend`` (``functional.attention``).
+
+Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md.
+Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
+tests/parity/test_registry.py; against transformers in tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import validation
+from .functional import attention, check_backend, merge_heads, split_heads
+from .layers import Linear, dropout_keep_mask
+
+__all__ = [
+    "GroupedQueryAttention",
+    "KVCache",
+    "RMSNorm",
+    "rope",
+    "rope_inv_freq",
+]
+
+# -- RoPE -------------------------------------------------------------------------------------
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> torch.Tensor:
+    """The default frequencies, ``1 / rope_theta ** (arange(0, D, 2) / D)``, float64 (D/2,) on
+    the CPU."""
+    head_dim = validation.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim}"
+        )
+    theta = validation.finite_real("rope_theta", rope_theta)
+    if theta <= 0:
+        raise ValueError(f"rope_theta must be > 0, got {rope_theta}")
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def check_positions(positions: Any, x_shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``positions`` on ``device``, checked against x (..., N, D): (N,), or (B, N) with B = x's
+    first axis (x (B, ..., N, D)); integer or float, finite."""
+    positions = torch.as_tensor(positions, device=device)
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be integers (or floats), got dtype {positions.dtype}")
+    n = x_shape[-2]
+    shape = tuple(positions.shape)
+    batched = len(x_shape) >= 3 and shape == (x_shape[0], n)
+    if shape != (n,) and not batched:
+        per_batch = f" or (B, N) = {(x_shape[0], n)}" if len(x_shape) >= 3 else ""
+        raise ValueError(
+            f"positions must be (N,) = ({n},){per_batch} for x of shape {tuple(x_shape)}, "
+            f"got {shape}"
+        )
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite")
+    return positions
+
+
+def rope(
+    x: torch.Tensor,
+    positions: Any,
+    *,
+    inv_freq: Any,
+    interleaved: bool = False,
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
+    """Rotate each pair of coordinates of x by angle = position * inv_freq, times f.
+
+    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+D/2}) (half-split,
+    Hugging Face's ``rotate_half``) or (x_{2i}, x_{2i+1}) (interleaved). Differentiable by
+    autograd (the backward rotates by -angle, docs/derivations/rope.md).
+
+    Args:
+        x: (..., N, D), D even; typically q or k (B, H, N, D).
+        positions: (N,), or (B, N) with B = x's first axis: each batch element its own positions
+            (left padding, cache offsets). Integers (or floats), finite.
+        inv_freq: (D/2,) frequencies, e.g. ``rope_inv_freq(D, theta)`` or a model's own.
+        interleaved: the pair layout.
+        attention_factor: f, multiplies cos and sin (YaRN's and LongRoPE's attention factor).
+
+    Returns:
+        (..., N, D) in x's dtype.
+    """
+    x = validation.float_tensor("x", x)
+    if x.ndim < 2 or x.shape[-1] % 2 or x.shape[-1] == 0:
+        raise ValueError(
+            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
+            f"got shape {tuple(x.shape)}"
+        )
+    half = x.shape[-1] // 2
+    positions = check_positions(positions, tuple(x.shape), x.device)
+    freqs = validation.float_tensor("inv_freq", torch.as_tensor(inv_freq))
+    if tuple(freqs.shape) != (half,):
+        raise ValueError(
+            f"inv_freq must be (D/2,) = ({half},) for x of shape {tuple(x.shape)}, "
+            f"got {tuple(freqs.shape)}"
+        )
+    interleaved = validation.flag("interleaved", interleaved)
+    factor = validation.finite_real("attention_factor", attention_factor)
+
+    # float64 angles, then tables in x's dtype (numpy_attention.rope says why)
+    angles = positions.to(torch.float64)[..., None] * freqs.to(x.device, torch.float64)
+    cos = (torch.cos(angles) * factor).to(x.dtype)  # (N, D/2) or (B, N, D/2)
+    sin = (torch.sin(angles) * factor).to(x.dtype)
+    if positions.ndim == 2:  # (B, N, D/2) -> (B, 1, ..., 1, N, D/2), against x (B, ..., N, D)
+        shape = cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:]
+        cos, sin = cos.reshape(shape), sin.reshape(shape)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., N, D/2) each
+        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D/2, 2)
+        return pairs.flatten(-2)  # -> (..., N, D)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)
+
+
+# -- RMSNorm ----------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMS normalization of the last axis with a learned scale: ``weight`` (D,), ones.
+
+    y = w * x / sqrt(mean(x^2) + eps), computed in x's dtype (Hugging Face's computes in float32
+    whatever the input's dtype). Qwen3's QK-norm applies it per head on D.
+
+    Args:
+        dim: D, the width normalized.
+        eps: > 0, added to the mean square under the root.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = validation.positive_int("dim", dim)
+        self.eps = validation.finite_real("eps", eps)
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        self.weight = nn.Parameter(torch.ones(self.dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D)."""
+        x = validation.float_tensor("x", x)
+        if x.ndim < 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"RMSNorm expects x (..., {self.dim}), got shape {tuple(x.shape)}")
+        if x.dtype != self.weight.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but RMSNorm's weight is {self.weight.dtype}; "
+                "cast one with module.to(...) or x.to(...)"
+            )
+        mean_square = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
+        inv_rms = 1 / torch.sqrt(mean_square + self.eps)  # (..., 1)
+        return x * inv_rms * self.weight
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"
+
+
+# -- the cache --------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer, for decoding one token at a time.
+
+    ``k`` and ``v`` are (B, H_kv, max_len, D) tensors on ``device`` of which the first
+    ``length`` positions are filled; keys are stored after RoPE.
+
+    Args:
+        batch: B.
+        num_kv_heads: H_kv.
+        max_len: the most tokens the cache holds.
+        head_dim: D.
+        dtype: a floating torch dtype, that of the layer it serves.
+        device: where the tensors live (the layer's device); None for torch's default.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        batch = validation.positive_int("batch", batch)
+        num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
+        max_len = validation.positive_int("max_len", max_len)
+        head_dim = validation.positive_int("head_dim", head_dim)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"KVCache needs a floating torch dtype, got {dtype!r}")
+        self.max_len = max_len
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """How many positions are filled."""
+        return self._length
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def check_append(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Raise unless keys of ``shape`` (B, H_kv, N, D), ``dtype`` and ``device`` fit: B, H_kv
+        and D the cache's, ``length + N <= max_len``. Writes nothing."""
+        batch, heads, _, width = self.k.shape
+        if len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, heads, width):
+            raise ValueError(
+                f"the cache holds (B, H_kv, max_len, D) = {tuple(self.k.shape)}; keys and values "
+                f"to append must be ({batch}, {heads}, N, {width}), got {tuple(shape)}"
+            )
+        if dtype != self.dtype:
+            raise TypeError(f"the cache holds {self.dtype}, got keys and values of {dtype}")
+        if torch.device(device) != self.device:
+            raise ValueError(f"the cache lives on {self.device}, got keys and values on {device}")
+        needed = self._length + shape[2]
+        if needed > self.max_len:
+            raise ValueError(
+                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
+                f"+ {shape[2]} new tokens need a length of {needed}"
+            )
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k and v (B, H_kv, N, D) after what is cached (detached: the cache is for
+        inference); nothing is written when they are refused.
+
+        Returns:
+            keys and values so far, (B, H_kv, length, D) each: views of the cache.
+        """
+        k = validation.float_tensor("k", k)
+        v = validation.float_tensor("v", v)
+        if k.shape != v.shape:
+            raise ValueError(
+                f"k and v must have one shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        validation.same_dtype(k=k, v=v)
+        self.check_append(tuple(k.shape), k.dtype, k.device)
+        start, stop = self._length, self._length + k.shape[2]
+        self.k[:, :, start:stop] = k.detach()
+        self.v[:, :, start:stop] = v.detach()
+        self._length = stop
+        return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def reset(self) -> None:
+        """Forget every cached position (a new sequence); the tensors are kept."""
+        self._length = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(shape={tuple(self.k.shape)}, dtype={self.dtype}, device={self.device}, "
+            f"length={self._length})"
+        )
+
+
+# -- the layer --------------------------------------------------------------------------------
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2 and
+    GPT-OSS; the twin of ``numpy_attention.grouped.GroupedQueryAttention``.
+
+    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
+    ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
+    ``qk_norm``, ``q_norm`` and ``k_norm`` = RMSNorm(D, norm_eps); with ``sinks``, ``sinks``
+    (H,), zeros. RoPE's frequencies are no parameter or buffer (Hugging Face's attention state
+    dicts have none): ``inv_freq`` is kept in float64 on the CPU and moved per call, so
+    ``.to(dtype)`` never rounds it.
+
+    Args: those of the NumPy twin (``rng`` aside: torch's generator draws the weights), and
+        backend: the attention backend, ``functional.attention``'s ``backend``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool = False,
+        rope_theta: float = 10000.0,
+        inv_freq: Any = None,
+        rope_attention_factor: float = 1.0,
+        rope_interleaved: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        window: tuple[int | None, int | None] | None = None,
+        softcap: float = 0.0,
+        sinks: bool = False,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
+        self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}) "
+                    "when head_dim is None"
+                )
+            head_dim = self.hidden_size // self.num_heads
+        self.head_dim = validation.positive_int("head_dim", head_dim)
+        if self.head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of coordinates: head_dim must be even, got {self.head_dim}"
+            )
+        self.rope_theta = validation.finite_real("rope_theta", rope_theta)
+        self.inv_freq = _check_inv_freq(inv_freq, self.head_dim, rope_theta)
+        self.rope_attention_factor = validation.finite_real(
+            "rope_attention_factor", rope_attention_factor
+        )
+        self.rope_interleaved = validation.flag("rope_interleaved", rope_interleaved)
+        self.qk_norm = validation.flag("qk_norm", qk_norm)
+        self.norm_eps = validation.finite_real("norm_eps", norm_eps)
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        self.window = _check_window(window)
+        self.softcap = validation.finite_real("softcap", softcap)
+        if self.softcap < 0:
+            raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
+        self.has_sinks = validation.flag("sinks", sinks)
+        self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
+        self.dropout = validation.dropout_p(dropout, "dropout")
+        self.backend = check_backend(backend)
+
+        width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = validation.flag("bias", bias)
+        out_bias = validation.flag("out_bias", out_bias)
+        self.q_proj = Linear(self.hidden_size, width, bias=bias)
+        self.k_proj = Linear(self.hidden_size, kv_width, bias=bias)
+        self.v_proj = Linear(self.hidden_size, kv_width, bias=bias)
+        self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, self.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, self.norm_eps)
+        if self.has_sinks:
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: Any = None,
+        key_padding_mask: Any = None,
+        cache: KVCache | None = None,
+        attn_dropout_mask: Any = None,
+    ) -> torch.Tensor:
+        """Causal self-attention of x's tokens over the cache's and their own.
+
+        Args:
+            x: (B, N, C).
+            positions: RoPE positions, (N,) or (B, N) (each batch element its own: left
+                padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
+            key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
+                or with a cache all ``cache.length + N`` of them.
+            cache: a ``KVCache`` of this layer's (B, H_kv, D), dtype and device: this call's keys
+                and values are appended and the queries attend with ``align="bottom-right"``.
+                A forward with a cache runs under ``torch.no_grad()`` (inference only).
+            attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+
+        Returns:
+            (B, N, C).
+        """
+        x = validation.layer_input("x", x, self.hidden_size, (3,), self.q_proj.weight.dtype)
+        b, n, _ = x.shape
+        start = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype, x.device)
+            start = cache.length
+        m = start + n
+        if positions is None:
+            positions = start + torch.arange(n, device=x.device)
+        positions = check_positions(positions, (b, self.num_heads, n, self.head_dim), x.device)
+        padding = _key_padding(key_padding_mask, b, m, cache is not None, x.device)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout,
+            (b, self.num_heads, n, m),
+            self.training,
+            attn_dropout_mask,
+            x.device,
+        )
+        with torch.no_grad() if cache is not None else contextlib.nullcontext():
+            return self._chain(x, positions, padding, keep, cache)
+
+    def _chain(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        padding: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        """The forward chain (see the module docstring); inputs already checked."""
+        rotation: dict[str, Any] = {
+            "inv_freq": self.inv_freq,
+            "interleaved": self.rope_interleaved,
+            "attention_factor": self.rope_attention_factor,
+        }
+        q = split_heads(self.q_proj(x), self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
+        k = split_heads(self.k_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
+        q = rope(q, positions, **rotation)
+        k = rope(k, positions, **rotation)
+        if cache is not None:
+            k, v = cache.append(k, v)  # -> (B, H_kv, M, D), everything cached so far
+        heads = attention(
+            q,
+            k,
+            v,
+            causal=True,
+            window=self.window,
+            align="bottom-right",  # query i at key position M - N + i (i without a cache)
+            key_padding_mask=padding,
+            scale=self.scaling,
+            softcap=self.softcap,
+            sinks=self.sinks if self.has_sinks else None,
+            enable_gqa=True,
+            dropout_p=self.dropout if self.training else 0.0,
+            dropout_mask=keep,
+            backend=self.backend,
+        )  # (B, H, N, D)
+        return self.o_proj(merge_heads(heads))  # (B, H, N, D) -> (B, N, H*D) -> (B, N, C)
+
+    def extra_repr(self) -> str:
+        options = [
+            f"hidden_size={self.hidden_size}",
+            f"num_heads={self.num_heads}",
+            f"num_kv_heads={self.num_kv_heads}",
+            f"head_dim={self.head_dim}",
+        ]
+        if self.qk_norm:
+            options.append(f"qk_norm=True, norm_eps={self.norm_eps}")
+        if self.window is not None:
+            options.append(f"window={self.window}")
+        if self.softcap:
+            options.append(f"softcap={self.softcap}")
+        if self.has_sinks:
+            options.append("sinks=True")
+        if self.scaling is not None:
+            options.append(f"scaling={self.scaling}")
+        if self.dropout:
+            options.append(f"dropout={self.dropout}")
+        return ", ".join(options + [f"backend={self.backend!r}"])
+
+
+def _check_inv_freq(inv_freq: Any, head_dim: int, rope_theta: Any) -> torch.Tensor:
+    """RoPE's (D/2,) frequencies, float64 on the CPU: given (finite, that length), or from
+    rope_theta."""
+    if inv_freq is None:
+        return rope_inv_freq(head_dim, rope_theta)
+    if isinstance(inv_freq, torch.Tensor):
+        inv_freq = inv_freq.detach().cpu()
+    freqs = torch.as_tensor(np.asarray(inv_freq))
+    if not freqs.is_floating_point():
+        raise TypeError(f"inv_freq must be a floating-point array, got dtype {freqs.dtype}")
+    if tuple(freqs.shape) != (head_dim // 2,):
+        raise ValueError(
+            f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got shape {tuple(freqs.shape)}"
+        )
+    if not bool(torch.isfinite(freqs).all()):
+        raise ValueError("inv_freq must be finite")
+    return freqs.to(torch.float64)
+
+
+def _check_window(window: Any) -> tuple[int | None, int | None] | None:
+    """(left, right) with each side a non-negative int or None; None for no window."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be (left, right) or None, got {window!r}")
+    left, right = (
+        None if side is None else validation.non_negative_int(f"window[{i}]", side)
+        for i, side in enumerate(window)
+    )
+    return left, right
+
+
+def _key_padding(
+    mask: Any, batch: int, m: int, cached: bool, device: torch.device
+) -> torch.Tensor | None:
+    """The key padding mask checked as bool (B, M), True = padding (None passes through)."""
+    if mask is None:
+        return None
+    mask = validation.bool_tensor("key_padding_mask", mask, device)
+    if tuple(mask.shape) != (batch, m):
+        keys = "the cache's length after this call" if cached else "x's N"
+        raise ValueError(
+            f"key_padding_mask is (B, M) over the keys attended, M = {keys}: expected "
+            f"{(batch, m)}, got {tuple(mask.shape)}"
+        )
+    return mask
