@@ -1,14 +1,15 @@
 """The one registry of layer parity cases: NumPy layer vs torch twin, output and every gradient.
 
-A case is a layer and a set of options that change the math (causal, key padding with a fully
-padded batch element, train mode with shared dropout keep-masks, eval mode, cross attention with
-N != M, odd lengths, B = H = 1, rank-2 input). ``run_case`` builds the NumPy layer from a seeded
+A case is a layer and a set of options that change the math (causal, key padding with a fully padded
+batch element, train mode with shared dropout keep-masks, eval mode, cross attention with N != M,
+odd lengths, B = H = 1, rank-2 input; for GroupedQueryAttention GQA/MQA/MHA head counts, biases,
+QK-norm, sliding windows, softcap, sinks, a custom scale, RoPE's layouts and attention factor, and
+left padding with per-batch RoPE positions). ``run_case`` builds the NumPy layer from a seeded
 generator, moves its state dict into the torch layer unchanged, feeds both the same inputs, masks
 and upstream gradient, and compares the output, the input gradient(s) and the gradient of every
 parameter by name, each tensor on its own scale; only a structurally zero gradient is judged on a
 floor, the scale of a named tensor (``tolerances.structural_floors``, docs/parity.md "Error
-measure"). pytest
-and the CLI (``python -m parity_tests``) both iterate over ``CASES``.
+measure"). pytest and the CLI (``python -m parity_tests``) both iterate over ``CASES``.
 
 Tests: tests/parity/test_registry.py, tests/parity/test_properties.py,
 tests/parity/test_tolerances.py.
@@ -36,13 +37,18 @@ DTYPES = ("float64", "float32")
 class LayerSpec:
     """How to call a layer: which file, which forward keywords, which mask shapes."""
 
-    module: str  # "attention" (book family) or "fused"
+    module: str  # "attention" (book family), "fused" or "grouped"
     attn_dropout: str = "none"  # "none", "single" (B, N, N) or "multi" (B, H, N, M)
     out_dropout: bool = False  # output dropout, mask (B, N, C)
-    padding: bool = False  # takes a key padding mask as ``mask=``
+    padding: bool = False  # takes a key padding mask (as ``padding_keyword=``)
     cross: bool = False  # forward(x, y, ...)
     parameters: bool = True  # False: nothing to initialise, the NumPy constructor takes no rng
     causal: bool = False  # always causal (the book's mask buffer); CrossAttention takes a keyword
+    padding_keyword: str = "mask"  # the forward keyword of the key padding mask
+    left_padding: bool = False  # padded cases pad on the left and pass per-batch ``positions``
+    # Parameters drawn at random (seeded) after construction: those that start at a constant
+    # (RMSNorm's ones, zero sinks) would hide a wrong use of themselves in the forward.
+    random_parameters: tuple[str, ...] = ()
 
 
 LAYERS = {
@@ -56,6 +62,15 @@ LAYERS = {
     "BidirectionalAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True),
     "CausalSelfAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True, causal=True),
     "CrossAttention": LayerSpec("fused", "multi", out_dropout=True, padding=True, cross=True),
+    "GroupedQueryAttention": LayerSpec(
+        "grouped",
+        "multi",
+        padding=True,
+        causal=True,
+        padding_keyword="key_padding_mask",
+        left_padding=True,
+        random_parameters=("q_norm.weight", "k_norm.weight", "sinks"),
+    ),
 }
 
 
@@ -102,9 +117,13 @@ class LayerCase:
         return zlib.crc32(self.name.encode())
 
     def applies_to(self, backend: str) -> bool:
-        """SDPA cannot take an explicit dropout keep-mask, so train cases with dropout skip it."""
+        """Whether ``backend`` computes this case: SDPA refuses an explicit dropout keep-mask
+        (train cases with dropout), softcap and sinks (torch_attention.backends says why), so
+        those cases do not run on it; the layer refuses the call rather than compute it."""
         has_dropout = self.spec.attn_dropout != "none" or self.spec.out_dropout
-        return not (backend == "sdpa" and self.train and has_dropout)
+        options = dict(self.kwargs)
+        refused = (self.train and has_dropout) or options.get("softcap") or options.get("sinks")
+        return not (backend == "sdpa" and refused)
 
 
 def _book_cases() -> list[LayerCase]:
@@ -231,7 +250,78 @@ def _fused_cases() -> list[LayerCase]:
     return cases
 
 
-CASES: tuple[LayerCase, ...] = tuple(_book_cases() + _fused_cases())
+def _grouped_cases() -> list[LayerCase]:
+    """Today's decoder attention: head counts (GQA, MQA, MHA), then each option of the layer
+    alone at GQA, then the combinations Qwen3, Gemma 2 and GPT-OSS use."""
+    layer = "GroupedQueryAttention"
+
+    def case(name: str, heads: int, kv_heads: int, **kwargs: Any) -> LayerCase:
+        options = {"head_dim": 6} | kwargs.pop("options", {})
+        return LayerCase(
+            f"{layer}/{name}",
+            layer,
+            (16, heads, kv_heads),
+            16,
+            heads,
+            kwargs=tuple(options.items()),
+            **kwargs,
+        )
+
+    return [
+        case("eval-N5", 4, 2),
+        case("mqa-B1-N37", 4, 1, batch=1, n=37),
+        case("mha-N7", 2, 2, n=7, options={"head_dim": None}),
+        case("one-head-B1-N5", 1, 1, batch=1),
+        case("padded-N7", 4, 2, n=7, padded=True),
+        case("bias-N5", 4, 2, options={"bias": True, "out_bias": True}),
+        case("qk_norm-N7", 4, 2, n=7, options={"qk_norm": True, "norm_eps": 1e-5}),
+        case("window-N37", 4, 2, n=37, options={"window": (7, 0)}),
+        case("softcap-N7", 4, 2, n=7, options={"softcap": 1.5}),
+        case("sinks-N7", 4, 2, n=7, options={"sinks": True}),
+        case("scaling-N5", 4, 2, options={"scaling": 0.3}),
+        case(
+            "rope-interleaved-factor-N7",
+            4,
+            2,
+            n=7,
+            options={"rope_interleaved": True, "rope_attention_factor": 1.3, "rope_theta": 500.0},
+        ),
+        case(
+            "train-dropout-padded-N7",
+            4,
+            2,
+            n=7,
+            padded=True,
+            train=True,
+            options={"dropout": 0.25},
+        ),
+        case(
+            "qwen3-like-padded-N7",
+            4,
+            2,
+            n=7,
+            padded=True,
+            options={"qk_norm": True, "window": (3, 0)},
+        ),
+        case(
+            "gemma2-like-N37",
+            4,
+            2,
+            n=37,
+            options={"softcap": 2.0, "scaling": 0.25, "window": (5, 0)},
+        ),
+        case(
+            "gpt-oss-like-padded-N37",
+            4,
+            2,
+            n=37,
+            padded=True,
+            options={"sinks": True, "bias": True, "out_bias": True, "window": (6, 0)},
+        ),
+    ]
+
+
+CASES: tuple[LayerCase, ...] = tuple(_book_cases() + _fused_cases() + _grouped_cases())
 
 # The smaller set behind ``--quick``: every layer once in eval mode and once in train mode.
 QUICK_CASES: tuple[LayerCase, ...] = tuple(
@@ -283,11 +373,16 @@ def make_data(case: LayerCase, dtype: str) -> CaseData:
         m = case.m
         inputs.append(rng.standard_normal((*lead, m, case.width)).astype(dtype))
     kwargs: dict[str, np.ndarray] = {}
-    if case.padded:
+    if case.padded and spec.left_padding:
+        padding = np.zeros((case.batch, m), dtype=np.bool_)
+        padding[-1, : m // 3] = True  # left padding: the last element's first rows see nothing
+        kwargs[spec.padding_keyword] = padding
+        kwargs["positions"] = np.maximum(np.cumsum(~padding, axis=1) - 1, 0)  # (B, N)
+    elif case.padded:
         padding = rng.random((case.batch, m)) < 0.3
         padding[:, 0] = False  # every element but the last keeps a key
         padding[-1] = True  # the last batch element is fully padded: its rows attend to nothing
-        kwargs["mask"] = padding
+        kwargs[spec.padding_keyword] = padding
     if case.train and spec.attn_dropout != "none":
         p = _dropout_prob(case, "attn")
         shape = (
@@ -306,6 +401,8 @@ def make_data(case: LayerCase, dtype: str) -> CaseData:
 
 def _dropout_prob(case: LayerCase, which: str) -> float:
     """The dropout probability a train case's constructor sets (used to draw keep-masks)."""
+    if case.spec.module == "grouped":
+        return float(dict(case.kwargs)["dropout"])
     if case.spec.module == "attention":
         return float(case.args[3])
     offset = 2 if case.layer == "CrossAttention" else 2 + (case.layer == "CausalSelfAttention")
@@ -335,6 +432,15 @@ def build_layers(case: LayerCase, dtype: str, device: str, backend: str) -> tupl
     np_layer = np_class(*case.args, **kwargs)
     kwargs.pop("rng", None)
     np_layer.astype(dtype).train(case.train)
+    random = np.random.default_rng(case.seed + 2)
+    np_layer.load_state_dict(
+        {
+            name: random.standard_normal(value.shape)
+            if name in case.spec.random_parameters
+            else value
+            for name, value in np_layer.state_dict().items()
+        }
+    )
     torch_class = getattr(
         importlib.import_module(f"torch_attention.{case.spec.module}"), case.layer
     )
@@ -383,7 +489,10 @@ def one_key_per_query(case: LayerCase, data: CaseData) -> bool:
     the query and key paths then have exactly zero gradient (``tolerances.structural_floors``)."""
     m = case.m if case.spec.cross and case.m is not None else case.n
     allowed = causal_mask(case.n, m) if case.causal else np.ones((case.n, m), dtype=np.bool_)
-    padding = data.forward_kwargs.get("mask")
+    window = dict(case.kwargs).get("window")
+    if window is not None and window[0] is not None:  # keys i - left .. i (causal layers only)
+        allowed = allowed & ~np.tri(case.n, m, k=-window[0] - 1, dtype=np.bool_)
+    padding = data.forward_kwargs.get(case.spec.padding_keyword)
     if padding is not None:
         allowed = allowed & ~padding[:, None, :]  # (N, M) & (B, 1, M) -> (B, N, M)
     return at_most_one_key(allowed, m)

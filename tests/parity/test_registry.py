@@ -7,6 +7,7 @@ cases see one key per query (the structural zeros of tolerances.structural_floor
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from parity_tests.registry import (
     CASES,
     DTYPES,
     LayerCase,
+    build_layers,
     make_data,
     one_key_per_query,
     run_case,
@@ -50,7 +52,7 @@ def test_layer_parity(case, backend, dtype, device):
 def test_every_layer_is_in_the_registry():
     from parity_tests.registry import LAYERS
 
-    assert {case.layer for case in CASES} == set(LAYERS) and len(LAYERS) == 10
+    assert {case.layer for case in CASES} == set(LAYERS) and len(LAYERS) == 11
 
 
 def test_every_option_is_covered():
@@ -83,3 +85,70 @@ def test_one_key_per_query_reads_the_padding_mask():
     data.forward_kwargs["mask"][:] = [True, False, True]  # every element keeps key 1 only
 
     assert one_key_per_query(case, data) is True
+
+
+GROUPED = [case for case in CASES if case.layer == "GroupedQueryAttention"]
+
+
+def test_every_option_of_the_grouped_layer_is_covered():
+    options = [dict(case.kwargs) for case in GROUPED]
+    heads = {(case.args[1], case.args[2]) for case in GROUPED}
+    assert any(h > h_kv > 1 for h, h_kv in heads)  # GQA
+    assert any(h > 1 and h_kv == 1 for h, h_kv in heads)  # MQA
+    assert any(h == h_kv > 1 for h, h_kv in heads)  # MHA
+    for name in ("bias", "out_bias", "qk_norm", "window", "softcap", "sinks", "scaling"):
+        assert any(option.get(name) for option in options), name
+    assert any(option.get("rope_interleaved") for option in options)
+    assert any(option.get("rope_attention_factor", 1.0) != 1.0 for option in options)
+    assert any(case.padded for case in GROUPED) and any(case.train for case in GROUPED)
+    assert any(case.n == 37 and "window" in dict(case.kwargs) for case in GROUPED)  # N > window
+
+
+def test_left_padding_passes_the_positions_a_tokenizer_gives():
+    case = next(case for case in GROUPED if case.padded and not case.train)
+
+    data = make_data(case, "float64")
+
+    padding = data.forward_kwargs["key_padding_mask"]
+    assert padding[-1, 0] and not padding[:-1].any()  # the last element is padded on the left
+    first_real = int(np.argmin(padding[-1]))
+    assert data.forward_kwargs["positions"][-1, first_real] == 0
+    assert (data.forward_kwargs["positions"][0] == np.arange(case.n)).all()
+
+
+def test_parameters_that_start_constant_are_drawn_at_random():
+    case = next(case for case in GROUPED if dict(case.kwargs).get("sinks"))
+
+    np_layer, torch_layer = build_layers(case, "float64", "cpu", "math")
+
+    assert len(np.unique(np_layer.state_dict()["sinks"])) == case.heads
+    assert np.array_equal(torch_layer.sinks.detach().numpy(), np_layer.state_dict()["sinks"])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [case for case in GROUPED if not case.applies_to("sdpa")],
+    ids=lambda case: case.name,
+)
+def test_a_case_left_off_sdpa_is_one_that_sdpa_refuses(case):
+    """Not applied means refused: the layer on SDPA raises, naming the option, rather than
+    compute something else; no case is left off for any other reason."""
+    data = make_data(case, "float64")
+    _, torch_layer = build_layers(case, "float64", "cpu", "sdpa")
+    kwargs = {name: torch.from_numpy(value) for name, value in data.forward_kwargs.items()}
+
+    with pytest.raises(ValueError, match="backend='sdpa' cannot compute"):
+        torch_layer(torch.from_numpy(data.inputs[0]), **kwargs)
+
+
+def test_one_key_per_query_reads_the_window():
+    window = dict(GROUPED[0].kwargs) | {"window": (0, 0)}
+    case = LayerCase(
+        "test", "GroupedQueryAttention", (16, 4, 2), 16, 4, kwargs=tuple(window.items())
+    )
+    wider = LayerCase(
+        "test", "GroupedQueryAttention", (16, 4, 2), 16, 4, kwargs=(("window", (1, 0)),)
+    )
+
+    assert one_key_per_query(case, make_data(case, "float64")) is True
+    assert one_key_per_query(wider, make_data(wider, "float64")) is False
