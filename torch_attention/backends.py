@@ -30,11 +30,13 @@ from . import masks, scores
 from .merge import merge_attention
 from .scores import ScoreRules
 
-# "auto" takes the first of these that supports the call: SDPA's fused kernels are the fastest
-# where they fit; FlexAttention runs unfused outside torch.compile (torch's own warning: it
-# materializes the scores) and was measured slower than "math" on CPU; "math" (autograd) was
-# measured faster than "manual" (docs/torch-backends.md).
-AUTO_ORDER = ("sdpa", "math")
+# "auto" takes the first of these that supports the call, by whether a backward will follow.
+# SDPA's fused kernels are the fastest where they fit. Behind it, with a backward, "manual"
+# (its backward reuses the saved probabilities) was measured faster than autograd's "math";
+# without one the two run the same forward and "math" skips the autograd.Function. FlexAttention
+# runs unfused outside torch.compile (it materializes the scores) and was measured slower than
+# "math" on CPU, so it is never picked (docs/torch-backends.md, "Speed").
+AUTO_ORDER = {True: ("sdpa", "manual"), False: ("sdpa", "math")}
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -67,8 +69,10 @@ def check(backend: str, call: Call) -> str:
 
 
 def choose(call: Call) -> str:
-    """The backend ``"auto"`` runs: the first of ``AUTO_ORDER`` that refuses nothing."""
-    return next(backend for backend in AUTO_ORDER if refusal(backend, call) is None)
+    """The backend ``"auto"`` runs: the first of ``AUTO_ORDER[call.needs_grad]`` that refuses
+    nothing."""
+    order = AUTO_ORDER[call.needs_grad]
+    return next(backend for backend in order if refusal(backend, call) is None)
 
 
 def all_finite(*tensors: torch.Tensor | None) -> bool:
