@@ -24,6 +24,7 @@ from .attention import (
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .grouped import GroupedQueryAttention, KVCache, RMSNorm, rope, rope_inv_freq
 from .layers import Dropout, Linear
+from .merge import merge_attention
 from .transfer import from_numpy, to_numpy
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "fused",
     "grouped",
     "masks",
+    "merge",
+    "merge_attention",
     "rope",
     "rope_inv_freq",
     "to_numpy",
