@@ -8,8 +8,9 @@ from global ranks), take turns on the cases of W = 2. Every case shards one whol
 ``shard_sequence``, runs ``ring_attention`` forward and backward under a random upstream
 gradient, and gathers out, dq, dk and dv with ``gather_sequence``; the parent judges them
 against the NumPy golden on the whole sequence (``attention_forward`` / ``attention_backward``
-in float64): FLOAT64_RTOL in float64, FLOAT32_RTOL in float32. The ranks cut every block into
-query tiles of 5 rows, so that blocks span several tiles, a partial last one included.
+in float64 on the case's inputs): FLOAT64_RTOL in float64, FLOAT32_RTOL in float32 and
+FLOAT16_RTOL in float16. The ranks cut every block into query tiles of 5 rows, so that blocks
+span several tiles, a partial last one included.
 
 The same processes run deliberately broken rings (a wrong block offset, a merge that does not
 rescale the running output), which the same judgement must reject, and the bad inputs, each of
@@ -79,14 +80,15 @@ class Case(NamedTuple):
         return {"causal": self.causal, **OPTIONS[self.option]}
 
 
-# Every option in float64 on both world sizes, layouts and causal settings; float32 on the plain
-# case of each.
+# Every option in float64 on both world sizes, layouts and causal settings; float32 and float16
+# (computed in float32, sent around the ring in float16) on the plain case of each.
+DTYPES = [(option, "float64") for option in OPTIONS] + [("plain", "float32"), ("plain", "float16")]
 CASES = [
     Case(world, layout, causal, option, dtype)
     for world in (2, 4)
     for layout in distributed.LAYOUTS
     for causal in (False, True)
-    for option, dtype in [*((option, "float64") for option in OPTIONS), ("plain", "float32")]
+    for option, dtype in DTYPES
 ]
 # Broken rings, each run causal (a wrong offset only shows where positions matter) on both
 # layouts and both world sizes.
