@@ -513,12 +513,14 @@ def _membership(group: Any) -> tuple[int, int]:
             "torch.distributed.init_process_group(...) on every rank first (torchrun sets the "
             "environment it reads)"
         )
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            "this process is not a member of the group it passed (torch.distributed.new_group "
+            "returns GroupMember.NON_GROUP_MEMBER to the ranks it leaves out)"
+        )
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {group!r}")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError("this process is not a member of the group it passed")
-    return rank, dist.get_world_size(group)
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _exchange(

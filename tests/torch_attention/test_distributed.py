@@ -217,7 +217,7 @@ def worker(rank: int, port: int, outdir: str) -> None:
     distributed._QUERY_TILE = 5
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     short = dist.new_group([0, 1], timeout=SHORT_TIMEOUT)
-    results: dict = {"runs": {}, "broken": {}, "errors": {}}
+    results: dict = {"runs": {}, "broken": {}, "errors": {}, "groups": {}}
     for case in CASES:
         if (chosen := group_of(case, rank, pairs)) is not None:
             gathered = run_ring(case, chosen[1])
@@ -237,6 +237,14 @@ def worker(rank: int, port: int, outdir: str) -> None:
             results["errors"][kind] = ("no error", repr(returned.shape))
         except Exception as error:  # every error is recorded and judged by the parent
             results["errors"][kind] = (type(error).__name__, str(error))
+    # Groups a rank cannot use: refused at once, with no message sent.
+    tensors = [torch.zeros(1, 1, 4, 2) for _ in "qkv"]
+    for kind, group in [("not-a-member", pairs[1 - rank // 2]), ("not-a-group", "world")]:
+        try:
+            ring_attention(*tensors, group=group)
+            results["groups"][kind] = ("no error", "")
+        except Exception as error:  # judged by the parent
+            results["groups"][kind] = (type(error).__name__, str(error))
     # A rank that never calls: its peer must get an error within the short group's timeout.
     if rank == 0:
         start = time.monotonic()
@@ -337,6 +345,20 @@ def test_bad_input_is_an_error_on_every_rank(ranks, kind):
         assert raised == error_type, f"rank {rank}: {raised}: {message}"
         for word in words:
             assert word in message, f"rank {rank}: {message!r} lacks {word!r}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "words"),
+    [
+        ("not-a-member", "ValueError", "not a member of the group"),
+        ("not-a-group", "TypeError", "group must be a torch.distributed.ProcessGroup"),
+    ],
+)
+def test_a_group_the_rank_cannot_use_is_refused(ranks, kind, error, words):
+    for rank, results in enumerate(ranks):
+        raised, message = results["groups"][kind]
+        assert raised == error, f"rank {rank}: {raised}: {message}"
+        assert words in message, f"rank {rank}: {message!r}"
 
 
 def test_a_rank_that_never_calls_times_out_its_peer(ranks):
