@@ -26,6 +26,9 @@ peak) and, at ``--dense-n`` only, the plain dense math attention (explicit (B, H
 autograd), whose peak grows as N^2: its need at N is extrapolated from it, not run.
 
 The report goes to stdout; nothing is written. docs/context-parallel.md records one run.
+
+Tests: none (a benchmark, never a timed test); the ring it measures is tested in
+tests/torch_attention/test_distributed.py.
 """
 
 from __future__ import annotations
