@@ -38,14 +38,13 @@ per-block backward from the final lse and delta). Tests: tests/torch_attention/t
 from __future__ import annotations
 
 import bisect
-import math
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from . import validation
+from . import scores, validation
 from .merge import merge_attention
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -196,7 +195,7 @@ def ring_attention(
     except (TypeError, ValueError):
         _exchange(group, len(_RING_FIELDS), None, "ring_attention")  # the peers stop too
         raise
-    row = _ring_row(q, k, v, plan, causal, window, enable_gqa, layout)
+    row = _ring_row(q, k, v, plan, causal, layout)
     _check_agreement(_exchange(group, len(_RING_FIELDS), row, "ring_attention"))
     plan = plan._replace(group=group, rank=rank, world=world)
     return _RingAttention.apply(q, k, v, plan)
@@ -205,10 +204,7 @@ def ring_attention(
 class _Plan(NamedTuple):
     """Everything the ring needs besides the tensors, checked."""
 
-    scale: float
-    softcap: float  # 0.0: off
-    left: int | None  # visible keys: i - left <= j <= i + right, None = unbounded
-    right: int | None  # causal makes right <= 0
+    rules: scores.ScoreRules  # scale, softcap and the visible band (left, right), offset 0
     layout: str
     group: dist.ProcessGroup | None = None
     rank: int = 0
@@ -241,8 +237,8 @@ def _ring_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H_kv, g, n, Dv) and lse (B, H_kv, g, n), in the compute dtype."""
-    compute = _compute_dtype(q.dtype)
-    q_scaled = _group(q, k).to(compute) * plan.scale  # (B, H_kv, g, n, D)
+    compute = scores.compute_dtype(q.dtype)
+    q_scaled = _group(q, k).to(compute) * plan.rules.scale  # (B, H_kv, g, n, D)
     rows = q_scaled.shape[-2]
     qpos = _chunk_positions(_chunks(plan.layout, plan.rank, plan.world, rows), q.device)
     out = q_scaled.new_zeros(q_scaled.shape[:-1] + (v.shape[-1],))  # a dead state: out 0,
@@ -287,7 +283,7 @@ def _ring_backward(
     home with the sum over every rank's queries. dq stays local.
     """
     compute = out.dtype
-    q_scaled = _group(q, k).to(compute) * plan.scale  # (B, H_kv, g, n, D)
+    q_scaled = _group(q, k).to(compute) * plan.rules.scale  # (B, H_kv, g, n, D)
     dout = _group(dout, k).to(compute)  # (B, H_kv, g, n, Dv)
     delta = (dout * out).sum(dim=-1)  # rowsum(dO * O), (B, H_kv, g, n)
     rows = q_scaled.shape[-2]
@@ -369,9 +365,8 @@ def _sees(plan: _Plan, q_start: int, q_len: int, k_start: int, k_len: int) -> bo
         return False
     nearest = k_start - (q_start + q_len - 1)  # the smallest j - i of the two ranges
     farthest = k_start + k_len - 1 - q_start  # the largest
-    return (plan.right is None or nearest <= plan.right) and (
-        plan.left is None or farthest >= -plan.left
-    )
+    left, right = plan.rules.left, plan.rules.right
+    return (right is None or nearest <= right) and (left is None or farthest >= -left)
 
 
 def _span(chunks: tuple[tuple[int, int], ...], chosen: set[int]) -> slice:
@@ -390,8 +385,9 @@ def _tiles(plan: _Plan, block: _Block, qpos: torch.Tensor) -> list[tuple[slice, 
     for start in range(0, len(first_positions), _QUERY_TILE):
         stop = min(start + _QUERY_TILE, len(first_positions))
         first, last = first_positions[start], first_positions[stop - 1]
-        lo = 0 if plan.left is None else bisect.bisect_left(keys, first - plan.left)
-        hi = len(keys) if plan.right is None else bisect.bisect_right(keys, last + plan.right)
+        left, right = plan.rules.left, plan.rules.right
+        lo = 0 if left is None else bisect.bisect_left(keys, first - left)
+        hi = len(keys) if right is None else bisect.bisect_right(keys, last + right)
         if lo < hi:
             offset = block.rows.start
             tiles.append((slice(offset + start, offset + stop), slice(lo, hi)))
@@ -407,21 +403,15 @@ def _scores(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S (B, H_kv, g, rows, cols) of queries at global positions ``qpos`` against keys at
     ``kpos``, hidden entries replaced by -inf; and tanh(S1 / softcap) for the backward."""
-    scores = q_scaled @ k.transpose(-2, -1)  # S1 = (Q * scale) K^T
+    logits = q_scaled @ k.transpose(-2, -1)  # S1 = (Q * scale) K^T
     capped = None
-    if plan.softcap:
-        capped = torch.tanh(scores / plan.softcap)
-        scores = plan.softcap * capped
-    ahead = kpos[None, :] - qpos[:, None]  # j - i, (rows, cols)
-    hidden = None
-    if plan.right is not None:
-        hidden = ahead > plan.right
-    if plan.left is not None:
-        behind = ahead < -plan.left
-        hidden = behind if hidden is None else hidden | behind
-    if hidden is not None:
-        scores = scores.masked_fill(hidden, float("-inf"))  # replaced, never added to
-    return scores, capped
+    if plan.rules.softcap:  # as in scores.scores_forward, keeping tanh for the backward
+        capped = torch.tanh(logits / plan.rules.softcap)
+        logits = plan.rules.softcap * capped
+    visible = scores.band(plan.rules, qpos[:, None], kpos[None, :])  # on global positions
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))  # replaced, never added to
+    return logits, capped
 
 
 def _block_forward(
@@ -435,10 +425,10 @@ def _block_forward(
     """Attention of q (B, H_kv, g, rows, D) over one block k (B, H_kv, 1, cols, D), v (...,
     cols, Dv): out (B, H_kv, g, rows, Dv) and lse (B, H_kv, g, rows); a row that sees nothing
     in the block gets out 0 and lse -inf, which the merge weighs 0."""
-    scores, _ = _scores(q_scaled, k, qpos, kpos, plan)
-    shift = scores.amax(dim=-1, keepdim=True)  # (..., rows, 1)
+    logits, _ = _scores(q_scaled, k, qpos, kpos, plan)
+    shift = logits.amax(dim=-1, keepdim=True)  # (..., rows, 1)
     shift = shift.masked_fill(torch.isneginf(shift), 0.0)  # a dead row: -inf - (-inf) = NaN
-    exps = (scores - shift).exp()
+    exps = (logits - shift).exp()
     total = exps.sum(dim=-1, keepdim=True)  # (..., rows, 1)
     out = (exps @ v) / total.masked_fill(total == 0, 1.0)  # (..., rows, Dv)
     lse = (shift + total.log()).squeeze(-1)  # log 0 = -inf on a dead row
@@ -463,15 +453,15 @@ def _block_backward(
     dS1 = dS * (1 - tanh^2(S1 / softcap)) (softcap only);  dQ = dS1 K * scale;
     dK = sum_g dS1^T (Q * scale).
     """
-    scores, capped = _scores(q_scaled, k, qpos, kpos, plan)
+    logits, capped = _scores(q_scaled, k, qpos, kpos, plan)
     lse = lse.masked_fill(torch.isneginf(lse), float("inf"))  # a dead row: P = exp(S - inf) = 0
-    probs = (scores - lse[..., None]).exp()  # (..., rows, cols)
+    probs = (logits - lse[..., None]).exp()  # (..., rows, cols)
     dv = (probs.transpose(-2, -1) @ dout).sum(dim=2, keepdim=True)  # forward: O = P V
     dprobs = dout @ v.transpose(-2, -1)
     dscores = probs * (dprobs - delta[..., None])  # forward: P = softmax(S)
     if capped is not None:
         dscores = dscores * (1 - capped * capped)  # forward: S = softcap * tanh(S1 / softcap)
-    dq = (dscores @ k) * plan.scale  # forward: S1 = (Q * scale) K^T
+    dq = (dscores @ k) * plan.rules.scale  # forward: S1 = (Q * scale) K^T
     dk = (dscores.transpose(-2, -1) @ q_scaled).sum(dim=2, keepdim=True)
     return dq, dk, dv
 
@@ -563,15 +553,10 @@ _RING_FIELDS = (
     "causal",
     "scale",
     "softcap",
-    "window[0]",
-    "window[1]",
-    "enable_gqa",
+    "left",  # the visible band, window and causal together
+    "right",
     "layout",
 )
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _check_layout(layout: Any) -> None:
@@ -603,79 +588,40 @@ def _check_ring_inputs(
     enable_gqa: Any,
     layout: Any,
 ) -> _Plan:
-    """This rank's own checks, before any communication."""
-    q, k, v = (validation.float_tensor(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
-    validation.same_dtype(q=q, k=k, v=v)
+    """This rank's own checks, before any communication: the core's checks of attention
+    (``scores.prepare``, its messages), then what a ring adds (4-D shards of one length)."""
+    rules = scores.prepare(
+        q, k, v, causal=causal, window=window, scale=scale, softcap=softcap, enable_gqa=enable_gqa
+    ).rules
     _check_dtype("q", q)
     if len({t.device for t in (q, k, v)}) > 1:
         raise ValueError(
             f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
         )
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k and v must be (B, H, N/W, D) shards, got {shapes}")
-    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+    if q.ndim != 4 or k.ndim != 4 or q.shape[2] != k.shape[2]:
         raise ValueError(
-            f"q (B, H, n, D), k (B, H_kv, n, D) and v (B, H_kv, n, Dv) must share B and the "
-            f"shard length n (self-attention, N = M), got {shapes}"
+            f"q (B, H, n, D), k (B, H_kv, n, D) and v (B, H_kv, n, Dv) must be shards of one "
+            f"length n (self-attention, N = M), got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
         )
-    if q.shape[3] != k.shape[3] or q.shape[3] == 0:
-        raise ValueError(f"q and k must share a head width D >= 1, got {shapes}")
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads and not validation.flag("enable_gqa", enable_gqa):
-        raise ValueError(f"k and v with fewer heads than q (GQA) need enable_gqa=True; {shapes}")
-    if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(
-            f"the query heads H = {heads} must be a multiple of the kv heads H_kv = {kv_heads} "
-            f"({shapes})"
-        )
-    validation.flag("enable_gqa", enable_gqa)
     _check_layout(layout)
     _check_zigzag_length(layout, q.shape[2], "q", tuple(q.shape))
-    left, right = _check_window(window)
-    if validation.flag("causal", causal):
-        right = 0 if right is None else min(right, 0)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else validation.finite_real("scale", scale)
-    cap = validation.finite_real("softcap", softcap)
-    if cap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
-    return _Plan(scale=scale, softcap=cap, left=left, right=right, layout=layout)
-
-
-def _check_window(window: Any) -> tuple[int | None, int | None]:
-    """``(left, right)``, each a non-negative int or None (unbounded)."""
-    if window is None:
-        return None, None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be (left, right) or None, got {window!r}")
-    left, right = (
-        None if side is None else validation.non_negative_int(f"window[{i}]", side)
-        for i, side in enumerate(window)
-    )
-    return left, right
+    return _Plan(rules=rules, layout=layout)
 
 
 def _ring_row(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    plan: _Plan,
-    causal: bool,
-    window: Any,
-    enable_gqa: bool,
-    layout: str,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, causal: bool, layout: str
 ) -> list[float]:
-    """This rank's metadata, in the order of ``_RING_FIELDS`` (None as -1)."""
-    left, right = _check_window(window)
+    """This rank's metadata, in the order of ``_RING_FIELDS`` (an unbounded side as -1)."""
+    rules = plan.rules
     return [
         *(float(s) for t in (q, k, v) for s in t.shape),
         float(_DTYPES.index(q.dtype)),
         float(causal),
-        plan.scale,
-        plan.softcap,
-        -1.0 if left is None else float(left),
-        -1.0 if right is None else float(right),
-        float(enable_gqa),
+        rules.scale,
+        rules.softcap,
+        -1.0 if rules.left is None else float(rules.left),
+        -1.0 if rules.right is None else float(rules.right),
         float(LAYOUTS.index(layout)),
     ]
 
@@ -712,9 +658,9 @@ def _option(column: int, value: float) -> Any:
     name = _RING_FIELDS[column]
     if name == "layout":
         return LAYOUTS[int(value)]
-    if name in ("causal", "enable_gqa"):
+    if name == "causal":
         return bool(value)
-    if name.startswith("window"):
+    if name in ("left", "right"):
         return None if value < 0 else int(value)
     return value
 

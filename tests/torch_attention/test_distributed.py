@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 
 from numpy_attention.functional import attention_backward, attention_forward
 from parity_tests.tolerances import FLOAT64_RTOL, rel_error
-from torch_attention import distributed
+from torch_attention import distributed, scores
 from torch_attention.distributed import (
     gather_sequence,
     ring_attention,
@@ -421,12 +421,13 @@ def test_shard_positions_refuse_what_the_layout_cannot_split(args, error, match)
         shard_positions(*args)
 
 
-def computed_blocks(layout: str, causal: bool, world: int, rows: int, left=None, right=None):
+def computed_blocks(layout: str, causal: bool, world: int, rows: int, window=None):
     """{(rank, step): (query rows, keys)} of the blocks each rank computes; the rest skip."""
+    shard = torch.zeros(1, 1, rows, 1)
+    rules = scores.prepare(shard, shard, shard, causal=causal, window=window).rules
     blocks = {}
-    right = 0 if causal else right
     for rank in range(world):
-        plan = distributed._Plan(1.0, 0.0, left, right, layout, None, rank, world)
+        plan = distributed._Plan(rules, layout, None, rank, world)
         for step in range(world):
             origin = distributed._kv_origin(rank, step, world)
             block = distributed._visible_block(plan, origin, rows, torch.device("cpu"))
@@ -460,7 +461,7 @@ def test_without_causal_or_window_every_block_is_computed_whole():
 
 
 def test_a_window_skips_the_blocks_out_of_its_reach():
-    blocks = computed_blocks("contiguous", False, 4, 6, left=5, right=3)
+    blocks = computed_blocks("contiguous", False, 4, 6, window=(5, 3))
 
     expected = {
         (rank, step)
