@@ -36,6 +36,8 @@ class _CausalLayer(nn.Module):
     keep-mask, and the check of a loaded ``mask`` buffer (a buffer with a hole would let the
     model see future tokens)."""
 
+    mask: torch.Tensor  # the book's causal buffer (CausalAttention, MultiHeadAttention)
+
     def __init__(
         self, d_in: int, d_out: int, context_length: int, dropout: float, backend: str
     ) -> None:
@@ -48,8 +50,8 @@ class _CausalLayer(nn.Module):
 
     def _checked_input(
         self, x: Any, attn_dropout_mask: Any, heads: tuple[int, ...]
-    ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-        """x checked as (B, N, d_in) with N <= context_length, N, and the explicit attention
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x checked as (B, N, d_in) with N <= context_length, and the explicit attention
         keep-mask checked as (B, *heads, N, N) (None when none is given)."""
         x = validation.layer_input("x", x, self.d_in, (3,), _param_dtype(self))
         n = x.shape[-2]
@@ -66,7 +68,19 @@ class _CausalLayer(nn.Module):
             attn_dropout_mask,
             x.device,
         )
-        return x, n, keep
+        return x, keep
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention masked by the book's ``mask`` buffer, ``mask[:N, :N]`` (so a loaded buffer
+        is honoured), with attention dropout in train mode."""
+        n = q.shape[-2]
+        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        p = self.dropout_p if self.training else 0.0
+        return attention(
+            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
+        )
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
         key = prefix + "mask"
@@ -167,8 +181,6 @@ class CausalAttention(_CausalLayer):
     probability of dropping an attention weight in train mode.
     """
 
-    mask: torch.Tensor
-
     def __init__(
         self,
         d_in: int,
@@ -193,13 +205,9 @@ class CausalAttention(_CausalLayer):
             attn_dropout_mask: bool (B, N, N) keep-mask (True = kept), train mode and dropout > 0
                 only. Without it, train mode draws one from torch's generator.
         """
-        x, n, keep = self._checked_input(x, attn_dropout_mask, ())
-        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        x, keep = self._checked_input(x, attn_dropout_mask, ())
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, N, C) -> (B, N, D)
-        p = self.dropout_p if self.training else 0.0
-        return attention(
-            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
-        )
+        return self._attend(q, k, v, keep)
 
     def extra_repr(self) -> str:
         return (
@@ -245,7 +253,7 @@ class MultiHeadAttentionWrapper(_CausalLayer):
             attn_dropout_mask: bool (B, H, N, N) keep-mask; head h uses ``[:, h]``. Without it,
                 train mode draws one from torch's generator.
         """
-        x, _, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
+        x, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
         outs = [head(x, None if keep is None else keep[:, h]) for h, head in enumerate(self.heads)]
         return torch.cat(outs, dim=-1)  # H x (B, N, D) -> (B, N, H*D)
 
@@ -261,8 +269,6 @@ class MultiHeadAttention(_CausalLayer):
     and attention dropout; heads merged back to (B, N, d_out); then ``out_proj`` (with bias).
     Parameters are created in the order W_query, W_key, W_value, out_proj.
     """
-
-    mask: torch.Tensor
 
     def __init__(
         self,
@@ -294,15 +300,11 @@ class MultiHeadAttention(_CausalLayer):
             attn_dropout_mask: bool (B, H, N, N) keep-mask (True = kept), train mode and
                 dropout > 0 only. Without it, train mode draws one from torch's generator.
         """
-        x, n, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
-        allowed = self.mask[:n, :n] == 0  # (N, N), True = may attend
+        x, keep = self._checked_input(x, attn_dropout_mask, (self.num_heads,))
         q = split_heads(self.W_query(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
         k = split_heads(self.W_key(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
         v = split_heads(self.W_value(x), self.num_heads)  # (B, N, d_out) -> (B, H, N, D)
-        p = self.dropout_p if self.training else 0.0
-        heads = attention(
-            q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
-        )  # (B, H, N, D)
+        heads = self._attend(q, k, v, keep)  # (B, H, N, D)
         return self.out_proj(merge_heads(heads))  # (B, H, N, D) -> (B, N, d_out) -> (B, N, d_out)
 
     def extra_repr(self) -> str:
