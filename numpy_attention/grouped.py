@@ -246,7 +246,7 @@ class GroupedQueryAttention(Module):
         norm_eps = validation.finite_real("norm_eps", norm_eps)
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
-        self.window = _check_window(window)
+        self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
             raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
@@ -425,19 +425,6 @@ def _check_inv_freq(inv_freq: Any, head_dim: int, rope_theta: Any) -> np.ndarray
     if not np.all(np.isfinite(freqs)):
         raise ValueError("inv_freq must be finite")
     return freqs.astype(np.float64)
-
-
-def _check_window(window: Any) -> tuple[int | None, int | None] | None:
-    """(left, right) with each side a non-negative int or None; None for no window."""
-    if window is None:
-        return None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be (left, right) or None, got {window!r}")
-    left, right = (
-        None if side is None else validation.non_negative_int(f"window[{i}]", side)
-        for i, side in enumerate(window)
-    )
-    return left, right
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

@@ -150,7 +150,7 @@ def prepare(
     causal = validation.flag("causal", causal)
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
-    left, right = _check_window(window)
+    left, right = validation.window(window)
     if causal:
         right = 0 if right is None else min(right, 0)
     offset = m - n if align == "bottom-right" else 0
@@ -243,19 +243,6 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, enable_gqa: bool)
             f"(q {q.shape}, k {k.shape})"
         )
     return heads // kv_heads
-
-
-def _check_window(window: Any) -> tuple[int | None, int | None]:
-    """``(left, right)``, each a non-negative int or None (unbounded)."""
-    if window is None:
-        return None, None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be (left, right) or None, got {window!r}")
-    left, right = (
-        None if side is None else validation.non_negative_int(f"window[{i}]", side)
-        for i, side in enumerate(window)
-    )
-    return left, right
 
 
 def _check_slopes(slopes: Any, lead: tuple[int, ...], compute: np.dtype) -> np.ndarray | None:

@@ -72,6 +72,20 @@ def non_negative_int(name: str, value: Any) -> int:
     return value
 
 
+def window(value: Any, name: str = "window") -> tuple[int | None, int | None]:
+    """A sliding window ``(left, right)``, each side a non-negative int or None (unbounded);
+    None is no window, ``(None, None)``."""
+    if value is None:
+        return None, None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be (left, right) or None, got {value!r}")
+    left, right = (
+        None if side is None else non_negative_int(f"{name}[{i}]", side)
+        for i, side in enumerate(value)
+    )
+    return left, right
+
+
 def finite_real(name: str, value: Any) -> float:
     """A finite real number, as float: ``TypeError`` for anything else, ``ValueError`` for NaN
     and inf (a NaN scale would turn every output into NaN, or into 0 on some torch backends)."""

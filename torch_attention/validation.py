@@ -91,7 +91,7 @@ def finite_real(name: str, value: Any) -> float:
 
 def window(value: Any, name: str = "window") -> tuple[int | None, int | None]:
     """A sliding window ``(left, right)``, each side a non-negative int or None (unbounded);
-    None is no window, ``(None, None)``. (NumPy keeps this check in ``scores._check_window``.)"""
+    None is no window, ``(None, None)``."""
     if value is None:
         return None, None
     if not isinstance(value, (tuple, list)) or len(value) != 2:
