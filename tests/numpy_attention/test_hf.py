@@ -374,10 +374,16 @@ def test_missing_keys_are_named_with_their_prefix(rng):
     [("llama", "q_proj.bias"), ("mistral", "q_norm.weight"), ("qwen3", "rotary_emb.inv_freq")],
 )
 def test_unexpected_attention_keys_are_refused(rng, model, extra):
-    state = attention_state(rng, **EXTRAS[model])
-    state[extra] = rng.standard_normal(H * D)
+    """Named as the caller wrote them, before the layer is built (the layer's own
+    load_state_dict would name them without the prefix)."""
+    state = model_state(rng, **EXTRAS[model])
+    state[f"model.layers.0.self_attn.{extra}"] = rng.standard_normal(H * D)
 
-    with pytest.raises(KeyError, match=rf"unexpected keys \['{extra}'\]"):
+    with pytest.raises(
+        KeyError,
+        match=rf"unexpected keys \['model.layers.0.self_attn.{extra}'\] for this config's "
+        r"attention .* under the prefix 'model.layers.0.self_attn.'",
+    ):
         grouped_from_hf(config(model), state)
 
 

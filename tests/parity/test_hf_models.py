@@ -129,7 +129,12 @@ CASES = [
             model,
             layer,
             layer == 1,
-            {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+            {
+                "use_sliding_window": True,
+                "sliding_window": WINDOW,
+                "max_window_layers": 1,
+                "rms_norm_eps": 1e-5,  # Qwen3's QK-norm eps, not the layer's default
+            },
         )
         for model in ("Qwen2", "Qwen3")
         for layer, kind in ((0, "full"), (1, "sliding"))
@@ -328,6 +333,15 @@ ROPES = {
         "beta_fast": 16.0,
         "beta_slow": 2.0,
         "original_max_position_embeddings": 8192,
+    },
+    "yarn-gpt-oss": {  # GPT-OSS's defaults: truncate false keeps the ramp's ends fractional
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 1024,
     },
     "yarn-mscale": {
         "rope_type": "yarn",

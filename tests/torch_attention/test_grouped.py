@@ -336,6 +336,17 @@ def test_a_cache_too_short_names_max_len_and_the_length_needed_and_writes_nothin
     assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
 
 
+def test_append_refuses_before_writing(rng):
+    cache = KVCache(1, H_KV, 3, D, torch.float64)
+    cache.append(*(to_torch(rng.standard_normal((1, H_KV, 2, D))) for _ in range(2)))
+    before = cache.k.clone()
+
+    with pytest.raises(ValueError, match="need a length of 4"):
+        cache.append(*(to_torch(rng.standard_normal((1, H_KV, 2, D))) for _ in range(2)))
+
+    assert cache.length == 2 and torch.equal(cache.k, before)
+
+
 @pytest.mark.parametrize(
     ("cache", "error", "message"),
     [
