@@ -17,7 +17,9 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
-input's dtype. The attention itself runs on ``backend`` (``functional.attention``).
+input's dtype. The attention itself runs on ``backend`` (``functional.attention``): ``"sdpa"``
+refuses softcap and sinks, and ``"flex"`` runs every option but, on CPU, only without a backward
+(decoding with the cache runs under ``torch.no_grad()``).
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in

@@ -43,8 +43,9 @@ OPTIONS = {
     },
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
+# FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
 SDPA_REFUSES = ("softcap", "sinks")
-BACKENDS = ["auto", "sdpa", "math", "manual"]
+BACKENDS = ["auto", "sdpa", "math", "manual", "flex"]
 
 
 def applies(backend, options):
@@ -224,6 +225,18 @@ def test_layer_matches_numpy_on_left_padding_with_every_option(rng):
     assert_close(x_t.grad, dx, name="dx")
     for name, param in torch_layer.named_parameters():
         assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+def test_flex_runs_inference_and_refuses_a_backward_on_cpu(rng):
+    np_layer, layer = twins(rng, OPTIONS["all"], "flex")
+    x = rng.standard_normal((2, 5, C))
+
+    with torch.no_grad():
+        out = layer(to_torch(x))
+
+    assert_close(out, np_layer(x), name="out")
+    with pytest.raises(ValueError, match="backend='flex' cannot compute"):
+        layer(to_torch(x, requires_grad=True))
 
 
 @pytest.mark.parametrize("backend", ["math", "manual"])
