@@ -22,9 +22,11 @@ from .attention import (
     SimpleSelfAttention,
 )
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
-from .grouped import GroupedQueryAttention, KVCache, RMSNorm, rope, rope_inv_freq
+from .grouped import GroupedQueryAttention, KVCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
+from .norms import RMSNorm
+from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
 
 __all__ = [

@@ -38,148 +38,17 @@ from torch import nn
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
+from .norms import RMSNorm
+from .rope import check_positions, rope, rope_inv_freq
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
-    "RMSNorm",
+    "RMSNorm",  # from norms.py, as the NumPy twin's grouped.py offers it
+    "check_positions",  # from rope.py
     "rope",
     "rope_inv_freq",
 ]
-
-# -- RoPE -------------------------------------------------------------------------------------
-
-
-def rope_inv_freq(head_dim: int, rope_theta: float = 10000.0) -> torch.Tensor:
-    """The default frequencies, ``1 / rope_theta ** (arange(0, D, 2) / D)``, float64 (D/2,) on
-    the CPU."""
-    head_dim = validation.positive_int("head_dim", head_dim)
-    if head_dim % 2:
-        raise ValueError(
-            f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim}"
-        )
-    theta = validation.finite_real("rope_theta", rope_theta)
-    if theta <= 0:
-        raise ValueError(f"rope_theta must be > 0, got {rope_theta}")
-    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-
-
-def check_positions(positions: Any, x_shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``positions`` on ``device``, checked against x (..., N, D): (N,), or (B, N) with B = x's
-    first axis (x (B, ..., N, D)); integer or float, finite."""
-    positions = torch.as_tensor(positions, device=device)
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise TypeError(f"positions must be integers (or floats), got dtype {positions.dtype}")
-    n = x_shape[-2]
-    shape = tuple(positions.shape)
-    batched = len(x_shape) >= 3 and shape == (x_shape[0], n)
-    if shape != (n,) and not batched:
-        per_batch = f" or (B, N) = {(x_shape[0], n)}" if len(x_shape) >= 3 else ""
-        raise ValueError(
-            f"positions must be (N,) = ({n},){per_batch} for x of shape {tuple(x_shape)}, "
-            f"got {shape}"
-        )
-    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
-        raise ValueError("positions must be finite")
-    return positions
-
-
-def rope(
-    x: torch.Tensor,
-    positions: Any,
-    *,
-    inv_freq: Any,
-    interleaved: bool = False,
-    attention_factor: float = 1.0,
-) -> torch.Tensor:
-    """Rotate each pair of coordinates of x by angle = position * inv_freq, times f.
-
-    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+D/2}) (half-split,
-    Hugging Face's ``rotate_half``) or (x_{2i}, x_{2i+1}) (interleaved). Differentiable by
-    autograd (the backward rotates by -angle, docs/derivations/rope.md).
-
-    Args:
-        x: (..., N, D), D even; typically q or k (B, H, N, D).
-        positions: (N,), or (B, N) with B = x's first axis: each batch element its own positions
-            (left padding, cache offsets). Integers (or floats), finite.
-        inv_freq: (D/2,) frequencies, e.g. ``rope_inv_freq(D, theta)`` or a model's own.
-        interleaved: the pair layout.
-        attention_factor: f, multiplies cos and sin (YaRN's and LongRoPE's attention factor).
-
-    Returns:
-        (..., N, D) in x's dtype.
-    """
-    x = validation.float_tensor("x", x)
-    if x.ndim < 2 or x.shape[-1] % 2 or x.shape[-1] == 0:
-        raise ValueError(
-            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
-            f"got shape {tuple(x.shape)}"
-        )
-    half = x.shape[-1] // 2
-    positions = check_positions(positions, tuple(x.shape), x.device)
-    freqs = validation.float_tensor("inv_freq", torch.as_tensor(inv_freq))
-    if tuple(freqs.shape) != (half,):
-        raise ValueError(
-            f"inv_freq must be (D/2,) = ({half},) for x of shape {tuple(x.shape)}, "
-            f"got {tuple(freqs.shape)}"
-        )
-    interleaved = validation.flag("interleaved", interleaved)
-    factor = validation.finite_real("attention_factor", attention_factor)
-
-    # float64 angles, then tables in x's dtype (numpy_attention.rope says why)
-    angles = positions.to(torch.float64)[..., None] * freqs.to(x.device, torch.float64)
-    cos = (torch.cos(angles) * factor).to(x.dtype)  # (N, D/2) or (B, N, D/2)
-    sin = (torch.sin(angles) * factor).to(x.dtype)
-    if positions.ndim == 2:  # (B, N, D/2) -> (B, 1, ..., 1, N, D/2), against x (B, ..., N, D)
-        shape = cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:]
-        cos, sin = cos.reshape(shape), sin.reshape(shape)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]  # (..., N, D/2) each
-        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D/2, 2)
-        return pairs.flatten(-2)  # -> (..., N, D)
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)
-
-
-# -- RMSNorm ----------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """RMS normalization of the last axis with a learned scale: ``weight`` (D,), ones.
-
-    y = w * x / sqrt(mean(x^2) + eps), computed in x's dtype (Hugging Face's computes in float32
-    whatever the input's dtype). Qwen3's QK-norm applies it per head on D.
-
-    Args:
-        dim: D, the width normalized.
-        eps: > 0, added to the mean square under the root.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.dim = validation.positive_int("dim", dim)
-        self.eps = validation.finite_real("eps", eps)
-        if self.eps <= 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
-        self.weight = nn.Parameter(torch.ones(self.dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., D) -> (..., D)."""
-        x = validation.float_tensor("x", x)
-        if x.ndim < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"RMSNorm expects x (..., {self.dim}), got shape {tuple(x.shape)}")
-        if x.dtype != self.weight.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but RMSNorm's weight is {self.weight.dtype}; "
-                "cast one with module.to(...) or x.to(...)"
-            )
-        mean_square = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
-        inv_rms = 1 / torch.sqrt(mean_square + self.eps)  # (..., 1)
-        return x * inv_rms * self.weight
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, eps={self.eps}"
-
 
 # -- the cache --------------------------------------------------------------------------------
 

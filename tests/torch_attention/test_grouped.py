@@ -1,5 +1,5 @@
-"""torch_attention.grouped, the torch twin of today's decoder attention: RoPE and RMSNorm against
-their NumPy twins and torch's gradcheck; the layer's state dict, gradcheck on every option and
+"""torch_attention.grouped, the torch twin of today's decoder attention (RoPE and RMSNorm are in
+test_rope.py and test_norms.py): the layer's state dict, gradcheck on every option and
 backend, decoding with the cache equal to the full forward on every backend, the cache's
 refusals (nothing written), and bad input. The layer against its NumPy twin, every option and
 backend, is the parity registry's (tests/parity/test_registry.py); against transformers,
@@ -13,10 +13,8 @@ import pytest
 import torch
 
 import numpy_attention.grouped as np_grouped
-from numpy_attention.norms import rmsnorm_backward, rmsnorm_forward
-from numpy_attention.rope import rope_backward, rope_forward
 from torch_attention import from_numpy
-from torch_attention.grouped import GroupedQueryAttention, KVCache, RMSNorm, rope, rope_inv_freq
+from torch_attention.grouped import GroupedQueryAttention, KVCache
 
 from ..conftest import assert_close, to_numpy, to_torch
 
@@ -82,117 +80,7 @@ def left_padded(rng, b=2, n=9, pad=3):
     return x, padding, positions
 
 
-# -- RoPE ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("batched_positions", [False, True])
-def test_rope_matches_numpy_forward_and_backward(rng, interleaved, batched_positions):
-    x = rng.standard_normal((2, 3, 7, D))
-    positions = (
-        np.stack([np.arange(7) + 4, np.arange(7) - 2]) if batched_positions else np.arange(7)
-    )
-    inv_freq = rng.random(D // 2)
-    dout = rng.standard_normal(x.shape)
-    options = {"inv_freq": inv_freq, "interleaved": interleaved, "attention_factor": 1.3}
-
-    expected, ctx = rope_forward(x, positions, **options)
-    x_t = to_torch(x, requires_grad=True)
-    out = rope(x_t, to_torch(positions), **options)
-    out.backward(to_torch(dout))
-
-    assert_close(out, expected, name="out")
-    assert_close(x_t.grad, rope_backward(dout, ctx), name="dx")
-
-
-def test_rope_passes_gradcheck(rng):
-    x = to_torch(rng.standard_normal((2, 2, 5, D)), requires_grad=True)
-    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
-
-    assert torch.autograd.gradcheck(
-        lambda t: rope(t, positions, inv_freq=rope_inv_freq(D), attention_factor=0.9), (x,)
-    )
-
-
-def test_rope_keeps_float32_and_computes_angles_in_float64(rng):
-    """Positions around 1e5: float32 angles would be off by up to 4e-3 rad; the NumPy twin's
-    float64 angles agree to float32 rounding."""
-    x = rng.standard_normal((1, 5, D)).astype(np.float32)
-    positions = 100_000 + np.arange(5)
-    inv_freq = rope_inv_freq(D, 500_000.0)
-
-    out = rope(to_torch(x), to_torch(positions), inv_freq=inv_freq)
-
-    assert out.dtype == torch.float32
-    assert_close(out, rope_forward(x, positions, inv_freq=inv_freq.numpy())[0], name="out")
-
-
-def test_rope_default_frequencies_are_numpys():
-    assert_close(rope_inv_freq(D, 500_000.0), np_grouped.rope_inv_freq(D, 500_000.0))
-
-
-@pytest.mark.parametrize(
-    ("positions", "message"),
-    [(np.arange(6), r"positions must be \(N,\) = \(7,\) or \(B, N\)"), (np.ones(7, bool), "dtype")],
-)
-def test_rope_refuses_positions_of_the_wrong_shape_or_dtype(rng, positions, message):
-    x = to_torch(rng.standard_normal((2, 3, 7, D)))
-
-    with pytest.raises((ValueError, TypeError), match=message):
-        rope(x, positions, inv_freq=rope_inv_freq(D))
-
-
-def test_rope_refuses_an_odd_width_and_frequencies_of_the_wrong_length(rng):
-    with pytest.raises(ValueError, match="even head width"):
-        rope(to_torch(rng.standard_normal((3, 5))), np.arange(3), inv_freq=np.ones(2))
-    with pytest.raises(ValueError, match=r"inv_freq must be \(D/2,\) = \(3,\)"):
-        rope(to_torch(rng.standard_normal((3, 6))), np.arange(3), inv_freq=np.ones(2))
-
-
-# -- RMSNorm ------------------------------------------------------------------------------------
-
-
-def test_rmsnorm_matches_numpy_forward_and_backward(rng):
-    x = rng.standard_normal((2, 3, 5, D))
-    weight = rng.standard_normal(D)
-    dout = rng.standard_normal(x.shape)
-    norm = RMSNorm(D, eps=1e-5).double()
-    with torch.no_grad():
-        norm.weight.copy_(to_torch(weight))
-
-    expected, ctx = rmsnorm_forward(x, weight, 1e-5)
-    x_t = to_torch(x, requires_grad=True)
-    out = norm(x_t)
-    out.backward(to_torch(dout))
-    dx, dweight = rmsnorm_backward(dout, ctx)
-
-    assert_close(out, expected, name="out")
-    assert_close(x_t.grad, dx, name="dx")
-    assert_close(norm.weight.grad, dweight, name="dweight")
-
-
-def test_rmsnorm_passes_gradcheck(rng):
-    norm = RMSNorm(D, eps=1e-6).double()
-    x = to_torch(rng.standard_normal((3, 2, D)), requires_grad=True)
-    weight = to_torch(rng.standard_normal(D), requires_grad=True)
-
-    def fn(x_, w_):
-        return torch.func.functional_call(norm, {"weight": w_}, (x_,))
-
-    assert torch.autograd.gradcheck(fn, (x, weight))
-
-
-def test_rmsnorm_refuses_another_width_or_dtype(rng):
-    norm = RMSNorm(D)
-    with pytest.raises(ValueError, match=r"RMSNorm expects x \(\.\.\., 6\)"):
-        norm(torch.ones(2, 5))
-    with pytest.raises(TypeError, match="float64 but RMSNorm's weight is torch.float32"):
-        norm(torch.ones(2, D, dtype=torch.float64))
-    with pytest.raises(ValueError, match="eps must be > 0"):
-        RMSNorm(D, eps=0.0)
-
-
-# -- the layer ----------------------------------------------------------------------------------
+# -- the layer ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())

@@ -1,0 +1,57 @@
+"""torch_attention.norms, the twin of numpy_attention.norms: RMSNorm against the NumPy twin's
+forward and hand-derived backward, torch's gradcheck, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from numpy_attention.norms import rmsnorm_backward, rmsnorm_forward
+from torch_attention.norms import RMSNorm
+
+from ..conftest import assert_close, to_torch
+
+D = 6  # the head width (even, for RoPE)
+
+
+def test_rmsnorm_matches_numpy_forward_and_backward(rng):
+    x = rng.standard_normal((2, 3, 5, D))
+    weight = rng.standard_normal(D)
+    dout = rng.standard_normal(x.shape)
+    norm = RMSNorm(D, eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(to_torch(weight))
+
+    expected, ctx = rmsnorm_forward(x, weight, 1e-5)
+    x_t = to_torch(x, requires_grad=True)
+    out = norm(x_t)
+    out.backward(to_torch(dout))
+    dx, dweight = rmsnorm_backward(dout, ctx)
+
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    assert_close(norm.weight.grad, dweight, name="dweight")
+
+
+def test_rmsnorm_passes_gradcheck(rng):
+    norm = RMSNorm(D, eps=1e-6).double()
+    x = to_torch(rng.standard_normal((3, 2, D)), requires_grad=True)
+    weight = to_torch(rng.standard_normal(D), requires_grad=True)
+
+    def fn(x_, w_):
+        return torch.func.functional_call(norm, {"weight": w_}, (x_,))
+
+    assert torch.autograd.gradcheck(fn, (x, weight))
+
+
+def test_rmsnorm_refuses_another_width_or_dtype(rng):
+    norm = RMSNorm(D)
+    with pytest.raises(ValueError, match=r"RMSNorm expects x \(\.\.\., 6\)"):
+        norm(torch.ones(2, 5))
+    with pytest.raises(TypeError, match="float64 but RMSNorm's weight is torch.float32"):
+        norm(torch.ones(2, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        RMSNorm(D, eps=0.0)
+
+
+# -- the layer ----------------------------------------------------------------------------------
