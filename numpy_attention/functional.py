@@ -98,7 +98,7 @@ def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> tuple[np.ndarray, 
 class AttentionCtx(NamedTuple):
     """The dense path's ctx. q, k, v are grouped by kv head: (G_kv, group, L, W)."""
 
-    q_scaled: np.ndarray  # (G_kv, group, N, D), Q * scale in the compute dtype
+    q_scaled: np.ndarray  # (G_kv, group, N, D), Q * query_scale in the compute dtype
     k: np.ndarray  # (G_kv, 1, M, D)
     v: np.ndarray  # (G_kv, 1, M, Dv)
     probs: np.ndarray  # (G, N, M), softmax output before dropout
@@ -198,13 +198,13 @@ def attention_forward(
     shapes = (q.shape, k.shape, v.shape)
     group, n, m = rules.group, rules.n, rules.m
     g_kv = math.prod(rules.lead) // group
-    q_scaled = (q * rules.scale).reshape(g_kv, group, n, q.shape[-1])  # (G_kv, group, N, D)
+    q_scaled = (q * rules.query_scale).reshape(g_kv, group, n, q.shape[-1])  # (G_kv, group, N, D)
     k, v = k.reshape(g_kv, 1, m, k.shape[-1]), v.reshape(g_kv, 1, m, v.shape[-1])  # (G_kv, 1, M, W)
 
     logits = q_scaled @ k.swapaxes(-1, -2)  # (G_kv, group, N, D) @ (G_kv, 1, D, M)
-    logits = logits.reshape(g_kv * group, n, m)  # -> (G, N, M): S1 = (Q * scale) K^T
+    logits = logits.reshape(g_kv * group, n, m)  # -> (G, N, M): S1 (S1 / softcap with softcap)
     tile = Tile(slice(0, len(logits)), slice(0, n), slice(0, m), transposed=False)
-    capped = scores.apply(rules, logits, tile)  # softcap, ALiBi, float mask, hidden -> -inf
+    capped = scores.apply(rules, logits, tile, keep_capped=is_grad_enabled())  # -> S
     probs, lse = _softmax(logits, scores.sink_logits(rules, tile.groups))  # (G, N, M), (G, N, 1)
     keep = scores.keep_tile(rules, tile)
     weights = probs if keep is None else probs * keep * rules.rescale  # P'
@@ -278,6 +278,8 @@ def attention_backward(
     dscores = dscores.reshape(g_kv, group, n, m)  # (G_kv, group, N, M)
     dq = (dscores @ k) * rules.scale  # forward: S1 = (Q * scale) K^T
     dk = (dscores.swapaxes(-1, -2) @ q_scaled).sum(axis=1, keepdims=True)  # (G_kv, 1, M, D)
+    if rules.softcap:
+        dk *= rules.compute.type(scores.key_grad_scale(rules))  # Q was scaled by scale / softcap
     return AttentionGrads(
         dq.reshape(shapes[0]).astype(dtype, copy=False),
         dk.reshape(shapes[1]).astype(dtype, copy=False),

@@ -91,6 +91,7 @@ class ScoreRules(NamedTuple):
     m: int
     group: int  # query heads per kv head (1 without GQA)
     scale: Any  # compute-dtype scalar
+    query_scale: Any  # what the paths multiply Q by: scale, or scale / softcap with softcap
     softcap: float  # 0.0: off
     slopes: np.ndarray | None  # ALiBi slope of every flattened leading index, (G,)
     bias: np.ndarray | None  # float attn_mask, full rank
@@ -193,6 +194,7 @@ def prepare(
             m=m,
             group=group,
             scale=compute.type(scale_value),
+            query_scale=compute.type(scale_value / cap if cap else scale_value),
             softcap=cap,
             slopes=_check_slopes(alibi_slopes, lead, compute),
             bias=None if bias is None else _full_rank(bias, rank),
@@ -306,21 +308,30 @@ def _full_rank(mask: np.ndarray, rank: int) -> np.ndarray:
 # -- the pipeline on one tile -------------------------------------------------------------------
 
 
-def apply(rules: ScoreRules, scores: np.ndarray, tile: Tile) -> np.ndarray | None:
-    """Steps 2-5 of the pipeline, in place, on one tile of scaled scores S1 = (Q * scale) K^T.
+def apply(
+    rules: ScoreRules, scores: np.ndarray, tile: Tile, *, keep_capped: bool = False
+) -> np.ndarray | None:
+    """Steps 2-5 of the pipeline, in place, on one tile of U = (Q * query_scale) K^T.
+
+    U is S1 = (Q * scale) K^T, or S1 / softcap with softcap: the paths fold the cap's division
+    into Q once (``rules.query_scale``), so a tile needs no pass for it.
 
     Args:
         rules: the call's rules.
-        scores: (g, bq, bk), or (g, bk, bq) for a transposed tile; overwritten with S.
+        scores: U, (g, bq, bk), or (g, bk, bq) for a transposed tile; overwritten with S.
         tile: which scores these are.
+        keep_capped: return ``tanh(S1 / softcap)``, which a backward needs; a forward alone
+            computes it in place.
 
     Returns:
-        The softcap's ``tanh(S1 / softcap)`` (for the backward's ``1 - tanh^2``), or None.
+        The softcap's ``tanh(S1 / softcap)`` when asked for (with softcap), else None.
     """
     capped = None
     if rules.softcap:
-        capped = np.tanh(scores / scores.dtype.type(rules.softcap))
-        np.multiply(capped, scores.dtype.type(rules.softcap), out=scores)
+        cap = scores.dtype.type(rules.softcap)
+        capped = np.tanh(scores) if keep_capped else np.tanh(scores, out=scores)
+        np.multiply(capped, cap, out=scores)  # S2 = softcap * tanh(S1 / softcap)
+        capped = capped if keep_capped else None
     if rules.slopes is not None:
         distance = _grid(_distance, rules, tile, scores.dtype)  # |p_i - j|
         scores -= rules.slopes[tile.groups, None, None] * distance
@@ -339,12 +350,21 @@ def backward(rules: ScoreRules, dscores: np.ndarray, capped: np.ndarray | None) 
 
     Visibility, the float mask and ALiBi add constants or replace entries whose probability is
     0 (so dS is already 0 there): they pass dS through. The softcap's chain rule:
-    S2 = c * tanh(S1 / c)  ->  dS1 = dS2 * (1 - tanh^2(S1 / c)). Derivation:
-    docs/derivations/softcap.md.
+    S2 = c * tanh(S1 / c)  ->  dS1 = dS2 * (1 - tanh^2(S1 / c)) (``capped`` is consumed).
+    With U = S1 / c in the tile, dQ = dS1 K * scale as ever, and dK = dS1^T (Q * scale)
+    = c * dS1^T (Q * query_scale): the paths multiply dK by c once (``key_grad_scale``).
+    Derivation: docs/derivations/softcap.md.
     """
     if capped is not None:
-        dscores *= 1 - capped * capped
+        np.square(capped, out=capped)  # tanh^2
+        np.subtract(1, capped, out=capped)  # 1 - tanh^2
+        dscores *= capped
     return dscores
+
+
+def key_grad_scale(rules: ScoreRules) -> float:
+    """What dK = dS1^T (Q * query_scale) is multiplied by to make dS1^T (Q * scale): the cap."""
+    return rules.softcap or 1.0
 
 
 def sink_logits(rules: ScoreRules, groups: slice) -> np.ndarray | None:

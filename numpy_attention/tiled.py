@@ -60,7 +60,7 @@ class Blocks(NamedTuple):
 class TiledAttentionCtx(NamedTuple):
     """q, k, v and out grouped by kv head: (O, H_kv, group, L, W), kv tensors with group 1."""
 
-    q_scaled: np.ndarray  # (O, H_kv, group, N, D), Q * scale in the compute dtype
+    q_scaled: np.ndarray  # (O, H_kv, group, N, D), Q * query_scale in the compute dtype
     k: np.ndarray  # (O, H_kv, 1, M, D)
     v: np.ndarray  # (O, H_kv, 1, M, Dv)
     out: np.ndarray  # (O, H_kv, group, N, Dv), compute dtype, before the cast
@@ -109,7 +109,7 @@ def tiled_attention_forward(
     blocks = _blocks(rules, *blocks_asked)
     # Tiles read q, k and v in place, strided or not (BLAS needs a unit stride on one axis only):
     # copying the heads out of a fused projection first cost a quarter of the attention time.
-    q_scaled = _grouped(q * rules.scale, rules, rules.group)  # (O, H_kv, group, N, D)
+    q_scaled = _grouped(q * rules.query_scale, rules, rules.group)  # (O, H_kv, group, N, D)
     k, v = _grouped(k, rules, 1), _grouped(v, rules, 1)  # (O, H_kv, 1, M, W)
     out = np.empty(q_scaled.shape[:-1] + v.shape[-1:], rules.compute)  # (O, H_kv, group, N, Dv)
     lse = np.empty((_num_groups(rules), 1, rules.n), rules.compute)  # (G, 1, N)
@@ -255,6 +255,8 @@ def tiled_attention_backward(
 
     threads.run(tasks, work)
     dq *= rules.scale  # forward: S1 = (Q * scale) K^T
+    if rules.softcap:
+        dk *= rules.compute.type(scores.key_grad_scale(rules))  # Q was scaled by scale / softcap
     return AttentionGrads(
         dq.reshape(shapes[0]).astype(dtype, copy=False),
         dk.reshape(shapes[1]).astype(dtype, copy=False),
@@ -298,7 +300,7 @@ def _backward_tile(
         gk, group, bq = q_block.shape[:3]
         scores_t = k_block @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
-        capped = scores.apply(rules, scores_t, tile)
+        capped = scores.apply(rules, scores_t, tile, keep_capped=True)
         scores_t -= lse[:, :, rows]
         probs_t = np.exp(scores_t, out=scores_t)  # P^T = exp(S^T - lse), (g, bk, bq)
         keep_t = scores.keep_tile(rules, tile)

@@ -87,9 +87,9 @@ def test_softcap_and_alibi_on_a_transposed_tile():
     rules = rules_for(4, 6, softcap=2.0, alibi_slopes=slopes, align="bottom-right")
     logits = np.random.default_rng(0).standard_normal((6, 4, 6)) * 5  # (G, N, M)
     tile = Tile(slice(0, 6), slice(1, 3), slice(2, 6), transposed=True)
-    block = logits[:, 1:3, 2:6].swapaxes(-1, -2).copy()  # (g, bk, bq)
+    block = logits[:, 1:3, 2:6].swapaxes(-1, -2) / 2.0  # (g, bk, bq): S1 / softcap, as Q carries it
 
-    capped = scores.apply(rules, block, tile)
+    capped = scores.apply(rules, block, tile, keep_capped=True)
 
     distance = np.abs(np.arange(1, 3)[:, None] + 2 - np.arange(2, 6)[None, :])  # |p_i - j|
     expected = (
@@ -99,14 +99,19 @@ def test_softcap_and_alibi_on_a_transposed_tile():
     np.testing.assert_allclose(capped.swapaxes(-1, -2), np.tanh(logits[:, 1:3, 2:6] / 2.0))
 
 
+TILE22 = Tile(slice(0, 6), slice(0, 2), slice(0, 2), transposed=False)
+
+
 def test_backward_applies_the_tanh_chain_only_with_softcap():
     dscores = np.ones((1, 2, 2))
     capped = np.array([[[0.0, 0.5], [-0.5, 0.9]]])
 
     np.testing.assert_array_equal(scores.backward(rules_for(2, 2), dscores.copy(), None), dscores)
     np.testing.assert_allclose(
-        scores.backward(rules_for(2, 2, softcap=1.0), dscores.copy(), capped), 1 - capped**2
+        scores.backward(rules_for(2, 2, softcap=1.0), dscores.copy(), capped.copy()), 1 - capped**2
     )
+    assert rules_for(2, 2, softcap=4.0, scale=0.5).query_scale == np.float64(0.125)
+    assert scores.apply(rules_for(2, 2, softcap=1.0), np.zeros((6, 2, 2)), TILE22) is None
 
 
 def test_masks_are_sliced_per_tile_without_materializing_the_broadcast():

@@ -313,9 +313,9 @@ def test_only_the_tiles_someone_sees_are_computed(rng, kwargs, lengths, monkeypa
     computed = []
     apply = scores.apply
 
-    def counting(rules, tile_scores, tile):
+    def counting(rules, tile_scores, tile, **kwargs):
         computed.append((tile.rows.start // block, tile.cols.start // block))
-        return apply(rules, tile_scores, tile)
+        return apply(rules, tile_scores, tile, **kwargs)
 
     monkeypatch.setattr(scores, "apply", counting)
     q, k, v = (rng.standard_normal((1, length, 2)) for length in (n, m, m))
