@@ -96,11 +96,13 @@ def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> tuple[np.ndarray, 
 
 
 class AttentionCtx(NamedTuple):
-    """The dense path's ctx. q, k, v are grouped by kv head: (G_kv, group, L, W)."""
+    """The dense path's ctx. q is grouped by kv head: the query heads of one kv head are rows of
+    one matrix, (G_kv, group * N, D), so that each product is one BLAS call per kv head and the
+    backward's sums over the group are inside the products."""
 
-    q_scaled: np.ndarray  # (G_kv, group, N, D), Q * query_scale in the compute dtype
-    k: np.ndarray  # (G_kv, 1, M, D)
-    v: np.ndarray  # (G_kv, 1, M, Dv)
+    q_scaled: np.ndarray  # (G_kv, group * N, D), Q * query_scale in the compute dtype
+    k: np.ndarray  # (G_kv, M, D)
+    v: np.ndarray  # (G_kv, M, Dv)
     probs: np.ndarray  # (G, N, M), softmax output before dropout
     keep: np.ndarray | None  # dropout keep-mask broadcasting to (G, N, M), or None
     capped: np.ndarray | None  # tanh(S1 / softcap), (G, N, M), or None without softcap
@@ -198,17 +200,17 @@ def attention_forward(
     shapes = (q.shape, k.shape, v.shape)
     group, n, m = rules.group, rules.n, rules.m
     g_kv = math.prod(rules.lead) // group
-    q_scaled = (q * rules.query_scale).reshape(g_kv, group, n, q.shape[-1])  # (G_kv, group, N, D)
-    k, v = k.reshape(g_kv, 1, m, k.shape[-1]), v.reshape(g_kv, 1, m, v.shape[-1])  # (G_kv, 1, M, W)
+    q_scaled = (q * rules.query_scale).reshape(g_kv, group * n, q.shape[-1])  # (G_kv, group*N, D)
+    k, v = k.reshape(g_kv, m, k.shape[-1]), v.reshape(g_kv, m, v.shape[-1])  # (G_kv, M, W)
 
-    logits = q_scaled @ k.swapaxes(-1, -2)  # (G_kv, group, N, D) @ (G_kv, 1, D, M)
+    logits = q_scaled @ k.swapaxes(-1, -2)  # (G_kv, group * N, D) @ (G_kv, D, M)
     logits = logits.reshape(g_kv * group, n, m)  # -> (G, N, M): S1 (S1 / softcap with softcap)
     tile = Tile(slice(0, len(logits)), slice(0, n), slice(0, m), transposed=False)
     capped = scores.apply(rules, logits, tile, keep_capped=is_grad_enabled())  # -> S
     probs, lse = _softmax(logits, scores.sink_logits(rules, tile.groups))  # (G, N, M), (G, N, 1)
     keep = scores.keep_tile(rules, tile)
     weights = probs if keep is None else probs * keep * rules.rescale  # P'
-    out = weights.reshape(g_kv, group, n, m) @ v  # (G_kv, group, N, M) @ (G_kv, 1, M, Dv)
+    out = weights.reshape(g_kv, group * n, m) @ v  # (G_kv, group * N, M) @ (G_kv, M, Dv)
     out = out.reshape(rules.lead + (n, v.shape[-1])).astype(dtype, copy=False)  # (..., N, Dv)
 
     ctx = None
@@ -255,12 +257,12 @@ def attention_backward(
     compute = q_scaled.dtype
     dout = validation.grad_output(dout, rules.lead + (n, v.shape[-1]), compute)
     g_kv = len(v)
-    dout = dout.reshape(g_kv, group, n, v.shape[-1])  # (G_kv, group, N, Dv)
+    dout = dout.reshape(g_kv, group * n, v.shape[-1])  # (G_kv, group * N, Dv)
 
     weights = probs if keep is None else probs * keep * rules.rescale  # P', (G, N, M)
-    weights = weights.reshape(g_kv, group, n, m)  # (G_kv, group, N, M)
-    # forward: out = P' V, V shared by the group
-    dv = (weights.swapaxes(-1, -2) @ dout).sum(axis=1, keepdims=True)  # (G_kv, 1, M, Dv)
+    weights = weights.reshape(g_kv, group * n, m)  # (G_kv, group * N, M)
+    # forward: out = P' V, V shared by the group: the product sums over the group's rows
+    dv = weights.swapaxes(-1, -2) @ dout  # (G_kv, M, group * N) @ (G_kv, group * N, Dv)
     dweights = (dout @ v.swapaxes(-1, -2)).reshape(g_kv * group, n, m)  # dP' = dO V^T, (G, N, M)
     dprobs = dweights if keep is None else dweights * keep * rules.rescale
     delta = (dprobs * probs).sum(axis=-1, keepdims=True)  # rowsum(dP * P), (G, N, 1)
@@ -275,9 +277,9 @@ def attention_backward(
         upstream = -delta if dlse is None else dlse - delta
         dsinks = _sum_to_heads((sink_probs * upstream).sum(axis=(-2, -1)), rules, dtype)
     dscores = scores.backward(rules, dscores, capped)  # dS1, (G, N, M)
-    dscores = dscores.reshape(g_kv, group, n, m)  # (G_kv, group, N, M)
+    dscores = dscores.reshape(g_kv, group * n, m)  # (G_kv, group * N, M)
     dq = (dscores @ k) * rules.scale  # forward: S1 = (Q * scale) K^T
-    dk = (dscores.swapaxes(-1, -2) @ q_scaled).sum(axis=1, keepdims=True)  # (G_kv, 1, M, D)
+    dk = dscores.swapaxes(-1, -2) @ q_scaled  # sums over the group: (G_kv, M, D)
     if rules.softcap:
         dk *= rules.compute.type(scores.key_grad_scale(rules))  # Q was scaled by scale / softcap
     return AttentionGrads(
