@@ -6,15 +6,20 @@ and float32) and the built-in kernel targets (``parity_tests.checker.targets``) 
 battery in float32, float16 and bfloat16. It prints one table per part, the failing rows again at
 the end, and a verdict line.
 
-``--kernel module:function`` checks a user's kernel instead (no layers, no built-in targets).
+``--kernel module:function`` checks a user's kernel instead (no layers, no built-in targets), called
+as ``--spec`` says (sdpa, flash, flash_varlen, flex, ring; ``checker.specs``), with ``--features``
+(comma-separated; the spec's default set otherwise), ``--forward-only``, ``--isolate [SECONDS]``
+(each call in a child process) and ``--world-size`` (ring). ``--case NAME`` (repeatable) runs only
+the named cases; ``--list-cases`` prints the cases of ``--spec``'s battery and exits.
 ``--stress`` adds the stress battery, whose results are findings, never part of the exit status.
 ``--calibrate SEEDS`` measures the tolerance policy over seeds (docs/kernel-verification.md).
 
 Exit status: 0 when everything checked passed; 1 on a failure (a failing row, an expected failure
 that passed, a kernel whose skips outnumber its passes); 2 on bad usage or nothing to check,
 decided before any work (an unwritable ``--json``, a ``--kernel`` that cannot be imported, a seed
-outside [0, 2**64)); 130 when interrupted. A run of the stress battery alone judges nothing: it
-prints its findings and exits 0 with "no verdict".
+outside [0, 2**64), an unknown spec, feature or case, a case the spec cannot express); 130 when
+interrupted. A run of the stress battery alone judges nothing: it prints its findings and exits 0
+with "no verdict".
 
 Tests: tests/parity/test_cli.py
 """
@@ -31,7 +36,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .checker.kernels import DTYPES, check_kernel, check_seed
+from .checker import specs
+from .checker.battery import DEFAULT, QUICK, RING, STRESS
+from .checker.kernels import DEFAULT_DTYPES, DTYPES, battery_for, check_seed
 from .checker.render import (
     SCHEMA_VERSION,
     check_entry,
@@ -51,12 +58,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
     """Entry point of ``python -m parity_tests``; ``prog`` names the program in its messages."""
     parser = _parser(prog)
     args = parser.parse_args(argv)
+    if args.list_cases:
+        return _list_cases(parser, args)
     devices = _devices(parser, args.device)
     _check_parts(parser, args)
+    _check_kernel_options(parser, args)
     if args.json:
         _check_writable(parser, args.json)
-    dtypes = tuple(args.dtype or DTYPES)
-    kernels = [_load_kernel(parser, spec, dtypes) for spec in args.kernel or []]
+    dtypes = tuple(args.dtype or DEFAULT_DTYPES)
+    kernels = [_load_kernel(parser, spec, dtypes, args) for spec in args.kernel or []]
     progress = _Progress(sys.stderr)
     try:
         if args.calibrate is not None:
@@ -85,14 +95,55 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--kernel",
         action="append",
         metavar="MODULE:FUNCTION",
-        help="check this kernel (SDPA signature) instead of the built-in targets; "
+        help="check this kernel (the signature of --spec) instead of the built-in targets; "
         "repeatable; skips the layer registry",
+    )
+    parser.add_argument(
+        "--spec",
+        choices=specs.SPECS,
+        default="sdpa",
+        help="how --kernel is called: the signature and layout of SDPA (default), flash-attn's "
+        "flash_attn_func or flash_attn_varlen_func, FlexAttention, or ring_attention",
+    )
+    parser.add_argument(
+        "--features",
+        metavar="A,B,...",
+        help=f"the options --kernel supports, comma-separated ({', '.join(specs.FEATURES)}); "
+        "default: every option of the spec; cases needing others are not run",
+    )
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="judge --kernel's output (and lse) only, with inputs that do not require grad",
+    )
+    parser.add_argument(
+        "--isolate",
+        nargs="?",
+        const=True,
+        type=_seconds,
+        metavar="SECONDS",
+        help="run each call of --kernel in a child process (a crash or a hang is an error "
+        "verdict); SECONDS is the time limit per call",
+    )
+    parser.add_argument(
+        "--world-size", type=int, metavar="W", help="ranks of the ring spec (default 2)"
+    )
+    parser.add_argument(
+        "--case",
+        action="append",
+        metavar="NAME",
+        help="run only this case (repeatable; --list-cases names them)",
+    )
+    parser.add_argument(
+        "--list-cases",
+        action="store_true",
+        help="print the cases of --spec's battery (--quick, --stress: that battery) and exit",
     )
     parser.add_argument(
         "--dtype",
         action="append",
         choices=sorted(DTYPES),
-        help="kernel dtypes (repeatable; default: all three)",
+        help="kernel dtypes (repeatable; default: float32, float16, bfloat16)",
     )
     parser.add_argument(
         "--json", metavar="PATH", help="also write every row to PATH as JSON (checked first)"
@@ -117,6 +168,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="measure the tolerance policy over SEEDS seeds and exit",
     )
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from exc
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"a time limit must be > 0 seconds, got {text}")
+    return value
 
 
 def _seed(text: str) -> int:
@@ -158,6 +219,62 @@ def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error("nothing to check: --no-layers and --no-kernels")
 
 
+def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options of ``--kernel`` need one; features and cases must exist and fit the spec."""
+    given = [
+        name
+        for name, value in (
+            ("--spec", args.spec != "sdpa"),
+            ("--features", args.features is not None),
+            ("--forward-only", args.forward_only),
+            ("--isolate", args.isolate is not None),
+            ("--world-size", args.world_size is not None),
+        )
+        if value
+    ]
+    if given and not args.kernel:
+        parser.error(f"{', '.join(given)} apply to --kernel; the built-in targets have their own")
+    if args.world_size is not None and args.spec != "ring":
+        parser.error("--world-size is for --spec ring")
+    if args.world_size is not None and args.world_size < 1:
+        parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    try:
+        args.feature_set = _features(args)
+        if args.case:
+            known = {case.name for case in DEFAULT + STRESS + RING}
+            unknown = [name for name in args.case if name not in known]
+            if unknown:
+                raise ValueError(f"unknown case {unknown[0]!r}; --list-cases names them")
+            if args.kernel:
+                battery_for(args.spec, args.case)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+
+
+def _features(args: argparse.Namespace) -> frozenset[str] | None:
+    if args.features is None:
+        return None
+    names = [name.strip() for name in args.features.split(",") if name.strip()]
+    return specs.resolve_features(args.spec, names)
+
+
+def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print the cases of the spec's battery: name, shape, options it needs, whether the spec's
+    default battery runs it."""
+    name = "stress" if args.stress else "quick" if args.quick else "default"
+    battery = {"default": DEFAULT, "quick": QUICK, "stress": STRESS}[name]
+    if args.spec == "ring":
+        battery, name = RING, "ring"
+    print(f"{name} battery, {args.spec} spec: case, B H N M D Dv, what it needs")
+    for case in battery:
+        reason = specs.cannot_express(args.spec, case)
+        shape = " ".join(f"{value:>4}" for value in case.shape.values())
+        needs = ", ".join(sorted(case.needs)) or "-"
+        note = f"  (not in this spec: {reason})" if reason else ""
+        print(f"{case.name:20} {shape}  {needs}{note}")
+    return 0
+
+
 def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:
     """Open ``path`` for appending now (and remove it again if it did not exist), so that a path
     that cannot be written fails before the run, not after it."""
@@ -171,10 +288,12 @@ def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:
         os.remove(path)
 
 
-def _load_kernel(parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, ...]) -> Target:
-    """``module:function`` (dots allowed in both parts) as a target in ``dtypes``. Whatever the
-    import raises (a syntax error, an exception, ``sys.exit``) is bad usage: its message, no
-    traceback."""
+def _load_kernel(
+    parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, ...], args: argparse.Namespace
+) -> Target:
+    """``module:function`` (dots allowed in both parts) as a target in ``dtypes``, called as the
+    options say. Whatever the import raises (a syntax error, an exception, ``sys.exit``) is bad
+    usage: its message, no traceback."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         parser.error(f"--kernel {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.attn:my_sdpa")
@@ -186,7 +305,16 @@ def _load_kernel(parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, 
         parser.error(f"--kernel {spec!r}: {type(exc).__name__}: {exc}")
     if not callable(kernel):
         parser.error(f"--kernel {spec!r} is a {type(kernel).__name__}, not a function")
-    return Target(spec, kernel, dtypes)
+    return Target(
+        spec,
+        kernel,
+        dtypes,
+        spec=args.spec,
+        features=args.feature_set,
+        forward_only=args.forward_only,
+        isolate=False if args.isolate is None else args.isolate,
+        world_size=args.world_size,
+    )
 
 
 def _run(
@@ -204,10 +332,15 @@ def _run(
         "environment": environment(devices),
         "settings": {
             "devices": devices,
-            "dtypes": list(args.dtype or DTYPES),
+            "dtypes": list(args.dtype or DEFAULT_DTYPES),
             "seed": args.seed,
             "quick": args.quick,
             "stress": args.stress,
+            "cases": args.case,
+            "spec": args.spec,
+            "features": None if args.feature_set is None else sorted(args.feature_set),
+            "forward_only": args.forward_only,
+            "isolate": args.isolate,
         },
         "verdict": None,
         "layers": None,
@@ -215,7 +348,7 @@ def _run(
         "stress": None,
     }
     verdicts, failing = [], []
-    battery = "quick" if args.quick else "default"
+    battery: str | list[str] = args.case or ("quick" if args.quick else "default")
     if not args.no_layers and not kernels:
         rows = _run_layers(devices, args.quick, progress)
         layer_failures = _print_layers(rows)
@@ -267,25 +400,25 @@ def _run_kernels(
     args: argparse.Namespace,
     devices: list[str],
     kernels: list[Target],
-    battery: str,
+    battery: str | list[str],
     progress: _Progress,
     *,
     judged: bool,
 ) -> list[dict[str, Any]]:
-    """One check per (device, target): the user's kernels, or every built-in target."""
+    """One check per (device, target): the user's kernels, or every built-in target (those that
+    run none of the cases asked for are left out)."""
     checks = []
+    name = battery if isinstance(battery, str) else "cases"
     for device in devices:
-        for target in kernels or builtin_targets(device, tuple(args.dtype or DTYPES)):
-            progress.start(f"{target.name} on {device} ({battery} battery)")
-            report = check_kernel(
-                target.kernel,
-                device=device,
-                dtypes=target.dtypes,
-                cases=battery,
-                seed=args.seed,
-                progress=progress.update,
-            )
-            checks.append(check_entry(report, target=target.name, battery=battery, judged=judged))
+        for target in kernels or builtin_targets(device, tuple(args.dtype or DEFAULT_DTYPES)):
+            progress.start(f"{target.name} on {device} ({name} battery)")
+            report = target.check(device, battery, args.seed, progress.update)
+            if report is not None:
+                checks.append(
+                    check_entry(
+                        report, target=target.name, battery=name, judged=judged, spec=target.spec
+                    )
+                )
     return checks
 
 

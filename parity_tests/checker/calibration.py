@@ -1,16 +1,19 @@
 """The measurement behind the kernel tolerance policy: ``python -m parity_tests --calibrate 60``.
 
-Over many seeds of the default battery it runs the correct kernels (every built-in target) and
-every pitfall, and prints, as Markdown tables for
-docs/kernel-verification.md:
+Over many seeds of the default battery it runs the correct kernels (every built-in target but the
+isolated, compiled ones, which would compile again for every seed) and every pitfall (each with
+its spec), and prints, as Markdown tables for docs/kernel-verification.md:
 
 - per dtype and tensor, the correct kernels' worst ratio ``max|K - G| / max|Bl - G|`` and the
   smallest floor that c = OUTPUT_FACTOR / GRAD_FACTOR would need, ``(error - c * baseline) /
   max|G|``, to pass every row: FLOOR must sit above it;
+- the same for the bias statistic: the worst ``rms(K - G) / rms(Bl - G)``, and the largest
+  ``rms_error / rms_bound`` (below 1: no correct kernel is flagged);
 - per pitfall and dtype, over seeds, the weakest flag: the smallest (over seeds) largest (over
-  rows) ``error / bound``. Above 1 on every seed means the pitfall is always caught.
+  rows) ``error / bound`` or ``rms_error / rms_bound``. Above 1 on every seed means the pitfall is
+  always caught.
 
-Rows of known failures (``targets.EXPECTED_FAILURES``) and skipped cases are left out.
+Rows of known failures (``targets.EXPECTED_FAILURES``), skipped and not-run cases are left out.
 
 Tests: tests/checker/test_calibration.py
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..tolerances import FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from ..tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
 from .kernels import TENSORS, check_kernel
 from .pitfalls import PITFALLS
 from .targets import builtin_targets, expected_failure
@@ -55,19 +58,22 @@ def calibrate(
     """
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
-    correct = builtin_targets(device, dtypes)
+    correct = [target for target in builtin_targets(device, dtypes) if not target.isolate]
     ratio = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     floor = {(d, t): _Worst() for d in dtypes for t in TENSORS}
+    bias = {(d, t): _Worst() for d in dtypes for t in TENSORS}
+    bias_bound = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     failed: list[str] = []
-    weakest = {(name, d): _Worst() for name in PITFALLS for d in dtypes}
+    weakest = {
+        (name, d): _Worst() for name, pitfall in PITFALLS.items() for d in dtypes
+        if d in pitfall.dtypes
+    }  # fmt: skip
     for seed in range(seeds):
         progress.start(f"calibration seed {seed + 1}/{seeds}")
         for target in correct:
-            report = check_kernel(
-                target.kernel, device=device, dtypes=target.dtypes, cases=battery, seed=seed
-            )
-            for row in report.rows:
-                if row.verdict == "skip" or expected_failure(
+            report = target.check(device, battery, seed)
+            for row in report.rows if report is not None else []:
+                if row.verdict in ("skip", "not-run") or expected_failure(
                     target.name, row.case, row.dtype, device
                 ):
                     continue
@@ -81,16 +87,20 @@ def calibrate(
                     floor[key].see(
                         (row.error - factor * row.baseline) / max(row.golden_max, 1e-300), where
                     )
+                    bias[key].see(row.rms_error / max(row.rms_baseline, 1e-300), where)
+                    bias_bound[key].see(row.bias_ratio, where)
         for name, pitfall in PITFALLS.items():
             report = check_kernel(
-                pitfall.kernel, device=device, dtypes=dtypes, cases=battery, seed=seed
-            )
-            for dtype in dtypes:
+                pitfall.kernel, spec=pitfall.spec, device=device, dtypes=dtypes, cases=battery,
+                seed=seed,
+            )  # fmt: skip
+            for dtype in (d for d in dtypes if d in pitfall.dtypes):
                 strongest = max(_flag(row) for row in report.rows if row.dtype == dtype)
                 # _Worst keeps the largest; the weakest flag is the smallest, so negate.
                 weakest[name, dtype].see(-strongest, f"seed {seed}")
     progress.done()
     _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest)
+    _emit_bias(emit, bias, bias_bound)
     missed = [f"{name} {d}" for (name, d), w in weakest.items() if not -w.value > 1.0]
     for line in failed + [f"pitfall not flagged on every seed: {m}" for m in missed]:
         emit(f"- {line}")
@@ -98,11 +108,30 @@ def calibrate(
 
 
 def _flag(row) -> float:
-    """How clearly a row flags a broken kernel: error / bound; infinite for a verdict that is no
-    matter of degree (NaN or inf, a wrong dtype, an input changed in place, a raise)."""
+    """How clearly a row flags a broken kernel: error / bound, or rms error / rms bound where
+    that is larger; infinite for a verdict that is no matter of degree (NaN or inf, a wrong
+    dtype, an input changed in place, a raise)."""
     if row.verdict in ("nonfinite", "dtype", "inplace", "error"):
         return math.inf
-    return 0.0 if row.verdict == "skip" else row.ratio
+    if row.verdict in ("skip", "not-run"):
+        return 0.0
+    bias = row.bias_ratio
+    return row.ratio if math.isnan(bias) else max(row.ratio, bias)
+
+
+def _emit_bias(emit, bias, bias_bound) -> None:
+    emit(
+        f"\nThe bias statistic of the correct kernels: worst rms(K - G) / rms(Bl - G) (BIAS_FACTOR "
+        f"= {BIAS_FACTOR:g}), and worst rms error / rms bound (below 1: none flagged).\n"
+    )
+    emit("| dtype | tensor | worst rms ratio | where | worst rms error / bound | where |")
+    emit("|---|---|---|---|---|---|")
+    for (dtype, tensor), worst in bias.items():
+        bound = bias_bound[dtype, tensor]
+        emit(
+            f"| {dtype} | {tensor} | {worst.value:.2f} | {worst.where} | {bound.value:.2f} | "
+            f"{bound.where} |"
+        )
 
 
 def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) -> None:
@@ -126,5 +155,5 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
     emit("| pitfall | " + " | ".join(dtypes) + " |")
     emit("|---|" + "---|" * len(dtypes))
     for name in PITFALLS:
-        cells = [f"{-weakest[name, d].value:.3g}" for d in dtypes]
+        cells = [f"{-weakest[name, d].value:.3g}" if (name, d) in weakest else "-" for d in dtypes]
         emit(f"| {name} | " + " | ".join(cells) + " |")

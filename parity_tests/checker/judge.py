@@ -4,8 +4,16 @@ the plain same-dtype baseline Bl,
     max|K - G| <= c * max|Bl - G| + FLOOR[dtype] * max|G|
 
 with c = OUTPUT_FACTOR for the output and GRAD_FACTOR for gradients (``parity_tests.tolerances``,
-measured in docs/kernel-verification.md), and the kept fraction of dropout against 1 - p. Pure
-NumPy on float64 arrays: running the kernel is ``checker.kernels``' job.
+measured in docs/kernel-verification.md); beside it the bias statistic, which a small error made
+everywhere cannot slip under,
+
+    rms(K - G) <= BIAS_FACTOR * rms(Bl - G) + BIAS_FLOOR[dtype] * rms(G)
+
+(the rounding of a correct kernel is about as spread as the baseline's, while a systematic error
+adds to every entry); lse as the libraries return it (a row with nothing to see may carry -inf
+or +inf; under causal ALiBi flash-attn's convention, shifted by slope_h * p_i, is recognised
+exactly, docs/derivations/alibi.md); and the kept fraction of dropout against 1 - p. Pure NumPy
+on float64 arrays: running the kernel is ``checker.kernels``' job.
 
 Tests: tests/checker/test_judge.py
 """
@@ -17,7 +25,14 @@ import math
 
 import numpy as np
 
-from ..tolerances import DROPOUT_SIGMAS, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from ..tolerances import (
+    BIAS_FACTOR,
+    BIAS_FLOOR,
+    DROPOUT_SIGMAS,
+    FLOOR,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+)
 from .report import KernelRow
 
 
@@ -25,30 +40,79 @@ def judge_tensor(
     case: str, dtype: str, tensor: str, result: np.ndarray, gold: np.ndarray, base: np.ndarray
 ) -> KernelRow:
     """One tensor's row: error and bound over the entries where the golden is finite (all of
-    them, unless an input overflowed in its cast).
+    them, unless an input overflowed in its cast), and the bias statistic over the same entries.
 
     A NaN or inf in ``result`` there is "nonfinite" at once. A baseline that is itself NaN or inf
-    there (plain half-precision math overflows on extreme logits) leaves the floor alone as the
-    bound, and the row says so.
+    there (plain half-precision math overflows on extreme logits) leaves the floors alone as the
+    bounds, and the row says so. The verdict is "fail" above the max bound, else "bias" above the
+    RMS bound, else "pass".
     """
     finite = np.isfinite(gold)
     factor = OUTPUT_FACTOR if tensor == "out" else GRAD_FACTOR
     golden_max = float(np.max(np.abs(gold[finite]), initial=0.0))
     floor = FLOOR[dtype] * golden_max
+    rms_floor = BIAS_FLOOR[dtype] * _rms(gold[finite])
     detail = ""
     if np.all(np.isfinite(base[finite])):
         baseline = float(np.max(np.abs(base[finite] - gold[finite]), initial=0.0))
         bound = factor * baseline + floor
+        rms_baseline = _rms(base[finite] - gold[finite])
+        rms_bound = BIAS_FACTOR * rms_baseline + rms_floor
     else:
         baseline, bound, detail = math.nan, floor, "floor-only bound: baseline NaN/inf"
+        rms_baseline, rms_bound = math.nan, rms_floor
     if not np.all(np.isfinite(result[finite])):
         detail = "NaN or inf where the golden is finite"
         return KernelRow(
             case, dtype, tensor, math.inf, baseline, golden_max, bound, "nonfinite", detail
         )
     error = float(np.max(np.abs(result[finite] - gold[finite]), initial=0.0))
-    verdict = "pass" if error <= bound else "fail"
-    return KernelRow(case, dtype, tensor, error, baseline, golden_max, bound, verdict, detail)
+    rms_error = _rms(result[finite] - gold[finite])
+    verdict = "pass"
+    if error > bound:
+        verdict = "fail"
+    elif rms_error > rms_bound:
+        verdict, detail = "bias", "rms error above its bound: a systematic error everywhere"
+    return KernelRow(
+        case, dtype, tensor, error, baseline, golden_max, bound, verdict, detail, 0, rms_error,
+        rms_bound, rms_baseline,
+    )  # fmt: skip
+
+
+def _rms(values: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(values)))) if values.size else 0.0
+
+
+def judge_lse(
+    case: str,
+    dtype: str,
+    result: np.ndarray,
+    gold: np.ndarray,
+    base: np.ndarray,
+    shifted: np.ndarray | None = None,
+) -> KernelRow:
+    """The lse row. Where the golden is -inf (a row with nothing to see) the kernel may give
+    -inf or +inf (flash-attn's CUDA kernels write +inf), nothing else; elsewhere the max bound.
+    ``shifted`` is the other accepted convention (flash-attn's causal ALiBi lse): the row passes
+    if it is within the bound of either, and says which it matched."""
+    dead = np.isneginf(gold)
+    if np.any(np.isfinite(result[dead])) or np.any(np.isnan(result[dead])):
+        detail = "a row with nothing to attend to must have lse -inf (or +inf)"
+        nan = math.nan
+        return KernelRow(case, dtype, "lse", math.inf, nan, nan, nan, "fail", detail)
+    row = judge_tensor(case, dtype, "lse", result, gold, base)
+    row = dataclasses.replace(row, rms_error=math.nan, rms_bound=math.nan, rms_baseline=math.nan)
+    if row.verdict == "bias":
+        row = dataclasses.replace(row, verdict="pass", detail="")
+    if row.verdict == "fail" and shifted is not None:
+        other = judge_tensor(case, dtype, "lse", result, shifted, base + (shifted - gold))
+        if other.error <= other.bound:
+            detail = "lse in flash-attn's causal ALiBi convention (shifted by slope_h * p_i)"
+            nan = math.nan
+            return dataclasses.replace(
+                other, verdict="pass", detail=detail, rms_error=nan, rms_bound=nan, rms_baseline=nan
+            )
+    return row
 
 
 def judge_keep(case: str, dtype: str, dropout_p: float, keep: np.ndarray) -> KernelRow:

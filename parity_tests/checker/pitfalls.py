@@ -1,11 +1,13 @@
 """Broken attention kernels, one classic mistake each, to prove that the checker has teeth.
 
-Each pitfall has the signature of ``F.scaled_dot_product_attention`` and differs from the
+Each pitfall here has the signature of ``F.scaled_dot_product_attention`` and differs from the
 checker's own plain baseline (``reference.plain_attention``, built from ``attention_scores`` and
 ``masked_softmax``) in one step only. Several come from the tutorials this project's layers are
-drawn from (docs/pitfalls.md). ``PITFALLS`` names, for each one, a case of the default battery
-(and of the quick one) and a tensor that flags it in every dtype; the tests assert exactly that,
-and ``python -m parity_tests --calibrate 60`` measures the margin over seeds.
+drawn from (docs/pitfalls.md); those of today's options (GQA, alignment, windows, softcap, ALiBi,
+lse, varlen) are in ``checker.pitfalls_today``. ``PITFALLS`` names, for each one, its spec, a
+case of the default battery (and of the quick one) and a tensor that flags it in every dtype; the
+tests assert exactly that, and ``python -m parity_tests --calibrate 60`` measures the margin over
+seeds.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
 
@@ -20,81 +22,107 @@ from typing import Any
 
 import torch
 
+from . import pitfalls_today as today
 from .kernels import Kernel
-from .reference import attention_scores, masked_softmax, plain_attention
+from .reference import attention_scores, expand_kv, masked_softmax, plain_attention
 
 
-def kv_from_query(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def kv_from_query(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Keys and values built from the query projection (a tutorial's bug): key = value = query."""
+    key, value = _kv(query, key, value, enable_gqa)
     return plain_attention(query, query, query, attn_mask, dropout_p, is_causal, scale)
 
 
-def scale_by_d(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def scale_by_d(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Default scale 1 / D instead of 1 / sqrt(D)."""
+    key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / query.shape[-1] if scale is None else scale
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
-def scale_by_dv(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def scale_by_dv(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Default scale 1 / sqrt(Dv), read from the values' width, instead of 1 / sqrt(D): right
     whenever Dv == D, which is why the battery has Dv != D cases with the default scale."""
+    key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / math.sqrt(value.shape[-1]) if scale is None else scale
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
-def ignores_scale(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def ignores_scale(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A given ``scale`` dropped: always 1 / sqrt(D)."""
+    key, value = _kv(query, key, value, enable_gqa)
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, None)
 
 
-def returns_float64(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def returns_float64(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Computed in float64 for accuracy, and the cast back to the inputs' dtype forgotten: the
     values are better than the baseline's, the dtype is wrong (the next layer gets float64)."""
+    key, value = _kv(query, key, value, enable_gqa)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         attn_mask = attn_mask.double()
     query, key, value = query.double(), key.double(), value.double()
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
-def clobbers_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def clobbers_inputs(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Right answer, then the inputs reused as scratch space: q zeroed and k filled with NaN in
     place (through ``.data``, so that autograd's version check does not notice)."""
+    given_query, given_key = query, key
+    key, value = _kv(query, key, value, enable_gqa)
     out = plain_attention(query.clone(), key.clone(), value, attn_mask, dropout_p, is_causal, scale)
-    query.data.zero_()
-    key.data.fill_(math.nan)
+    given_query.data.zero_()
+    given_key.data.fill_(math.nan)
     return out
 
 
 def causal_off_by_one(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """Causal mask from triu(ones, diagonal=0) instead of diagonal=1: query i no longer sees
     itself, and row 0 sees nothing."""
+    key, value = _kv(query, key, value, enable_gqa)
     if is_causal:
         n, m = query.shape[-2], key.shape[-2]
         attn_mask = ~torch.ones(n, m, dtype=torch.bool, device=query.device).triu(diagonal=0)
     return plain_attention(query, key, value, attn_mask, dropout_p, False, scale)
 
 
-def mask_inverted(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def mask_inverted(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A bool mask read as True = masked (nn.MultiheadAttention's convention) instead of SDPA's."""
+    key, value = _kv(query, key, value, enable_gqa)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = ~attn_mask
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def softmax_wrong_axis(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """Softmax over the queries (dim=-2) instead of the keys."""
+    key, value = _kv(query, key, value, enable_gqa)
     probs = torch.softmax(attention_scores(query, key, attn_mask, is_causal, scale), dim=-2)
     return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
 
 
 def dropout_not_rescaled(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """Dropout keeps weights without the 1 / (1 - p) rescale, so the expected output shrinks."""
+    key, value = _kv(query, key, value, enable_gqa)
     probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
     if dropout_p:
         probs = probs * (torch.rand(probs.shape, device=probs.device) >= dropout_p)
@@ -102,10 +130,11 @@ def dropout_not_rescaled(
 
 
 def assumes_equal_lengths(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """Cross-attention that assumes the keys have the queries' length N (a tutorial's bug): it
     reads only the first N keys and values."""
+    key, value = _kv(query, key, value, enable_gqa)
     n = query.shape[-2]
     if attn_mask is not None:
         attn_mask = attn_mask[..., :n]
@@ -114,9 +143,10 @@ def assumes_equal_lengths(
 
 
 def mask_before_scale(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """A float mask added before the scaling, so the bias is scaled too."""
+    key, value = _kv(query, key, value, enable_gqa)
     if attn_mask is None or attn_mask.dtype == torch.bool:
         return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -124,17 +154,23 @@ def mask_before_scale(
     return _dropout(masked_softmax(scores), dropout_p) @ value
 
 
-def no_max_shift(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def no_max_shift(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Softmax as exp(s) / sum(exp(s)) without subtracting the row max: overflows on large logits
     and gives 0 / 0 on fully masked rows."""
+    key, value = _kv(query, key, value, enable_gqa)
     exps = attention_scores(query, key, attn_mask, is_causal, scale).exp()
     probs = exps / exps.sum(dim=-1, keepdim=True)
     return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
 
 
-def nan_on_dead_rows(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def nan_on_dead_rows(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A plain softmax with no care for fully masked rows: NaN there, as nn.MultiheadAttention
     with need_weights=True gives."""
+    key, value = _kv(query, key, value, enable_gqa)
     probs = torch.softmax(attention_scores(query, key, attn_mask, is_causal, scale), dim=-1)
     return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
 
@@ -161,13 +197,33 @@ class _NoRowsum(torch.autograd.Function):
 
 
 def backward_without_rowsum(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """A hand-written backward whose softmax gradient misses the rowsum term."""
+    key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     with torch.no_grad():
         probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
     return _NoRowsum.apply(query, key, value, _dropout(probs, dropout_p), scale)
+
+
+def temperature_1pct(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Scores 1% too hot (scale * 1.01, as a mis-rounded constant or a folded log2(e) would
+    give): a small error everywhere, under the max bound of bfloat16 on most cases, which only
+    the bias statistic sees there."""
+    key, value = _kv(query, key, value, enable_gqa)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale * 1.01)
+
+
+def _kv(query, key, value, enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value with one head per query head: right GQA (h // (H / H_kv), autograd sums
+    the group), for the pitfalls whose mistake is elsewhere."""
+    if not enable_gqa:
+        return key, value
+    return expand_kv(key, query.shape[-3]), expand_kv(value, query.shape[-3])
 
 
 def _dropout(probs: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -180,12 +236,15 @@ def _dropout(probs: torch.Tensor, dropout_p: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Pitfall:
-    """A broken kernel and the (case, tensor) of the default and quick batteries that flags it
-    (for "clobbers_inputs" the tensor is the input changed in place)."""
+    """A broken kernel, its spec, and the (case, tensor) of the default and quick batteries that
+    flags it (for "clobbers_inputs" the tensor is the input changed in place), in the dtypes where
+    its mistake is one."""
 
     kernel: Kernel
     case: str
     tensor: str
+    spec: str = "sdpa"
+    dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 
 
 PITFALLS: dict[str, Pitfall] = {
@@ -193,7 +252,10 @@ PITFALLS: dict[str, Pitfall] = {
     "scale_by_d": Pitfall(scale_by_d, "plain", "out"),
     "scale_by_dv": Pitfall(scale_by_dv, "dv>d", "out"),
     "ignores_scale": Pitfall(ignores_scale, "scale-1/d", "out"),
-    "returns_float64": Pitfall(returns_float64, "plain", "out"),
+    # In float64 its result is right: a mistake only for the other dtypes.
+    "returns_float64": Pitfall(
+        returns_float64, "plain", "out", dtypes=("float32", "float16", "bfloat16")
+    ),
     "clobbers_inputs": Pitfall(clobbers_inputs, "plain", "q"),
     "causal_off_by_one": Pitfall(causal_off_by_one, "causal-n<m", "out"),
     "mask_inverted": Pitfall(mask_inverted, "bool-mask", "out"),
@@ -204,4 +266,27 @@ PITFALLS: dict[str, Pitfall] = {
     "mask_before_scale": Pitfall(mask_before_scale, "float-mask", "out"),
     "no_max_shift": Pitfall(no_max_shift, "dead-rows-bool", "out"),
     "nan_on_dead_rows": Pitfall(nan_on_dead_rows, "dead-rows-bool", "out"),
+    "temperature_1pct": Pitfall(temperature_1pct, "plain", "out"),
+    "gqa_head_modulo": Pitfall(today.gqa_head_modulo, "gqa-2of4", "out"),
+    "gqa_no_group_sum": Pitfall(today.gqa_no_group_sum, "gqa-2of4", "dk"),
+    "flash_top_left": Pitfall(today.flash_top_left, "causal-br-n<m", "out", "flash"),
+    "window_off_by_one": Pitfall(today.window_off_by_one, "window-causal", "out", "flash"),
+    "alibi_sign": Pitfall(today.alibi_sign, "alibi-h", "out", "flash"),
+    "softcap_no_tanh_grad": Pitfall(today.softcap_no_tanh_grad, "softcap", "dq", "flash"),
+    "lse_log2": Pitfall(today.lse_log2, "plain", "lse", "flash"),
+    "lse_without_scale": Pitfall(today.lse_without_scale, "plain", "lse", "flash"),
+    "varlen_leak": Pitfall(today.varlen_leak, "varlen", "out", "flash_varlen"),
+    "ring_wrong_block_offset": Pitfall(today.ring_wrong_block_offset, "ring-causal", "out", "ring"),
 }
+# The today's-option pitfalls, importable from here too (``--kernel
+# parity_tests.checker.pitfalls:alibi_sign --spec flash``).
+gqa_head_modulo = today.gqa_head_modulo
+gqa_no_group_sum = today.gqa_no_group_sum
+flash_top_left = today.flash_top_left
+window_off_by_one = today.window_off_by_one
+alibi_sign = today.alibi_sign
+softcap_no_tanh_grad = today.softcap_no_tanh_grad
+lse_log2 = today.lse_log2
+lse_without_scale = today.lse_without_scale
+varlen_leak = today.varlen_leak
+ring_wrong_block_offset = today.ring_wrong_block_offset

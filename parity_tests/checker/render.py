@@ -31,14 +31,16 @@ from .report import (
 from .targets import expected_failure
 
 SCHEMA_VERSION = 1
-TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "keep")
+TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "lse", "keep")
 SHAPE_KEYS = ("B", "H", "N", "M", "D", "Dv")
 _WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4}
 
 Emit = Callable[[str], None]
 
 
-def check_entry(report: KernelReport, *, target: str, battery: str, judged: bool) -> dict:
+def check_entry(
+    report: KernelReport, *, target: str, battery: str, judged: bool, spec: str = "sdpa"
+) -> dict:
     """One check as a plain dict (the JSON schema's ``kernels[i]``), statuses included.
 
     ``judged`` False (the stress battery) ignores the expected failures and gives no verdict.
@@ -60,9 +62,11 @@ def check_entry(report: KernelReport, *, target: str, battery: str, judged: bool
             }
         )
     statuses = [group["status"] for group in groups]
-    skipped = statuses.count("skip")
+    skipped, not_run = statuses.count("skip"), statuses.count("not-run")
+    judged_groups = len(statuses) - skipped - not_run
     return {
         "target": target,
+        "spec": spec,
         "device": report.device,
         "device_name": device_name(report.device),
         "battery": battery,
@@ -70,10 +74,11 @@ def check_entry(report: KernelReport, *, target: str, battery: str, judged: bool
         "verdict": ("pass" if statuses_pass(statuses) else "fail") if judged else None,
         "summary": coverage_summary(statuses),
         "coverage": {
-            "judged": len(statuses) - skipped,
+            "judged": judged_groups,
             "skipped": skipped,
+            "not_run": not_run,
             "total": len(statuses),
-            "fraction": (len(statuses) - skipped) / len(statuses) if statuses else 0.0,
+            "fraction": judged_groups / len(statuses) if statuses else 0.0,
         },
         "groups": groups,
         "errors": [
@@ -95,6 +100,8 @@ def row_dict(row: Any) -> dict:
     entry = dataclasses.asdict(row)
     if hasattr(row, "ratio"):
         entry["ratio"] = row.ratio
+    if hasattr(row, "bias_ratio"):
+        entry["bias_ratio"] = row.bias_ratio
     if "verdict" not in entry and "passed" in entry:
         entry["verdict"] = "pass" if entry.pop("passed") else "fail"
     return entry
@@ -104,8 +111,8 @@ def _status(target, case, dtype, device, rows, judged: bool) -> tuple[str, str]:
     """The group's status, against the expected-failure list when judged, and its note."""
     status = group_status(rows)
     expected = expected_failure(target, case, dtype, device) if judged else None
-    if status == "skip":
-        return status, next(row.detail for row in rows if row.verdict == "skip")
+    if status in ("skip", "not-run"):
+        return status, next(row.detail for row in rows if row.verdict == status)
     if expected is not None:
         if status == "fail":
             return "xfail", expected.reason
@@ -121,6 +128,8 @@ def _why(row: Any) -> str:
         return row.detail
     if row.verdict == "nonfinite":
         return f"{row.tensor} NaN/inf"
+    if row.verdict == "bias":
+        return f"{row.tensor} bias (rms error / bound {_number(row.bias_ratio, '.2g')})"
     return f"{row.tensor} fail"
 
 
@@ -130,9 +139,10 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
     exceptions with their tracebacks, once each, and the reasons of skips and expected failures."""
     emit(f"== {title}: error / bound per tensor (above 1 fails) ==")
     for check in checks:
-        emit(f"-- {check['target']} on {check['device']} ({check['battery']} battery) --")
+        spec = "" if check.get("spec", "sdpa") == "sdpa" else f", {check['spec']} spec"
+        emit(f"-- {check['target']} on {check['device']} ({check['battery']} battery{spec}) --")
         emit(
-            f"{'case':16} {'dtype':9}"
+            f"{'case':20} {'dtype':9}"
             + "".join(f" {key:>{_WIDTHS[key]}}" for key in SHAPE_KEYS)
             + " |"
             + "".join(f" {t:>8}" for t in TENSOR_COLUMNS)
@@ -142,14 +152,14 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
         for group in check["groups"]:
             cells = {row["tensor"]: _cell(row) for row in group["rows"]}
             line = (
-                f"{group['case']:16} {group['dtype']:9}"
+                f"{group['case']:20} {group['dtype']:9}"
                 + "".join(f" {group['shape'][key]:>{_WIDTHS[key]}}" for key in SHAPE_KEYS)
                 + " |"
                 + "".join(f" {cells.get(t, '-'):>8}" for t in TENSOR_COLUMNS)
                 + f" | {_worst(group['rows']):27}  {group['status']}"
             )
             note = group["note"]
-            if group["status"] in ("xfail", "xpass", "skip"):
+            if group["status"] in ("xfail", "xpass", "skip", "not-run"):
                 reasons[f"{group['status']} {group['case']}: {note}"] = None
                 note = ""
             emit(line + (f" ({note})" if note else ""))
@@ -166,8 +176,10 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
 
 
 def _cell(row: dict) -> str:
-    ratio = row["ratio"]
-    text = "NaN/inf" if row["verdict"] == "nonfinite" else _number(ratio, ".2g")
+    """error / bound; for a "bias" row "rms" and rms error / rms bound."""
+    text = "NaN/inf" if row["verdict"] == "nonfinite" else _number(row["ratio"], ".2g")
+    if row["verdict"] == "bias":
+        text = "rms" + _number(row["bias_ratio"], ".2g")
     return text + ("!" if row["verdict"] in FAILING else "")
 
 

@@ -9,12 +9,18 @@ Verdicts of a row (lowercase, the same strings in the API, the tables and the JS
 - "dtype": the kernel returned a tensor of another dtype than its inputs (no correct kernel does);
 - "inplace": the kernel changed one of its inputs in place (the row's tensor names which);
 - "error": the kernel raised, or returned something that is not a tensor of the right shape;
-- "skip": the kernel raised ``KernelUnsupported`` (the case is outside its scope).
+- "bias": the largest error is within its bound, but the root-mean-square error is not: a small
+  systematic error made everywhere (a temperature a percent off, say) that the rounding of half
+  precision hides from a max-error bound;
+- "skip": the kernel raised ``KernelUnsupported`` (the case is outside its scope);
+- "not-run": the case needs a feature the kernel does not claim (``features=``); never a pass.
 
 A (case, dtype) group is "fail" when any of its rows failed, else "skip" when any was skipped,
-else "pass". A report has passed when no row failed, at least one group passed, and skipped groups
-do not outnumber passed ones: a kernel that refuses most of the battery has not shown that it is
-correct, whatever it did on the rest.
+else "not-run" when it was not run, else "pass". A report has passed when no row failed, at least
+one group passed, and skipped groups do not outnumber passed ones: a kernel that refuses most of
+the battery has not shown that it is correct, whatever it did on the rest. Groups not run for an
+undeclared feature are neither: the summary states the fraction of the battery the verdict
+covers.
 
 Tests: tests/checker/test_report.py
 """
@@ -26,8 +32,8 @@ from dataclasses import dataclass, field
 
 from .battery import Case
 
-VERDICTS = ("pass", "fail", "nonfinite", "dtype", "inplace", "error", "skip")
-FAILING = ("fail", "nonfinite", "dtype", "inplace", "error")
+VERDICTS = ("pass", "fail", "bias", "nonfinite", "dtype", "inplace", "error", "skip", "not-run")
+FAILING = ("fail", "bias", "nonfinite", "dtype", "inplace", "error")
 
 
 class KernelUnsupported(Exception):
@@ -40,9 +46,12 @@ class KernelRow:
     """One judged tensor of one case and dtype.
 
     ``error = max|K - G|``, ``baseline = max|Bl - G|``, ``golden_max = max|G|`` and
-    ``bound = c * baseline + floor * golden_max``; NaN where not measured (an "error" or "skip"
-    row, whose ``tensor`` is "-"). ``tensor`` is "out", "dq", "dk", "dv", "keep" (the kept
-    fraction of dropout) or, for an "inplace" row, the input changed ("q", "k", "v", "attn_mask").
+    ``bound = c * baseline + floor * golden_max``; NaN where not measured (an "error", "skip" or
+    "not-run" row, whose ``tensor`` is "-"). ``rms_error = rms(K - G)`` and ``rms_bound =
+    BIAS_FACTOR * rms(Bl - G) + BIAS_FLOOR * rms(G)`` are the bias statistic (NaN where not
+    measured), ``rms_baseline = rms(Bl - G)``. ``tensor`` is "out", "dq", "dk", "dv", "lse",
+    "keep" (the kept fraction of dropout) or, for an "inplace" row, the input changed ("q", "k",
+    "v", "attn_mask", ...).
     ``detail`` says why a row is not a plain pass; ``exception`` is the 1-based number of the
     exception in ``KernelReport.errors`` for a row where the kernel raised, else 0.
     """
@@ -57,10 +66,22 @@ class KernelRow:
     verdict: str
     detail: str = ""
     exception: int = 0
+    rms_error: float = math.nan
+    rms_bound: float = math.nan
+    rms_baseline: float = math.nan
 
     @property
     def failed(self) -> bool:
         return self.verdict in FAILING
+
+    @property
+    def bias_ratio(self) -> float:
+        """``rms_error / rms_bound``: above 1 is a "bias" verdict; NaN when not measured."""
+        if math.isnan(self.rms_error) or math.isnan(self.rms_bound):
+            return math.nan
+        if self.rms_bound == 0.0:
+            return 0.0 if self.rms_error == 0.0 else math.inf
+        return self.rms_error / self.rms_bound
 
     @property
     def ratio(self) -> float:
@@ -116,9 +137,11 @@ class KernelReport:
 
     @property
     def coverage(self) -> float:
-        """The fraction of (case, dtype) groups judged, i.e. not skipped; 0 for an empty report."""
+        """The fraction of (case, dtype) groups judged (neither skipped nor not run); 0 for an
+        empty report."""
         statuses = list(self.groups.values())
-        return (len(statuses) - statuses.count("skip")) / len(statuses) if statuses else 0.0
+        unjudged = statuses.count("skip") + statuses.count("not-run")
+        return (len(statuses) - unjudged) / len(statuses) if statuses else 0.0
 
     @property
     def passed(self) -> bool:
@@ -131,11 +154,14 @@ class KernelReport:
 
 
 def group_status(rows: list[KernelRow]) -> str:
-    """ "fail" if any row failed, else "skip" if any row was skipped, else "pass"."""
+    """ "fail" if any row failed, else "skip" if any row was skipped, else "not-run" if the case
+    was not run, else "pass"."""
     if any(row.failed for row in rows):
         return "fail"
     if any(row.verdict == "skip" for row in rows):
         return "skip"
+    if any(row.verdict == "not-run" for row in rows):
+        return "not-run"
     return "pass"
 
 
@@ -154,12 +180,14 @@ def statuses_pass(statuses: list[str]) -> bool:
 
 
 def coverage_summary(statuses: list[str]) -> str:
-    """One line: "pass" or "fail", why, and how many groups were judged (not skipped)."""
-    total, skips = len(statuses), statuses.count("skip")
+    """One line: "pass" or "fail", why, and how many groups were judged (neither skipped nor
+    not run)."""
+    total, skips, not_run = len(statuses), statuses.count("skip"), statuses.count("not-run")
     failing = sum(status in FAILING_GROUPS for status in statuses)
-    judged = total - skips
+    judged = total - skips - not_run
     share = f"{judged} of {total} case-dtype groups judged ({judged / max(total, 1):.0%})"
     skipped = f", {skips} skipped" if skips else ""
+    skipped += f", {not_run} not run (features not declared)" if not_run else ""
     if statuses_pass(statuses):
         return f"pass: {share}{skipped}"
     if failing:

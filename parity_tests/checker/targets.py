@@ -1,10 +1,15 @@
-"""The kernels the CLI checks by default, each with the SDPA signature, and their known failures.
+"""The kernels the CLI checks by default, each with a spec (``checker.specs``), and their known
+failures.
 
 Targets: ``F.scaled_dot_product_attention`` with the default dispatch and with each backend that
 ``torch.nn.attention.sdpa_kernel`` can force on the device; ``torch_attention.functional.attention``
-with each backend that runs forward and backward there; ``nn.MultiheadAttention`` through an
-adapter (identity projections), with ``need_weights=True`` and ``False``. A backend that cannot
-take a small plain problem forward and backward on the device is left out (found by trying one).
+with each backend that runs forward and backward there (forward-only where only the forward runs:
+FlexAttention on CPU); ``nn.MultiheadAttention`` through an adapter (identity projections), with
+``need_weights=True`` and ``False``; and, where installed, the real third-party kernels of
+``checker.third_party``: FlexAttention itself (the "flex" spec; eager, and compiled in a child
+process) and Hugging Face's attention functions. A backend that cannot take a small plain problem
+on the device is left out (found by trying one). Compiled targets compile once per shape and
+dtype (~10-40 s each on a 2-core CPU), so they run a few cases in float32 (``Target.cases``).
 
 A forced backend that refuses a case (the CPU flash kernel has no dropout, say) raises
 ``KernelUnsupported`` with torch's (or torch_attention's) own reason, and the case is skipped for
@@ -25,16 +30,20 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torch_attention.distributed import ring_attention
 from torch_attention.functional import BACKENDS, attention
 
-from .kernels import Kernel
-from .report import KernelUnsupported
+from . import adapters, specs, third_party
+from .battery import DEFAULT, RING, STRESS
+from .kernels import Kernel, check_kernel
+from .report import KernelReport, KernelUnsupported
 
 SDPA_BACKENDS = {
     "math": SDPBackend.MATH,
@@ -51,17 +60,62 @@ TORCH_ATTENTION_REFUSAL = "cannot compute this call"
 
 @dataclass(frozen=True)
 class Target:
-    """A named kernel to check, and the dtypes it runs in on the device it was built for."""
+    """A named kernel to check, the dtypes it runs in on the device it was built for, and how
+    ``check_kernel`` calls it: its spec and features, forward-only, isolated, and ``cases``, the
+    cases it runs whatever battery is asked for (compiled kernels; None: the battery asked)."""
 
     name: str
-    kernel: Kernel
+    kernel: Kernel | str
     dtypes: tuple[str, ...]
+    spec: str = "sdpa"
+    features: frozenset[str] | None = None
+    forward_only: bool = False
+    isolate: bool | float = False
+    cases: tuple[str, ...] | None = None
+    world_size: int | None = None
+
+    def check(
+        self, device: str, battery: str | list[str], seed: int, progress: Any = None
+    ) -> KernelReport | None:
+        """The target's report on ``battery`` (a battery's name, or case names). None when the
+        target runs none of it: a target with its own cases asked for the stress battery, or
+        case names that its spec cannot express or its own cases leave out."""
+        cases: str | list[str] | tuple[str, ...]
+        if isinstance(battery, list):
+            allowed = self.cases
+            cases = [
+                name
+                for name in battery
+                if (allowed is None or name in allowed)
+                and specs.cannot_express(self.spec, _CASES[name]) is None
+            ]
+            if not cases:
+                return None
+        elif self.cases is not None:
+            if battery == "stress":
+                return None
+            cases = self.cases
+        else:
+            cases = battery
+        return check_kernel(
+            self.kernel,
+            spec=self.spec,
+            features=self.features,
+            device=device,
+            dtypes=self.dtypes,
+            cases=cases,
+            forward_only=self.forward_only,
+            isolate=self.isolate,
+            seed=seed,
+            progress=progress,
+            world_size=self.world_size,
+        )
 
 
 @dataclass(frozen=True)
 class ExpectedFailure:
-    """A documented failure: target ``target`` fails case ``case`` (in every dtype and on every
-    device unless restricted), for ``reason``."""
+    """A documented failure: target ``target`` fails case ``case`` ("*": every case; in every
+    dtype and on every device unless restricted), for ``reason``."""
 
     target: str
     case: str
@@ -72,7 +126,7 @@ class ExpectedFailure:
     def matches(self, target: str, case: str, dtype: str, device: str) -> bool:
         return (
             self.target == target
-            and self.case == case
+            and self.case in (case, "*")
             and (self.dtypes is None or dtype in self.dtypes)
             and (self.devices is None or torch.device(device).type in self.devices)
         )
@@ -82,11 +136,55 @@ MHA_NAN_ROWS = (
     "nn.MultiheadAttention with need_weights=True computes softmax itself: a query row with "
     "nothing to attend to gives NaN in the output and in every gradient (SDPA gives 0)"
 )
-
-EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
-    ExpectedFailure("mha[need_weights=True]", "dead-rows-bool", MHA_NAN_ROWS),
-    ExpectedFailure("mha[need_weights=True]", "dead-rows-float", MHA_NAN_ROWS),
+HF_MIN_MASK_ROWS = (
+    "Hugging Face's eager attention adds its finfo(dtype).min mask and takes a plain softmax: a "
+    "query row with nothing to attend to gets equal weights on every key, so its output is the "
+    "mean of V (and its gradients are nonzero) where SDPA and the golden give 0"
 )
+HF_NAN_ROWS = (
+    "Hugging Face's eager attention takes a plain softmax of the masked scores: with the -inf "
+    "mask that SDPA's float masks mean, a query row with nothing to attend to gives NaN in the "
+    "output and in every gradient"
+)
+HF_FLEX_HEAD0 = (
+    "Hugging Face's flex_attention_forward reads a 4-D tensor mask as score_mask[b][0][q][kv]: "
+    "head 0's mask for every head, so a per-head mask (a per-head bias, or per-head dead rows) is "
+    "silently wrong on every other head (and, with its finfo.min mask, a dead row is the mean of V)"
+)
+HF_FLEX_COMPILED = (
+    "Hugging Face's flex_attention_forward compiles FlexAttention, and on CPU (torch 2.13) the "
+    "compiled code indexing its tensor mask (score_mask[b][0][q][kv]) crashes the process"
+)
+HF_FLOAT32_SOFTMAX = (
+    "Llama's eager attention takes its softmax in float32 whatever the inputs' dtype "
+    "(softmax(..., dtype=torch.float32).to(query.dtype)): in float64 every result carries "
+    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12"
+)
+FLEX_COMPILED_WINDOW = (
+    "torch.compile(flex_attention) on CPU (torch 2.13), compiling its third shape with dynamic "
+    "sizes (automatic dynamic after a recompile), fails to build this two-sided window's mask: "
+    "Inductor's C++ code does not compile (CppCompileError); compiled alone it passes"
+)
+
+_DEAD = ("dead-rows-bool", "dead-rows-float")
+EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
+    *(ExpectedFailure("mha[need_weights=True]", case, MHA_NAN_ROWS) for case in _DEAD),
+    *(ExpectedFailure("hf.llama.eager_attention_forward", case, HF_MIN_MASK_ROWS,
+                      dtypes=("float32", "float16", "bfloat16")) for case in _DEAD),
+    *(ExpectedFailure("hf.gpt2.eager_attention_forward", case, HF_NAN_ROWS) for case in _DEAD),
+    *(
+        ExpectedFailure("hf.flex_attention_forward[eager]", case, HF_FLEX_HEAD0)
+        for case in ("float-mask", *_DEAD)
+    ),
+    *(
+        ExpectedFailure("hf.flex_attention_forward", case, HF_FLEX_COMPILED, devices=("cpu",))
+        for case in ("causal-n<m", "float-mask", "dead-rows-bool")
+    ),
+    ExpectedFailure("flex[compiled]", "window-tl", FLEX_COMPILED_WINDOW, devices=("cpu",)),
+    ExpectedFailure(
+        "hf.llama.eager_attention_forward", "*", HF_FLOAT32_SOFTMAX, dtypes=("float64",)
+    ),
+)  # fmt: skip
 
 
 def expected_failure(target: str, case: str, dtype: str, device: str) -> ExpectedFailure | None:
@@ -105,14 +203,90 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         if available:
             targets.append(Target(f"sdpa[{name}]", forced_sdpa(backend), available))
     for name in BACKENDS:
-        available = tuple(d for d in dtypes if _torch_attention_runs(name, device, d))
+        available = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, True))
+        forward = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, False))
+        kernel = torch_attention_kernel(name)
         if available:
-            targets.append(
-                Target(f"torch_attention[{name}]", torch_attention_kernel(name), available)
-            )
+            targets.append(Target(f"torch_attention[{name}]", kernel, available))
+        elif forward:  # FlexAttention on CPU has no backward
+            targets.append(Target(f"torch_attention[{name}]", kernel, forward, forward_only=True))
     for need_weights in (True, False):
         targets.append(
-            Target(f"mha[need_weights={need_weights}]", mha_kernel(need_weights), dtypes)
+            Target(
+                f"mha[need_weights={need_weights}]",
+                mha_kernel(need_weights),
+                dtypes,
+                features=NO_GQA,
+            )
+        )
+    targets += [
+        Target("torch_attention:flash_attn_func", adapters.flash_attn_func, dtypes, "flash"),
+        Target(
+            "torch_attention:flash_attn_varlen_func",
+            adapters.flash_attn_varlen_func,
+            dtypes,
+            "flash_varlen",
+        ),
+    ]
+    if torch.device(device).type == "cpu":  # the ring spec runs gloo ranks on CPU
+        targets.append(Target("ring_attention", ring_attention, dtypes, "ring", world_size=2))
+    return targets + third_party_targets(device, dtypes)
+
+
+_CASES = {case.name: case for case in DEFAULT + STRESS + RING}
+NO_GQA = frozenset({"mask", "causal", "dropout", "dv"})
+# The few cases a compiled target runs (each shape compiles): plain, causal with N < M, one
+# option of the spec each, and the cases of the documented findings.
+COMPILED_FLEX_CASES = ("plain", "causal-br-n<m", "window-tl", "alibi-h")
+HF_FLEX_CASES = ("plain", "causal-n<m", "float-mask", "dead-rows-bool")
+
+
+def third_party_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
+    """FlexAttention and Hugging Face's attention functions, where installed."""
+    cpu = torch.device(device).type == "cpu"
+    compiled_dtypes = tuple(d for d in dtypes if d == "float32")
+    targets = []
+    if third_party.flex_available():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        flex_features = frozenset({"mask", "causal", "window", "softcap", "alibi", "gqa", "dv"})
+        targets.append(Target("flex", flex_attention, dtypes, "flex", flex_features | {"lse"}, cpu))
+        if compiled_dtypes:
+            targets.append(
+                Target(
+                    "flex[compiled]",
+                    third_party.compiled_flex_attention,
+                    compiled_dtypes,
+                    "flex",
+                    # torch.compile of FlexAttention on CPU refuses return_lse (inference only).
+                    flex_features if cpu else flex_features | {"lse"},
+                    cpu,
+                    isolate=True,
+                    cases=COMPILED_FLEX_CASES,
+                )
+            )
+    if not third_party.transformers_available():
+        return targets
+    hf_features = frozenset({"mask", "causal", "gqa", "dv"})
+    targets += [
+        Target("hf.sdpa_attention_forward", third_party.hf_sdpa, dtypes),
+        Target("hf.llama.eager_attention_forward", third_party.hf_llama_eager, dtypes),
+        Target("hf.gpt2.eager_attention_forward", third_party.hf_gpt2_eager, dtypes,
+               features=NO_GQA),
+        Target("hf.flex_attention_forward[eager]", third_party.hf_flex_eager, dtypes,
+               features=hf_features, forward_only=cpu),
+    ]  # fmt: skip
+    if compiled_dtypes:
+        targets.append(
+            Target(
+                "hf.flex_attention_forward",
+                third_party.hf_flex,
+                compiled_dtypes,
+                features=hf_features,
+                forward_only=cpu,
+                isolate=True,
+                cases=HF_FLEX_CASES,
+            )
         )
     return targets
 
@@ -120,7 +294,8 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
 def forced_sdpa(backend: SDPBackend) -> Kernel:
     """SDPA restricted to one backend; a case the backend refuses raises ``KernelUnsupported``."""
 
-    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):  # fmt: skip
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -133,6 +308,7 @@ def forced_sdpa(backend: SDPBackend) -> Kernel:
                         dropout_p=dropout_p,
                         is_causal=is_causal,
                         scale=scale,
+                        enable_gqa=enable_gqa,
                     )
             except RuntimeError as exc:
                 if not any(refusal in str(exc) for refusal in SDPA_REFUSALS):
@@ -156,18 +332,24 @@ def _backend_runs(backend: SDPBackend, device: str | torch.device, dtype: str) -
 
 
 @functools.lru_cache(maxsize=32)
-def _torch_attention_runs(backend: str, device: str | torch.device, dtype: str) -> bool:
-    """Whether ``torch_attention``'s ``backend`` runs a small problem on ``device`` in ``dtype``
-    (FlexAttention has no backward on CPU, say)."""
-    return _runs(torch_attention_kernel(backend), device, dtype)
+def _torch_attention_runs(
+    backend: str, device: str | torch.device, dtype: str, backward: bool
+) -> bool:
+    """Whether ``torch_attention``'s ``backend`` runs a small problem on ``device`` in ``dtype``,
+    with its backward or forward only (FlexAttention has no backward on CPU, say)."""
+    return _runs(torch_attention_kernel(backend), device, dtype, backward)
 
 
-def _runs(kernel: Kernel, device: str | torch.device, dtype: str) -> bool:
-    """Whether ``kernel`` takes a plain (1, 1, 8, 64) problem forward and backward, rather than
+def _runs(kernel: Kernel, device: str | torch.device, dtype: str, backward: bool = True) -> bool:
+    """Whether ``kernel`` takes a plain (1, 1, 8, 64) problem forward (and backward), rather than
     raising ``KernelUnsupported``."""
-    q = torch.randn(1, 1, 8, 64, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+    q = torch.randn(1, 1, 8, 64, device=device, dtype=getattr(torch, dtype))
     try:
-        kernel(q, q, q).sum().backward()
+        if backward:
+            q.requires_grad_(True)
+            kernel(q, q, q).sum().backward()
+        else:
+            kernel(q, q, q)
     except KernelUnsupported:
         return False
     return True
@@ -177,7 +359,8 @@ def torch_attention_kernel(backend: str) -> Kernel:
     """``torch_attention.functional.attention`` with ``backend``, behind the SDPA signature. A
     call the backend says it cannot compute raises ``KernelUnsupported`` with its reason."""
 
-    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):  # fmt: skip
         try:
             return attention(
                 query,
@@ -186,6 +369,7 @@ def torch_attention_kernel(backend: str) -> Kernel:
                 causal=is_causal,
                 attn_mask=attn_mask,
                 scale=scale,
+                enable_gqa=enable_gqa,
                 dropout_p=dropout_p,
                 backend=backend,
             )

@@ -1,11 +1,20 @@
-"""The batteries: what the default battery covers, what --quick keeps, and how inputs are drawn."""
+"""The batteries: what the default battery covers (today's options included), what --quick keeps,
+what each case needs from a kernel, and how inputs are drawn."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from parity_tests.checker.battery import DEFAULT, QUICK, STRESS, Case, make_inputs, resolve
+from parity_tests.checker.battery import (
+    DEFAULT,
+    QUICK,
+    RING,
+    STRESS,
+    Case,
+    make_inputs,
+    resolve,
+)
 
 BY_NAME = {case.name: case for case in DEFAULT}
 
@@ -23,6 +32,70 @@ def test_default_battery_covers_what_the_policy_promises():
     assert any(c.scale is not None for c in cases) and any(c.scale is None for c in cases)
     assert any(c.logits >= 10 for c in cases) and any(c.inputs == "heavy" for c in cases)
     assert any(c.dropout_p for c in cases)
+
+
+def test_default_battery_covers_todays_options():
+    cases = DEFAULT
+    br = [c for c in cases if c.causal and c.align == "bottom-right" and not c.packed]
+
+    assert {c.kv_heads for c in cases if c.heads == 4} >= {1, 2, 4}
+    assert any(c.n < c.m for c in br) and any(c.n > c.m for c in br)
+    assert any(c.n == 1 and c.m > 100 for c in br)  # a decode step against a long cache
+    windows = [c.window for c in cases if c.window is not None]
+    assert any(right is None or right == 0 for _, right in windows)  # one-sided
+    assert any(left and right for left, right in windows)  # two-sided
+    assert {c.align for c in cases if c.window is not None and c.n != c.m} == {
+        "top-left",
+        "bottom-right",
+    }
+    assert any(c.softcap and c.logits >= 3 * c.softcap for c in cases)  # the cap bends
+    assert {c.alibi for c in cases} == {"none", "H", "BH"}
+    assert any(c.alibi != "none" and c.causal and c.n != c.m for c in cases)
+    packed = [c for c in cases if c.packed]
+    lengths = [n for c in packed for n, _ in c.seqlens]
+    assert packed and 1 in lengths and len(set(lengths)) > 2
+
+
+@pytest.mark.parametrize(
+    ("name", "needs"),
+    [
+        ("plain", set()),
+        ("dropout", {"dropout"}),
+        ("gqa-1of4-causal", {"gqa", "causal"}),
+        ("window-causal", {"window", "causal"}),
+        ("alibi-bh-causal", {"alibi", "causal"}),
+        ("dv<d", {"dv"}),
+        ("float-mask", {"mask"}),
+        ("softcap", {"softcap"}),
+        ("varlen-causal-gqa", {"causal", "gqa"}),
+    ],
+)
+def test_a_case_needs_the_features_its_options_use(name, needs):
+    assert BY_NAME[name].needs == needs
+
+
+def test_gqa_and_packed_inputs_have_their_shapes():
+    gqa, packed = BY_NAME["gqa-2of4"], BY_NAME["varlen"]
+
+    g, p = make_inputs(gqa, seed=0), make_inputs(packed, seed=0)
+
+    assert g.q.shape == (2, 4, 37, 32) and g.k.shape == (2, 2, 113, 32) == g.v.shape
+    assert p.q.shape == (122, 2, 32) and p.k.shape == (234, 2, 32) and p.dout.shape == (122, 2, 32)
+    cu_q, cu_k = packed.cu_seqlens
+    assert cu_q.tolist() == [0, 37, 38, 102, 122] and cu_k.tolist() == [0, 113, 177, 214, 234]
+
+
+def test_alibi_slopes_per_head_and_per_batch_differ_between_batch_elements():
+    per_head = make_inputs(BY_NAME["alibi-h"], seed=0).alibi_slopes
+    per_batch = make_inputs(BY_NAME["alibi-bh-causal"], seed=0).alibi_slopes
+
+    assert per_head.shape == (4,) and np.all(per_head > 0)
+    assert per_batch.shape == (2, 2) and not np.array_equal(per_batch[0], per_batch[1])
+
+
+def test_ring_cases_are_self_attention_that_two_to_four_ranks_can_split():
+    assert all(c.n == c.m and c.n % 8 == 0 for c in RING)
+    assert {c.layout for c in RING} == {"contiguous", "zigzag"}
 
 
 def test_default_battery_has_dv_unlike_d_with_the_default_scale_both_ways():
@@ -86,10 +159,11 @@ def test_mask_cases_leave_every_row_something_to_attend(name):
 
 def test_resolve_names_batteries_and_cases():
     assert resolve(None) == DEFAULT and resolve("quick") == QUICK and resolve("stress") == STRESS
-    assert resolve(["plain", STRESS[0]]) == (BY_NAME["plain"], STRESS[0])
+    assert resolve("ring") == RING
+    assert resolve(["plain", STRESS[0], "ring-gqa"]) == (BY_NAME["plain"], STRESS[0], RING[3])
 
 
-@pytest.mark.parametrize("cases", [["no-such-case"], "everything", []])
+@pytest.mark.parametrize("cases", [["no-such-case"], "everything", [], ["plain", "plain"]])
 def test_resolve_refuses_unknown_or_empty(cases):
     with pytest.raises(ValueError):
         resolve(cases)
@@ -102,6 +176,11 @@ def test_resolve_refuses_unknown_or_empty(cases):
         {"inputs": "uniform"},
         {"causal": True, "mask": "bool"},
         {"dropout_p": 0.1, "causal": True},
+        {"heads_kv": 3},
+        {"window": (-1, 2)},
+        {"align": "centre"},
+        {"alibi": "per-token"},
+        {"layout": "striped"},
     ],
 )
 def test_a_case_refuses_what_it_cannot_run(kwargs):

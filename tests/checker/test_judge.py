@@ -1,5 +1,5 @@
-"""The tolerance policy on one tensor: both sides of the inequality, non-finite values, and the
-kept fraction of dropout."""
+"""The tolerance policy on one tensor: both sides of the inequality, the bias statistic beside
+it, lse as the libraries return it, non-finite values, and the kept fraction of dropout."""
 
 from __future__ import annotations
 
@@ -8,8 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from parity_tests.checker.judge import judge_keep, judge_tensor, unmeasured, wrong_dtype
-from parity_tests.tolerances import DROPOUT_SIGMAS, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from parity_tests.checker.judge import (
+    judge_keep,
+    judge_lse,
+    judge_tensor,
+    unmeasured,
+    wrong_dtype,
+)
+from parity_tests.tolerances import (
+    BIAS_FACTOR,
+    BIAS_FLOOR,
+    DROPOUT_SIGMAS,
+    FLOOR,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+)
 
 GOLD = np.array([[0.5, -2.0], [1.0, 0.25]])  # max|G| = 2
 BASE = GOLD + np.array([[1e-3, 0.0], [0.0, -2e-3]])  # max|Bl - G| = 2e-3
@@ -23,12 +36,14 @@ def test_bound_is_factor_times_baseline_plus_floor(tensor, factor):
     assert row.bound == pytest.approx(factor * 2e-3 + FLOOR["float16"] * 2.0)
 
 
-def test_an_error_above_the_bound_fails_and_one_below_it_passes():
+def test_an_error_above_the_bound_fails_and_one_below_it_does_not():
     bound = OUTPUT_FACTOR * 2e-3 + FLOOR["float16"] * 2.0
     below = GOLD + np.array([[0.99 * bound, 0.0], [0.0, 0.0]])
     above = GOLD + np.array([[0.0, 0.0], [0.0, -1.01 * bound]])
 
-    assert judge_tensor("c", "float16", "out", below, GOLD, BASE).verdict == "pass"
+    # One entry of four near the max bound is also far above the RMS bound ("bias"): the max
+    # bound's side alone is what this test is about.
+    assert judge_tensor("c", "float16", "out", below, GOLD, BASE).verdict != "fail"
     row = judge_tensor("c", "float16", "out", above, GOLD, BASE)
     assert row.verdict == "fail" and row.ratio == pytest.approx(1.01)
 
@@ -75,3 +90,56 @@ def test_an_unmeasured_row_has_no_numbers():
     row = unmeasured("c", "float32", "error", "RuntimeError: boom", 2)
 
     assert row.tensor == "-" and math.isnan(row.error) and row.exception == 2
+
+
+def _rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x**2)))
+
+
+def test_a_small_error_everywhere_is_bias_where_one_error_as_large_is_not():
+    rng = np.random.default_rng(0)
+    gold = rng.standard_normal(10_000)
+    base = gold + 1e-2 * rng.choice([-1.0, 1.0], 10_000) * (rng.random(10_000) < 0.05)
+    spike = gold.copy()
+    spike[7] += 1.9e-2  # one entry off by about twice the baseline's worst: rounding
+    everywhere = gold * (1 + 8e-3)  # every entry off by 0.8% of itself: a systematic error
+
+    spiky = judge_tensor("c", "bfloat16", "out", spike, gold, base)
+    biased = judge_tensor("c", "bfloat16", "out", everywhere, gold, base)
+
+    assert spiky.verdict == "pass"
+    assert biased.error <= biased.bound and biased.verdict == "bias" and biased.failed
+    assert biased.rms_error == pytest.approx(_rms(everywhere - gold))
+    assert biased.rms_bound == pytest.approx(
+        BIAS_FACTOR * _rms(base - gold) + BIAS_FLOOR["bfloat16"] * _rms(gold)
+    )
+    assert biased.bias_ratio > 1.0
+
+
+LSE_GOLD = np.array([[1.5, -np.inf, 0.25]])
+LSE_BASE = LSE_GOLD + np.array([[1e-3, 0.0, -1e-3]])
+
+
+@pytest.mark.parametrize("dead", [-np.inf, np.inf])
+def test_lse_of_a_dead_row_may_be_minus_or_plus_inf(dead):
+    row = judge_lse("c", "float16", np.array([[1.5, dead, 0.25]]), LSE_GOLD, LSE_BASE)
+
+    assert row.verdict == "pass" and row.tensor == "lse"
+
+
+@pytest.mark.parametrize("dead", [0.0, np.nan])
+def test_lse_of_a_dead_row_must_not_be_finite_or_nan(dead):
+    row = judge_lse("c", "float16", np.array([[1.5, dead, 0.25]]), LSE_GOLD, LSE_BASE)
+
+    assert row.verdict == "fail" and "must have lse -inf" in row.detail
+
+
+def test_the_other_lse_convention_is_accepted_exactly_and_named():
+    shift = np.array([[0.5, 0.0, 0.75]])  # slope_h * p_i per row
+    shifted = LSE_GOLD + shift
+
+    flash = judge_lse("c", "float32", shifted, LSE_GOLD, LSE_BASE, shifted)
+    half_way = judge_lse("c", "float32", LSE_GOLD + shift / 2, LSE_GOLD, LSE_BASE, shifted)
+
+    assert flash.verdict == "pass" and "flash-attn's causal ALiBi convention" in flash.detail
+    assert half_way.verdict == "fail"

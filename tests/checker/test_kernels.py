@@ -1,5 +1,6 @@
-"""``check_kernel``: the bound, reproducible verdicts, and every way a kernel can be wrong named as
-a verdict (a value, a NaN, a dtype, an input changed in place, a raise, a refusal, sys.exit)."""
+"""``check_kernel``: the bound, reproducible verdicts, float64, forward-only, the "module:function"
+form, and every way a kernel can be wrong named as a verdict (a value, a NaN, a dtype, an input
+changed in place, a raise, a refusal, sys.exit)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import KernelUnsupported, check_kernel
-from parity_tests.checker.battery import resolve
-from parity_tests.checker.kernels import SEED_LIMIT
-from parity_tests.tolerances import FLOAT32_RTOL
+from parity_tests.checker.kernels import SEED_LIMIT, battery_for
+from parity_tests.tolerances import FLOAT32_RTOL, FLOOR
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -29,13 +29,14 @@ def test_rows_cover_every_case_dtype_and_tensor():
     )
 
     keys = {(row.case, row.dtype, row.tensor) for row in report.rows}
+    quick = battery_for("sdpa", "quick")
     assert keys == {
         (case.name, dtype, tensor)
-        for case in resolve("quick")
+        for case in quick
         for dtype in ("float32", "bfloat16")
         for tensor in ("out", "dq", "dk", "dv") + (("keep",) if case.dropout_p else ())
     }
-    assert report.cases == {case.name: case for case in resolve("quick")}
+    assert report.cases == {case.name: case for case in quick}
 
 
 def test_float32_baseline_tracks_the_golden_to_float32_rounding():
@@ -198,8 +199,9 @@ def test_ctrl_c_in_a_kernel_still_stops_the_run():
         check_kernel(_interrupted, dtypes=["float32"], cases=["plain"])
 
 
-def _refuses_options(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    if attn_mask is not None or is_causal or scale is not None or dropout_p:
+def _refuses_options(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):  # fmt: skip
+    if attn_mask is not None or is_causal or scale is not None or dropout_p or enable_gqa:
         raise KernelUnsupported("plain attention only")
     return F.scaled_dot_product_attention(query, key, value)
 
@@ -238,13 +240,16 @@ def test_dropout_is_checked_against_the_kernels_own_mask(kernel, tensor):
 def test_stress_battery_runs_and_names_every_case():
     report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], cases="stress")
 
-    assert {row.case for row in report.rows} == {case.name for case in resolve("stress")}
+    assert {row.case for row in report.rows} == {
+        case.name for case in battery_for("sdpa", "stress")
+    }
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"dtypes": ["float64"]}, ValueError),
+        ({"dtypes": ["float8"]}, ValueError),
+        ({"forward_only": "yes"}, TypeError),
         ({"dtypes": []}, ValueError),
         ({"cases": ["no-such-case"]}, ValueError),
         ({"cases": "everything"}, ValueError),
@@ -275,3 +280,58 @@ def test_the_largest_seed_is_accepted():
 def test_a_kernel_must_be_callable():
     with pytest.raises(TypeError, match="callable"):
         check_kernel("F.scaled_dot_product_attention")
+
+
+def test_a_kernel_may_be_named_module_colon_function():
+    named = check_kernel("torch.nn.functional:scaled_dot_product_attention", dtypes=["float32"],
+                         cases=["plain"])  # fmt: skip
+
+    assert named.passed and named.kernel == "scaled_dot_product_attention"
+
+
+def test_float64_is_a_dtype_like_any_other():
+    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float64"], cases="quick")
+
+    assert report.passed, report.failures
+    for row in report.rows:
+        if row.tensor in ("out", "dq", "dk", "dv"):
+            assert row.bound <= 3 * row.baseline + FLOOR["float64"] * row.golden_max
+
+
+def _scale_by_d_in_float64(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                           scale=None, enable_gqa=False):  # fmt: skip
+    if query.dtype == torch.float64 and scale is None:
+        scale = 1.0 / query.shape[-1]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                          scale=scale, enable_gqa=enable_gqa)  # fmt: skip
+
+
+def test_a_mistake_only_in_float64_is_caught_in_float64():
+    report = check_kernel(_scale_by_d_in_float64, dtypes=["float32", "float64"], cases=["plain"])
+
+    assert report.groups == {("plain", "float32"): "pass", ("plain", "float64"): "fail"}
+
+
+def _forward_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """An inference kernel: refuses inputs that require grad (as FlexAttention on CPU does)."""
+    if query.requires_grad:
+        raise RuntimeError("this kernel has no backward")
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                          scale=scale)  # fmt: skip
+
+
+def test_forward_only_judges_out_with_inputs_that_do_not_require_grad():
+    cases = ["plain", "causal-n<m", "dead-rows-bool"]
+
+    forward = check_kernel(_forward_only, dtypes=["float32"], cases=cases, forward_only=True)
+    both = check_kernel(_forward_only, dtypes=["float32"], cases=cases)
+
+    assert forward.passed and {row.tensor for row in forward.rows} == {"out"}
+    assert {row.verdict for row in both.rows} == {"error"}
+
+
+def test_forward_only_still_catches_a_wrong_output():
+    report = check_kernel(_scale_by_d_in_float64, dtypes=["float64"], cases=["plain"],
+                          forward_only=True)  # fmt: skip
+
+    assert [row.verdict for row in report.rows] == ["fail"]

@@ -72,7 +72,13 @@ def test_coverage_is_reported_per_check():
 
     check = check_entry(report, target="k", battery="b", judged=True)
 
-    assert check["coverage"] == {"judged": 1, "skipped": 1, "total": 2, "fraction": 0.5}
+    assert check["coverage"] == {
+        "judged": 1,
+        "skipped": 1,
+        "not_run": 0,
+        "total": 2,
+        "fraction": 0.5,
+    }
     assert check["summary"] == "pass: 1 of 2 case-dtype groups judged (50%), 1 skipped"
 
 
@@ -147,3 +153,27 @@ def test_environment_names_versions_and_devices():
     env = environment(["cpu"])
 
     assert {"python", "numpy", "torch"} <= set(env) and env["devices"]["cpu"]
+
+
+def test_a_bias_row_shows_its_rms_ratio_and_why():
+    row = KernelRow("plain", "bfloat16", "dq", 1e-3, 1e-3, 1.0, 4e-3, "bias", "rms", 0, 3e-4, 1e-4)
+    check = check_entry(_report(row), target="k", battery="b", judged=True)
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+
+    assert check["groups"][0]["note"] == "dq bias (rms error / bound 3)"
+    assert check["groups"][0]["rows"][0]["bias_ratio"] == pytest.approx(3.0)
+    assert any("rms3!" in line for line in lines)
+
+
+def test_a_group_not_run_says_which_features_it_needs():
+    row = KernelRow("plain", "float32", "-", *[math.nan] * 4, "not-run", "needs gqa, not declared")
+    check = check_entry(_report(row), target="k", battery="b", judged=True, spec="flash")
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+
+    assert check["spec"] == "flash" and check["coverage"]["not_run"] == 1
+    assert "   not-run plain: needs gqa, not declared" in lines
+    assert any(line.endswith("(b battery, flash spec) --") for line in lines)

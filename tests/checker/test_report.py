@@ -42,9 +42,10 @@ def test_ratio_of_an_unmeasured_row_is_nan():
     assert math.isnan(row.ratio)
 
 
-def test_every_verdict_but_pass_and_skip_fails():
-    assert set(FAILING) == set(VERDICTS) - {"pass", "skip"}
+def test_every_verdict_but_pass_skip_and_not_run_fails():
+    assert set(FAILING) == set(VERDICTS) - {"pass", "skip", "not-run"}
     assert all(_row("c", verdict).failed for verdict in FAILING)
+    assert "bias" in FAILING
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,8 @@ def test_every_verdict_but_pass_and_skip_fails():
         (["pass", "skip"], "skip"),
         (["skip", "inplace"], "fail"),
         (["pass", "dtype"], "fail"),
+        (["pass", "bias"], "fail"),
+        (["not-run"], "not-run"),
     ],
 )
 def test_group_status(verdicts, status):
@@ -69,6 +72,8 @@ def test_group_status(verdicts, status):
         (["skip"], False),
         ([], False),
         (["pass", "fail"], False),
+        (["pass", "not-run", "not-run"], True),  # not run is neither a pass nor a refusal
+        (["not-run"], False),
     ],
 )
 def test_a_report_whose_skips_outnumber_its_passes_has_not_passed(statuses, passed):
@@ -108,3 +113,22 @@ def test_an_empty_report_has_not_passed():
 
     assert not report.passed and report.coverage == 0.0
     assert report.summary == "fail: nothing was checked"
+
+
+def test_groups_not_run_are_not_judged_and_said_so():
+    report = _report(["pass", "not-run", "skip", "pass"])
+
+    assert report.coverage == 0.5
+    assert report.summary == (
+        "pass: 2 of 4 case-dtype groups judged (50%), 1 skipped, 1 not run (features not declared)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("rms_error", "rms_bound", "ratio"), [(2e-6, 1e-6, 2.0), (0.0, 0.0, 0.0), (1e-9, 0.0, math.inf)]
+)
+def test_bias_ratio_is_rms_error_over_rms_bound(rms_error, rms_bound, ratio):
+    row = KernelRow("c", "float32", "out", 0.0, 0.0, 1.0, 1.0, "pass", "", 0, rms_error, rms_bound)
+
+    assert row.bias_ratio == pytest.approx(ratio)
+    assert math.isnan(_row("c", "pass").bias_ratio)

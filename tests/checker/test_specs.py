@@ -1,0 +1,200 @@
+"""The specs: each calls a kernel with the real library's signature and layout, passes a correct
+kernel, turns a kernel of the wrong layout or lse into a verdict, and refuses specs, features and
+cases that do not exist or do not fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from parity_tests import check_kernel
+from parity_tests.checker import adapters, specs
+from parity_tests.checker.battery import DEFAULT, Case, resolve
+
+BY_NAME = {case.name: case for case in DEFAULT}
+
+
+@pytest.mark.parametrize(
+    ("spec", "kernel"),
+    [("flash", adapters.flash_attn_func), ("flash_varlen", adapters.flash_attn_varlen_func)],
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_correct_flash_kernel_passes_its_spec(spec, kernel, dtype):
+    report = check_kernel(kernel, spec=spec, dtypes=[dtype], cases="quick")
+
+    assert report.passed, report.failures
+    assert "lse" in {row.tensor for row in report.rows}
+    assert report.coverage == 1.0
+
+
+def test_the_flex_spec_builds_masks_and_mods_for_flexattention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cases = ["dead-rows-float", "window-tl", "alibi-bh-causal", "softcap", "gqa-1of4-causal"]
+
+    report = check_kernel(flex_attention, spec="flex", dtypes=["float32"], cases=cases,
+                          forward_only=True)  # fmt: skip
+
+    assert report.passed, report.failures
+    assert {row.tensor for row in report.rows} == {"out", "lse"}
+
+
+@pytest.mark.parametrize("spec", ["flash", "flash_varlen"])
+def test_each_spec_runs_the_cases_it_can_express(spec):
+    names = {case.name for case in resolve("default") if specs.cannot_express(spec, case) is None}
+
+    assert {"causal-br-n<m", "decode-n1", "window-br", "softcap", "alibi-bh-causal"} <= names
+    assert not names & {"causal-n<m", "bool-mask", "dropout", "window-tl"}
+    assert ("varlen" in names) == (spec == "flash_varlen")
+
+
+def test_sdpa_runs_top_left_causal_and_gqa_and_nothing_it_has_no_argument_for():
+    names = {c.name for c in resolve("default") if specs.cannot_express("sdpa", c) is None}
+
+    assert {"causal-n<m", "gqa-2of4", "dropout", "bool-mask"} <= names
+    assert not names & {"causal-br-n<m", "window-causal", "softcap", "alibi-h", "varlen"}
+
+
+@pytest.mark.parametrize("name", ["causal-br-n>m", "gqa-2of4", "dv<d"])
+@pytest.mark.parametrize("spec", ["flash", "flash_varlen"])
+def test_layout_round_trips(spec, name):
+    case = BY_NAME[name]
+    q = torch.randn(case.batch, case.heads, case.n, case.d)
+
+    moved = specs.layout(spec, case, q)
+
+    assert moved.shape[-2:] == (case.heads, case.d)
+    assert torch.equal(specs.unlayout(spec, case, moved, case.heads), q)
+
+
+def _sdpa_layout(q, k, v, **kwargs):
+    """flash-attn's signature, but the output left in SDPA's (B, H, N, D) layout."""
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    return out.transpose(1, 2), lse, None
+
+
+def _bf16_lse(q, k, v, **kwargs):
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    return out, lse.to(q.dtype), None
+
+
+def _finite_dead_lse(q, k, v, **kwargs):
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    return out, torch.nan_to_num(lse, neginf=0.0), None
+
+
+def _plus_inf_dead_lse(q, k, v, **kwargs):
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    return out, torch.where(torch.isneginf(lse), math.inf, lse), None
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dtype", "verdict", "detail"),
+    [
+        (_sdpa_layout, "float32", "error", "expected a tensor of shape (1, 37, 2, 64)"),
+        (_bf16_lse, "bfloat16", "dtype", "lse is bfloat16, the libraries return float32"),
+        (_finite_dead_lse, "float32", "fail", "must have lse -inf"),
+    ],
+)
+def test_a_kernel_of_the_wrong_layout_or_lse_gets_a_failing_verdict(kernel, dtype, verdict, detail):
+    report = check_kernel(kernel, spec="flash", dtypes=[dtype], cases=["causal-br-n>m"]
+                          if verdict == "fail" else ["causal-br-n<m"])  # fmt: skip
+
+    assert verdict in {row.verdict for row in report.failures}
+    assert any(detail in row.detail for row in report.failures)
+    assert not report.passed
+
+
+def test_plus_inf_on_a_dead_row_is_accepted_as_flash_attn_writes_it():
+    report = check_kernel(_plus_inf_dead_lse, spec="flash", dtypes=["float32"],
+                          cases=["causal-br-n>m"])  # fmt: skip
+
+    assert report.passed, report.failures
+
+
+def _flash_alibi_convention(q, k, v, **kwargs):
+    """The lse flash-attn's kernels return under causal ALiBi: shifted by slope_h * p_i."""
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    n, m = q.shape[1], k.shape[1]
+    slopes = kwargs["alibi_slopes"]
+    p = torch.arange(n) + (m - n)  # bottom-right positions
+    return out, lse + slopes.reshape(-1 if slopes.ndim == 2 else 1, slopes.shape[-1], 1) * p, None
+
+
+def _wrong_alibi_shift(q, k, v, **kwargs):
+    out, lse, _ = adapters.flash_attn_func(q, k, v, **kwargs)
+    return out, lse + 0.5 * kwargs["alibi_slopes"][..., None], None
+
+
+def test_flash_attns_causal_alibi_lse_is_recognised_and_another_shift_is_not():
+    accepted = check_kernel(_flash_alibi_convention, spec="flash", dtypes=["float32"],
+                            cases=["alibi-bh-causal"])  # fmt: skip
+    refused = check_kernel(_wrong_alibi_shift, spec="flash", dtypes=["float32"],
+                           cases=["alibi-bh-causal"])  # fmt: skip
+
+    (row,) = [row for row in accepted.rows if row.tensor == "lse"]
+    assert row.verdict == "pass" and "flash-attn's causal ALiBi convention" in row.detail
+    assert [row.verdict for row in refused.rows if row.tensor == "lse"] == ["fail"]
+
+
+def _mutates_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
+    out = adapters.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
+    cu_seqlens_q[1] += 1  # reused as scratch space after the call
+    return out
+
+
+def test_a_varlen_kernel_that_changes_its_offsets_is_caught():
+    report = check_kernel(_mutates_offsets, spec="flash_varlen", dtypes=["float32"],
+                          cases=["varlen"])  # fmt: skip
+
+    (row,) = [row for row in report.rows if row.verdict == "inplace"]
+    assert row.tensor == "cu_seqlens_q" and row.error == 1.0
+    assert not report.passed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"spec": "xformers"}, "spec must be one of"),
+        ({"features": ["causal", "telepathy"]}, "unknown features"),
+        ({"spec": "sdpa", "features": ["lse"]}, "cannot express the features"),
+        ({"spec": "flash", "cases": ["causal-n<m"]}, "aligns causal, windows and ALiBi bottom"),
+        ({"spec": "sdpa", "cases": ["varlen"]}, "packed sequences need the flash_varlen spec"),
+        ({"world_size": 2}, "world_size is for the ring spec only"),
+    ],
+)
+def test_specs_features_and_cases_that_do_not_exist_or_fit_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_kernel(adapters.flash_attn_func, dtypes=["float32"], **kwargs)
+
+
+def test_features_must_be_a_collection_of_names():
+    with pytest.raises(TypeError, match="collection of names"):
+        specs.resolve_features("flash", "causal")
+
+
+def test_a_case_needing_undeclared_features_is_not_run_and_never_passes():
+    cases = ["causal-br-n<m", "softcap", "alibi-h"]
+
+    report = check_kernel(adapters.flash_attn_func, spec="flash", dtypes=["float32"],
+                          features={"causal"}, cases=cases)  # fmt: skip
+
+    assert report.groups == {
+        ("causal-br-n<m", "float32"): "pass",
+        ("softcap", "float32"): "not-run",
+        ("alibi-h", "float32"): "not-run",
+    }
+    assert report.passed and report.coverage == pytest.approx(1 / 3)
+    assert report.summary == (
+        "pass: 1 of 3 case-dtype groups judged (33%), 2 not run (features not declared)"
+    )
+    assert "lse" not in {row.tensor for row in report.rows}
+
+
+def test_a_packed_case_is_built_from_lengths_never_offsets():
+    with pytest.raises(ValueError, match="lengths >= 0"):
+        Case("bad", 2, 1, 3, 3, 4, seqlens=((5, 1), (-2, 2)))
+    with pytest.raises(ValueError, match="must be S, T_q, T_k"):
+        Case("bad", 2, 1, 3, 9, 4, seqlens=((1, 1), (2, 2)))
