@@ -19,6 +19,7 @@ from parity_tests.cli import main
 from parity_tests.registry import ParityRow
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
+FLASH = "parity_tests.checker.adapters:flash_attn_func"
 BROKEN = "parity_tests.checker.pitfalls:scale_by_d"
 QUICK_F32 = ["--quick", "--dtype", "float32", "--device", "cpu"]
 
@@ -94,14 +95,24 @@ def test_broken_kernel_exits_1_and_names_the_failure(capsys):
     assert f"{BROKEN} on cpu: plain float32 (B=2 H=3 N=37 M=113 D=64 Dv=64): out fail" in summary
 
 
-def test_builtin_targets_show_expected_failures_as_xfail(capsys):
+def _mha_targets(device, dtypes):
+    return [t for t in targets.builtin_targets(device, dtypes) if t.name.startswith("mha")]
+
+
+def test_builtin_targets_show_expected_failures_as_xfail(monkeypatch, capsys):
+    monkeypatch.setattr("parity_tests.cli.builtin_targets", _mha_targets)
+
     code = main(["--no-layers", *QUICK_F32])
 
     out = capsys.readouterr().out
     assert code == 0
     assert "-- mha[need_weights=True] on cpu (quick battery) --" in out
     assert "xfail dead-rows-bool: nn.MultiheadAttention with need_weights=True" in out
-    assert "pass: 8 of 9 case-dtype groups judged (89%), 1 skipped" in out
+    assert "not-run gqa-2of4: needs gqa, not in the kernel's features" in out
+    assert (
+        "pass: 8 of 10 case-dtype groups judged (80%), 1 skipped, 1 not run (features not declared)"
+        in out
+    )
 
 
 def test_an_expected_failure_that_passes_is_an_xpass_and_fails_the_run(monkeypatch, capsys):
@@ -183,7 +194,18 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", "parity_tests.no_such_module:f"],
         ["--kernel", "parity_tests.checker.pitfalls:no_such_function"],
         ["--kernel", "parity_tests.checker.pitfalls:PITFALLS"],
-        ["--dtype", "float64"],
+        ["--dtype", "float8"],
+        ["--kernel", SDPA, "--spec", "xformers"],
+        ["--kernel", SDPA, "--features", "causal,telepathy"],
+        ["--kernel", SDPA, "--features", "lse"],
+        ["--kernel", SDPA, "--case", "no-such-case"],
+        ["--kernel", FLASH, "--spec", "flash", "--case", "causal-n<m"],
+        ["--spec", "flash"],
+        ["--forward-only"],
+        ["--kernel", SDPA, "--world-size", "2"],
+        ["--kernel", SDPA, "--spec", "ring", "--world-size", "0"],
+        ["--kernel", SDPA, "--isolate", "0"],
+        ["--kernel", SDPA, "--isolate", "soon"],
         ["--device", "tpu"],
         ["--seed", "one"],
         ["--seed", "-1"],
@@ -199,7 +221,7 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
 )
 def test_bad_usage_exits_2_before_any_work(argv, monkeypatch, capsys):
     monkeypatch.setattr(registry, "run_registry", None)  # any work would crash, not exit 2
-    monkeypatch.setattr("parity_tests.cli.check_kernel", None)
+    monkeypatch.setattr("parity_tests.checker.targets.check_kernel", None)
 
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -219,7 +241,7 @@ def test_a_json_path_that_is_a_directory_is_bad_usage(tmp_path, capsys):
 
 def test_the_json_check_leaves_no_file_behind(tmp_path, monkeypatch):
     path = tmp_path / "report.json"
-    monkeypatch.setattr("parity_tests.cli.check_kernel", None)
+    monkeypatch.setattr("parity_tests.checker.targets.check_kernel", None)
 
     with pytest.raises(TypeError):  # the run itself, after the usage checks
         main(["--kernel", SDPA, *QUICK_F32, "--json", str(path)])
@@ -334,3 +356,64 @@ def test_the_console_script_names_itself(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("usage: parity-tests ")
     assert "parity-tests: error: argument --seed" in result.stderr
+
+
+def test_list_cases_names_each_case_its_shape_and_needs(capsys):
+    code = main(["--list-cases", "--spec", "flash"])
+
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("default battery, flash spec")
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "alibi, causal" in lines["alibi-bh-causal"]
+    assert "not in this spec" in lines["causal-n<m"] and "not in this spec" not in lines["softcap"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "words"),
+    [
+        (["--kernel", FLASH, "--spec", "flash", "--case", "window-causal", "--case", "alibi-h"], 0,
+         ["flash spec", "window-causal", "alibi-h", "pass: 2 of 2"]),
+        (["--kernel", "parity_tests.checker.pitfalls:alibi_sign", "--spec", "flash",
+          "--case", "alibi-h"], 1, ["alibi-h float32", "FAILED"]),
+        (["--kernel", "torch.nn.attention.flex_attention:flex_attention", "--spec", "flex",
+          "--forward-only", "--case", "dead-rows-bool", "--case", "window-tl"], 0,
+         ["flex spec", "pass: 2 of 2"]),
+        (["--kernel", FLASH, "--spec", "flash", "--features", "causal,lse",
+          "--case", "causal-br-n<m", "--case", "softcap"], 0,
+         ["1 not run (features not declared)", "needs softcap"]),
+        (["--kernel", SDPA, "--dtype", "float64", "--case", "gqa-2of4"], 0, ["float64", "OK"]),
+    ],
+    ids=["flash", "flash-pitfall", "flex-library-function", "features", "float64"],
+)  # fmt: skip
+def test_kernels_of_every_spec_from_the_command_line(argv, code, words, capsys):
+    assert main([*argv, "--dtype", "float32", "--device", "cpu"]) == code
+
+    out = capsys.readouterr().out
+    assert all(word in out for word in words), out
+
+
+def test_the_ring_spec_from_the_command_line(tmp_path):
+    path = tmp_path / "ring.json"
+    argv = ["--kernel", "torch_attention.distributed:ring_attention", "--spec", "ring",
+            "--world-size", "2", "--case", "ring-causal-zigzag", "--dtype", "float32"]  # fmt: skip
+
+    code = main([*argv, "--json", str(path)])
+
+    report = json.loads(path.read_text())
+    assert code == 0 and report["settings"]["spec"] == "ring"
+    (check,) = report["kernels"]
+    assert check["spec"] == "ring" and check["verdict"] == "pass"
+    assert [row["tensor"] for row in check["groups"][0]["rows"]] == ["out", "dq", "dk", "dv"]
+
+
+def test_an_isolated_kernel_that_crashes_gets_an_error_verdict(tmp_path, monkeypatch, capsys):
+    source = (
+        "import os, signal\ndef f(*args, **kwargs):\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    _module(tmp_path, monkeypatch, "crashing_kernel", source)
+
+    code = main(["--kernel", "crashing_kernel:f", "--isolate", "60", "--case", "plain",
+                 "--dtype", "float32"])  # fmt: skip
+
+    out = capsys.readouterr().out
+    assert code == 1 and "killed by signal SIGSEGV" in out
