@@ -1,22 +1,33 @@
 """parity_tests: weight transfer, NumPy vs torch parity, tolerance policy, kernel checker.
 
 ``check_kernel``, ``KernelReport``, ``KernelRow`` and ``KernelUnsupported`` (from
-``parity_tests.checker``) are loaded on first use, so that importing the package (the tolerance
-constants, say) does not import torch.
+``parity_tests.checker``), ``Case`` (a case of the checker's battery) and ``SPECS`` and
+``FEATURES`` (the signatures the checker calls kernels with, and the options a kernel may claim)
+are loaded on first use, so that importing the package (the tolerance constants, say) does not
+import torch.
 
 Tests: tests/parity/, tests/checker/
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["KernelReport", "KernelRow", "KernelUnsupported", "check_kernel"]
+_EXPORTS = {
+    "Case": "battery",
+    "FEATURES": "specs",
+    "KernelReport": "kernels",
+    "KernelRow": "kernels",
+    "KernelUnsupported": "kernels",
+    "SPECS": "specs",
+    "check_kernel": "kernels",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from .checker import kernels
-
-        return getattr(kernels, name)
+    if name in _EXPORTS:
+        module = importlib.import_module(f".checker.{_EXPORTS[name]}", __name__)
+        return getattr(module, name)
     raise AttributeError(f"module 'parity_tests' has no attribute {name!r}")
