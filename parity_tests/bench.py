@@ -14,7 +14,9 @@ traced memory; ``crossover``, the dense/tiled crossover that sets ``impl="auto"`
 the tiled path's block sizes; ``profile``, the tiled path's products alone against the whole;
 ``gpt2``, the GPT-2 layer (x (10, 512, 768), 12 heads) forward in NumPy against the torch mirror
 on SDPA; ``options`` and ``window``, the cost of today's options on the tiled path
-(``parity_tests/bench_options.py``). The issues' targets are reported where the parts they need
+(``parity_tests/bench_options.py``); ``decode``, a Llama-8B-shaped layer's decode step and
+prefill, NumPy against the torch twin (``parity_tests/bench_decode.py``). The issues' targets
+are reported where the parts they need
 ran.
 
 The report goes to stdout. Only ``--write-docs`` (with the whole benchmark) rewrites the
@@ -49,7 +51,7 @@ from numpy_attention.functional import merge_heads_forward
 from numpy_attention.fused import CausalSelfAttention, split_projection_forward
 from torch_attention.fused import CausalSelfAttention as TorchCausalSelfAttention
 
-from . import bench_options
+from . import bench_decode, bench_options
 
 # (B, H, N, D), causal, float32; the last one is the long sequence.
 SHAPES = [
@@ -311,7 +313,11 @@ def mib(size: float) -> str:
 
 
 def targets(
-    rows: dict, layer: dict | None, options: dict | None = None, window: dict | None = None
+    rows: dict,
+    layer: dict | None,
+    options: dict | None = None,
+    window: dict | None = None,
+    decode: dict | None = None,
 ) -> list[str]:
     """The issues' targets, as ratios from this run: those whose measurements ran."""
     checks = []
@@ -365,10 +371,14 @@ def targets(
                 "{:.2f}x",
             )
         )
-    lines = [
-        f"| {name} | {fmt.format(value)} | {'yes' if value <= limit else 'no'} |"
-        for name, value, limit, fmt in checks
-    ] + bench_options.targets(options, window)
+    lines = (
+        [
+            f"| {name} | {fmt.format(value)} | {'yes' if value <= limit else 'no'} |"
+            for name, value, limit, fmt in checks
+        ]
+        + bench_options.targets(options, window)
+        + bench_decode.targets(decode)
+    )
     if not lines:
         return []
     return ["### Targets", "", "| target | this run | met |", "|---|---|---|", *lines, ""]
@@ -495,6 +505,7 @@ def report(
     layer: dict | None = None,
     options: dict | None = None,
     window: dict | None = None,
+    decode: dict | None = None,
 ) -> str:
     """The Markdown report of the parts that ran (None: the part did not run)."""
     lines = [
@@ -503,7 +514,7 @@ def report(
         f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s. "
         f"Times: the best of {repeats} runs after one warm-up (one run from N = 16384 on).",
         "",
-        *targets(rows or {}, layer, options, window),
+        *targets(rows or {}, layer, options, window, decode),
     ]
     if rows:
         lines += shape_tables(rows, rate)
@@ -519,6 +530,8 @@ def report(
         lines += bench_options.option_lines(options, seconds)
     if window is not None:
         lines += bench_options.window_lines(window, seconds)
+    if decode is not None:
+        lines += bench_decode.decode_lines(decode, seconds, mib)
     return "\n".join(lines).rstrip("\n")
 
 
@@ -563,7 +576,7 @@ def plot(rows: dict) -> Path | None:
     return path
 
 
-PARTS = ("shapes", "crossover", "blocks", "profile", "gpt2", "options", "window")
+PARTS = ("shapes", "crossover", "blocks", "profile", "gpt2", "options", "window", "decode")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -646,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     layer = gpt2_layer(repeats) if "gpt2" in parts else None
     options_rows = bench_options.option_rows(best_time, repeats) if "options" in parts else None
     window = bench_options.window_rows(best_time) if "window" in parts else None
-    text = report(rate, repeats, rows, sweep, cross, floor, layer, options_rows, window)
+    decode = bench_decode.decode_rows(repeats) if "decode" in parts else None
+    text = report(rate, repeats, rows, sweep, cross, floor, layer, options_rows, window, decode)
     print(text)
     if options.write_docs:
         write_doc(text)
