@@ -199,6 +199,7 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", SDPA, "--features", "causal,telepathy"],
         ["--kernel", SDPA, "--features", "lse"],
         ["--kernel", SDPA, "--case", "no-such-case"],
+        ["--no-layers", "--case", "no-such-case"],
         ["--kernel", FLASH, "--spec", "flash", "--case", "causal-n<m"],
         ["--spec", "flash"],
         ["--forward-only"],
