@@ -32,7 +32,6 @@ Tests: tests/checker/test_kernels.py, tests/checker/test_options.py
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import math
 import os
@@ -43,24 +42,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from numpy_attention.functional import attention_backward, attention_forward
-from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
-
 from . import specs
-from .battery import Case, make_inputs, resolve
+from .battery import Case, resolve
+from .expected import DTYPES, Inputs, case_inputs, reference, to64
 from .judge import judge_keep, judge_lse, judge_tensor, unmeasured, wrong_dtype
-from .reference import plain_attention_lse, plain_varlen
 from .report import KernelError, KernelReport, KernelRow, KernelUnsupported
 
 Kernel = Callable[..., Any]
 
 TENSORS = ("out", "dq", "dk", "dv")
-DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 # What torch.manual_seed and NumPy's SeedSequence both accept.
 SEED_LIMIT = 2**64
@@ -240,25 +230,6 @@ class BadResult(Exception):
     """The kernel returned something that is not what its spec's library returns."""
 
 
-class Inputs(NamedTuple):
-    """The canonical inputs of a case in the kernel's dtype (``attn_mask`` bool stays bool)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    attn_mask: torch.Tensor | None
-    dout: torch.Tensor
-    alibi_slopes: torch.Tensor | None
-
-
-@functools.lru_cache(maxsize=64)
-def case_inputs(case: Case, dtype: str, device: torch.device, seed: int) -> Inputs:
-    """The inputs of a case cast to ``dtype`` on ``device``: shared by every kernel checked, which
-    only ever gets copies."""
-    drawn = make_inputs(case, seed)
-    return Inputs(*(None if a is None else _cast(a, DTYPES[dtype], device) for a in drawn))
-
-
 def run_case(kernel: Kernel, request: Request) -> Outcome:
     """One case and dtype of ``kernel``: forward, backward (unless forward-only), the in-place
     checks; every failure of the kernel is an ``Outcome``, never an exception (but Ctrl-C)."""
@@ -274,7 +245,7 @@ def run_case(kernel: Kernel, request: Request) -> Outcome:
 
     value, failure = run_protected(call, changed)
     keep = found.get("keep")
-    keep = None if keep is None else _to64(keep)
+    keep = None if keep is None else to64(keep)
     if failure is not None:
         return failure._replace(keep=keep)
     arrays, dtypes = value
@@ -418,7 +389,7 @@ def _run(
             grad = torch.zeros_like(leaf) if grad is None else grad
             heads = case.heads if name == "dq" else case.kv_heads
             arrays[name], dtypes[name] = specs.unlayout(spec, case, grad, heads), _name(grad.dtype)
-    return {name: _to64(t) for name, t in arrays.items()}, dtypes
+    return {name: to64(t) for name, t in arrays.items()}, dtypes
 
 
 def _check_tensor(name: str, value: Any, shape: tuple[int, ...]) -> None:
@@ -446,111 +417,6 @@ def _changed(case, dtype, given, originals, when: str, known: list[KernelRow]) -
         nan = math.nan
         rows.append(KernelRow(case, dtype, name, error, nan, nan, 0.0, "inplace", detail))
     return rows
-
-
-@functools.lru_cache(maxsize=64)
-def _reference_cached(case: Case, dtype: str, device: torch.device, seed: int) -> tuple:
-    return _expected(case, case_inputs(case, dtype, device, seed), None)
-
-
-def reference(
-    case: Case, dtype: str, device: torch.device, seed: int, keep: torch.Tensor | None = None
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Golden and baseline of a case (cached, except under a dropout keep-mask): dicts of out,
-    dq, dk, dv, lse (and ``lse_shifted``, flash-attn's causal ALiBi lse, where it differs)."""
-    if keep is None:
-        return _reference_cached(case, dtype, device, seed)
-    return _expected(case, case_inputs(case, dtype, device, seed), keep)
-
-
-def _options(case: Case) -> dict[str, Any]:
-    return {
-        "causal": case.causal,
-        "window": case.window,
-        "align": case.align,
-        "scale": case.scale,
-        "softcap": case.softcap,
-        "enable_gqa": case.kv_heads != case.heads,
-    }
-
-
-def _expected(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> tuple:
-    """Golden (NumPy float64 on the cast inputs) and baseline (``checker.reference``)."""
-    q, k, v, attn_mask, dout, slopes = (None if t is None else _to64(t) for t in inputs)
-    options = _options(case)
-    if case.packed:
-        cu_q, cu_k = case.cu_seqlens
-        forward = varlen_attention_forward(
-            q, k, v, cu_q, cu_k, alibi_slopes=slopes, return_lse=True, **options
-        )
-        grads = varlen_attention_backward(dout, forward.ctx)
-    else:
-        forward = attention_forward(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            alibi_slopes=slopes,
-            dropout_p=case.dropout_p,
-            dropout_mask=None if keep is None else _to64(keep),
-            return_lse=True,
-            **options,
-        )
-        grads = attention_backward(dout, forward.ctx)
-    golden = {
-        "out": forward.out,
-        "dq": grads.dq,
-        "dk": grads.dk,
-        "dv": grads.dv,
-        "lse": np.asarray(forward.lse, dtype=np.float64),
-    }
-    shift = _flash_alibi_shift(case, slopes)
-    if shift is not None:
-        golden["lse_shifted"] = golden["lse"] + shift
-    return golden, _baseline(case, inputs, keep)
-
-
-def _flash_alibi_shift(case: Case, slopes: np.ndarray | None) -> np.ndarray | None:
-    """slope_h * p_i, what flash-attn's lse adds under causal ALiBi (it drops that per-row
-    constant where its is_causal holds: right side 0, no left window; docs/derivations/alibi.md),
-    shaped like the canonical lse; None where the convention does not apply."""
-    left, right = case.window if case.window is not None else (None, None)
-    if slopes is None or left is not None or not (case.causal or right == 0):
-        return None
-    lengths = case.seqlens or ((case.n, case.m),) * case.batch
-    rows = []
-    for s, (n, m) in enumerate(lengths):
-        rate = slopes if slopes.ndim == 1 else slopes[s]  # (H,)
-        offset = m - n if case.align == "bottom-right" else 0
-        rows.append(rate[:, None] * (np.arange(n) + offset)[None, :])  # (H, n_s)
-    if case.packed:
-        return np.concatenate(rows, axis=1)  # (H, T_q)
-    return np.stack(rows)  # (B, H, N)
-
-
-def _baseline(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> dict[str, np.ndarray]:
-    """``plain_attention`` in the kernel's dtype, forward and autograd backward."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs[:3]]
-    options = _options(case)
-    causal = options.pop("causal")
-    if case.packed:
-        cu_q, cu_k = (torch.as_tensor(c) for c in case.cu_seqlens)
-        out, lse = plain_varlen(
-            *leaves, cu_q, cu_k, alibi_slopes=inputs.alibi_slopes, is_causal=causal, **options
-        )
-    else:
-        out, lse = plain_attention_lse(
-            *leaves,
-            inputs.attn_mask,
-            case.dropout_p,
-            causal,
-            keep=keep,
-            alibi_slopes=inputs.alibi_slopes,
-            **options,
-        )
-    grads = torch.autograd.grad(out, leaves, inputs.dout)
-    arrays = {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2], "lse": lse}
-    return {name: _to64(t) for name, t in arrays.items()}
 
 
 def _read_keep_mask(
@@ -589,17 +455,6 @@ def _isolated_runner(kernel: Kernel, isolate: bool | float) -> Any:
     else:
         raise ValueError(f"isolate must be a bool or a time limit in seconds > 0, got {isolate!r}")
     return IsolatedKernel(kernel, limit)
-
-
-def _cast(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.to(device) if tensor.dtype == torch.bool else tensor.to(device, dtype)
-
-
-def _to64(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype == torch.bool:
-        return tensor.cpu().numpy()
-    return tensor.detach().to("cpu", torch.float64).numpy()
 
 
 def _name(dtype: torch.dtype) -> str:

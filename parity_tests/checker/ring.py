@@ -38,16 +38,9 @@ import torch
 
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from .battery import Case
+from .expected import case_inputs
 from .judge import unmeasured
-from .kernels import (
-    BadResult,
-    Kernel,
-    Outcome,
-    Request,
-    case_inputs,
-    judge_outcome,
-    run_protected,
-)
+from .kernels import BadResult, Kernel, Outcome, Request, judge_outcome, run_protected
 from .report import KernelReport, KernelRow
 
 # Any collective of a healthy group on the battery's small cases takes far less; a rank that
