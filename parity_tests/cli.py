@@ -211,6 +211,8 @@ def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error("--calibrate takes a number of seeds >= 1 and measures built-in targets")
         if args.json:
             parser.error("--calibrate prints Markdown tables; it writes no --json")
+        if args.case:
+            parser.error("--calibrate measures a whole battery (--quick or the default), no --case")
         return
     if args.no_kernels and not args.stress:
         if args.kernel:

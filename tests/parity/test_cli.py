@@ -214,6 +214,7 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--calibrate", "0"],
         ["--calibrate", "1", "--kernel", SDPA],
         ["--calibrate", "1", "--json", "calibration.json"],
+        ["--calibrate", "1", "--case", "plain"],
         ["--no-layers", "--no-kernels"],
         ["--kernel", SDPA, "--no-kernels"],
         ["--kernel", SDPA, "--json", "/no/such/directory/report.json"],
