@@ -173,11 +173,13 @@ OUTPUT_FACTOR = 2.0
 GRAD_FACTOR = 3.0
 FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 # The bias statistic beside the max bound: rms(K - G) <= BIAS_FACTOR * rms(Bl - G) +
-# BIAS_FLOOR[dtype] * rms(G). A correct kernel's rounding is spread like the baseline's, so its RMS
-# error stays near the baseline's (at most 1.3x in half precision; fused float32 kernels up to
-# ~4x, which the float32 floor covers), while a 1% temperature error in bfloat16 lands at 2-4.5x
-# on every case (docs/kernel-verification.md, "The bias statistic", 60 seeds of every target).
-BIAS_FACTOR = 2.0
+# BIAS_FLOOR[dtype] * rms(G). A correct kernel's rounding is spread like the baseline's: over 60
+# seeds of every correct target its RMS error reached 2.64x the baseline's in half precision (on
+# the tiny tensors of single-query, where the baseline's own RMS is a noisy sample) and 5.9x in
+# float32 (fused kernels, which the float32 floor covers); a 1% temperature error in bfloat16 is
+# 2-4.5x on every case. 3 leaves 0.88 of the bound for the first and still flags the second on
+# every seed (docs/kernel-verification.md, "The bias statistic").
+BIAS_FACTOR = 3.0
 BIAS_FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-4, "bfloat16": 1e-3}
 # A kernel run with isolate=True that has not answered within this many seconds is stopped and
 # judged "error" (a hang); the first call of a compiled kernel compiles, which takes ~10-40 s
