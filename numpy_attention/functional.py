@@ -31,7 +31,7 @@ import numpy as np
 
 from . import scores, tiled, validation
 from .grad_mode import is_grad_enabled, no_grad
-from .scores import AttentionGrads, AttentionOutput, ScoreRules, Tile
+from .scores import AttentionGrads, AttentionOutput, ScoreRules, Tile, flush_underflow
 
 # -- softmax ------------------------------------------------------------------------------------
 
@@ -68,12 +68,15 @@ def softmax_backward(dprobs: np.ndarray, ctx: SoftmaxCtx) -> np.ndarray:
     return probs * (dprobs - row_dot)
 
 
-def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _softmax(
+    scores: np.ndarray, sinks: np.ndarray | None, exp_floor: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     """P = exp(S - lse) over the last axis, with lse = log(sum_j exp(S_j) + exp(sink)).
 
     The shift is the row max (the sink included), or 0 for a row that is all -inf: shifting by
     -inf would give -inf - (-inf) = NaN. Such a row gets P = 0 and lse = -inf (with a sink:
-    lse = the sink logit, its whole weight on the sink).
+    lse = the sink logit, its whole weight on the sink). With an ``exp_floor``, weights below
+    the smallest normal number are exact zeros (``scores.flush_underflow``).
 
     Returns:
         probs (..., M) and lse (..., 1), in the scores' dtype.
@@ -82,7 +85,7 @@ def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> tuple[np.ndarray, 
     if sinks is not None:
         row_max = np.maximum(row_max, sinks)
     shift = np.where(np.isneginf(row_max), 0, row_max).astype(scores.dtype, copy=False)
-    exps = np.exp(scores - shift)
+    exps = np.exp(flush_underflow(scores - shift, exp_floor))
     total = exps.sum(axis=-1, keepdims=True)  # (..., 1)
     if sinks is not None:
         total += np.exp(sinks - shift)  # the sink's term: a logit with no value attached
@@ -207,7 +210,8 @@ def attention_forward(
     logits = logits.reshape(g_kv * group, n, m)  # -> (G, N, M): S1 (S1 / softcap with softcap)
     tile = Tile(slice(0, len(logits)), slice(0, n), slice(0, m), transposed=False)
     capped = scores.apply(rules, logits, tile, keep_capped=is_grad_enabled())  # -> S
-    probs, lse = _softmax(logits, scores.sink_logits(rules, tile.groups))  # (G, N, M), (G, N, 1)
+    sinks = scores.sink_logits(rules, tile.groups)
+    probs, lse = _softmax(logits, sinks, scores.exp_floor(rules, tile))  # (G, N, M), (G, N, 1)
     keep = scores.keep_tile(rules, tile)
     weights = probs if keep is None else probs * keep * rules.rescale  # P'
     out = weights.reshape(g_kv, group * n, m) @ v  # (G_kv, group * N, M) @ (G_kv, M, Dv)

@@ -14,7 +14,8 @@ tiled path (blocks of queries and keys):
    bool ``attn_mask``, ``key_padding_mask``, and the -inf entries of a float ``attn_mask``.
 6. Sinks: one raw logit per query head joins every row's softmax with no value attached. The
    softmax itself belongs to each path (dense: whole rows; tiled: online); this module gives the
-   sink logit of each tile's rows.
+   sink logit of each tile's rows, and the floor below which a shifted score's weight is
+   flushed to an exact 0 before exp (``exp_floor``, ``flush_underflow``: no denormals).
 7. Dropout: a keep-mask sliced from an explicit one, or regenerated from a seed block by block.
 
 Tiles are (g, bq, bk) arrays, or (g, bk, bq) with ``transposed=True`` (the tiled path works on
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -105,6 +107,8 @@ class ScoreRules(NamedTuple):
     dropout_p: float
     rescale: Any  # 1 / (1 - dropout_p), compute dtype
     compute: np.dtype
+    spread: float  # bound on (row max - S_ij) but ALiBi's term; inf or NaN: unbounded
+    floor: float  # log(tiny / eps) of the compute dtype: weights below exp(floor) become 0
 
 
 class Inputs(NamedTuple):
@@ -183,10 +187,13 @@ def prepare(
     cap = validation.finite_real("softcap", softcap)
     if cap < 0:
         raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
+    slopes = _check_slopes(alibi_slopes, lead, compute)
+    sink_logits = _check_sinks(sinks, lead, dtype, compute)
+    q, k, v = (t.astype(compute, copy=False) for t in (q, k, v))
     return Inputs(
-        q.astype(compute, copy=False),
-        k.astype(compute, copy=False),
-        v.astype(compute, copy=False),
+        q,
+        k,
+        v,
         dtype,
         ScoreRules(
             lead=lead,
@@ -196,20 +203,50 @@ def prepare(
             scale=compute.type(scale_value),
             query_scale=compute.type(scale_value / cap if cap else scale_value),
             softcap=cap,
-            slopes=_check_slopes(alibi_slopes, lead, compute),
+            slopes=slopes,
             bias=None if bias is None else _full_rank(bias, rank),
             hidden=tuple(_full_rank(mask, rank) for mask in hidden),
             left=left,
             right=right,
             offset=offset,
-            sinks=_check_sinks(sinks, lead, dtype, compute),
+            sinks=sink_logits,
             keep=keep,
             seed=seed,
             dropout_p=p,
             rescale=compute.type(1.0 / (1.0 - p)),
             compute=compute,
+            spread=_spread_bound(q, k, scale_value, cap, bias, sink_logits),
+            floor=float(np.log(np.finfo(compute).tiny / np.finfo(compute).eps)),
         ),
     )
+
+
+def _spread_bound(
+    q: np.ndarray,
+    k: np.ndarray,
+    scale: float,
+    cap: float,
+    bias: np.ndarray | None,
+    sinks: np.ndarray | None,
+) -> float:
+    """An upper bound on ``row max - S_ij`` over every score of the call (the sink included),
+    ALiBi's term aside (``exp_floor`` adds it per tile).
+
+    |S_ij| <= U: the cap, or |scale| |q_i| |k_j| (Cauchy-Schwarz), plus the largest finite
+    |float mask|; the row max (a score or the sink) is at most max(U, |sink|). O(N D) work,
+    against the O(N M D) of the attention.
+    """
+    if cap:
+        bound = cap
+    else:
+        q_norm = np.sqrt(np.einsum("...d,...d->...", q, q).max(initial=0.0))
+        k_norm = np.sqrt(np.einsum("...d,...d->...", k, k).max(initial=0.0))
+        bound = abs(scale) * float(q_norm) * float(k_norm)
+    if bias is not None:
+        finite = np.abs(bias, where=np.isfinite(bias), out=np.zeros_like(bias))
+        bound += float(finite.max(initial=0.0))
+    top = bound if sinks is None else max(bound, float(np.abs(sinks).max(initial=0.0)))
+    return bound + top
 
 
 def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, enable_gqa: bool) -> int:
@@ -334,7 +371,9 @@ def apply(
         capped = capped if keep_capped else None
     if rules.slopes is not None:
         distance = _grid(_distance, rules, tile, scores.dtype)  # |p_i - j|
-        scores -= rules.slopes[tile.groups, None, None] * distance
+        bias = _scratch(distance)  # head by head: the grid and the bias stay in cache
+        for head, slope in zip(scores, rules.slopes[tile.groups], strict=True):
+            head -= np.multiply(distance, slope, out=bias)
     if rules.bias is not None:
         scores += _tile(rules.bias, rules.lead, tile)
     band = _band_hidden(rules, tile)
@@ -370,6 +409,45 @@ def key_grad_scale(rules: ScoreRules) -> float:
 def sink_logits(rules: ScoreRules, groups: slice) -> np.ndarray | None:
     """The sink logit of each row of a tile's groups, (g, 1, 1); None without sinks."""
     return None if rules.sinks is None else rules.sinks[groups, None, None]
+
+
+def exp_floor(rules: ScoreRules, tile: Tile) -> Any:
+    """``rules.floor`` when some shifted score of the tile (S - row max) may fall below it, so
+    that ``flush_underflow`` has work to do; None when a bound shows that none can.
+
+    The bound: ``rules.spread`` plus ALiBi's term. With a slope >= 0 the bias only lowers
+    scores, by at most slope * (the tile's largest |p_i - j|); a negative slope raises far
+    keys, so the row max may lie up to |slope| * (N + M) above any score. O(1) per tile.
+    """
+    spread = rules.spread
+    if rules.slopes is not None and tile.groups.stop > tile.groups.start:
+        slopes = rules.slopes[tile.groups].tolist()  # a few floats: Python is faster here
+        rows, cols = tile.rows, tile.cols
+        nearest = rows.start + rules.offset - (cols.stop - 1)  # smallest p_i - j of the tile
+        farthest = rows.stop - 1 + rules.offset - cols.start  # largest
+        reach = max(abs(nearest), abs(farthest))
+        spread += max(0.0, max(slopes)) * reach
+        spread += max(0.0, -min(slopes)) * (rules.n + rules.m)
+    return None if spread < -rules.floor else rules.floor  # NaN: flush, to be safe
+
+
+def flush_underflow(shifted: np.ndarray, exp_floor: Any) -> np.ndarray:
+    """In place, before exp: shifted scores (S - row max, or S - lse) below ``exp_floor``
+    become -inf, so that their weights are exact zeros.
+
+    The floor is log(tiny / eps) of the compute dtype (-71.4 in float32, -672 in float64): a
+    weight below it is more than 1 / eps times smaller than the smallest normal number, against
+    a largest weight of 1 in its row, so dropping it changes no result beyond rounding. Kept,
+    such weights are denormals, or make denormals in the products (a weight times a value
+    below 1), and every multiplication with a denormal is a microcode assist on x86 CPUs:
+    measured here, a product of denormal weights ran 160x slower, and ALiBi (whose far keys
+    sit hundreds below the row max) or the sharp logits of real models put them in most tiles.
+    ``exp_floor`` is ``exp_floor(rules, tile)``: None (nothing to do) when no weight can be
+    that small.
+    """
+    if exp_floor is not None:
+        np.copyto(shifted, shifted.dtype.type(-np.inf), where=shifted < exp_floor)
+    return shifted
 
 
 # -- visibility: which key blocks a query block sees -------------------------------------------
@@ -421,6 +499,19 @@ def _grid(build: Any, rules: ScoreRules, tile: Tile, dtype: np.dtype) -> np.ndar
     return build(*key)
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(like: np.ndarray) -> np.ndarray:
+    """A scratch array shaped and typed like ``like``, one buffer per thread, reused from tile
+    to tile (a fresh temporary per tile costs an allocation and page faults)."""
+    size = like.size
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.dtype != like.dtype or buffer.size < size:
+        buffer = _SCRATCH.buffer = np.empty(size, like.dtype)
+    return buffer[:size].reshape(like.shape)
+
+
 @functools.lru_cache(maxsize=256)
 def _cached_grid(build: Any, *key: Any) -> np.ndarray:
     grid = build(*key)
@@ -430,8 +521,9 @@ def _cached_grid(build: Any, *key: Any) -> np.ndarray:
 
 def _positions(corner: int, rows: int, cols: int, transposed: bool) -> np.ndarray:
     """p_i - j over the tile, (rows, cols) or (cols, rows)."""
-    delta = corner + np.arange(rows)[:, None] - np.arange(cols)[None, :]
-    return delta.T if transposed else delta
+    if transposed:  # built as (cols, rows), C-contiguous: a transposed view is 5x slower to use
+        return corner + np.arange(rows)[None, :] - np.arange(cols)[:, None]
+    return corner + np.arange(rows)[:, None] - np.arange(cols)[None, :]
 
 
 def _distance(

@@ -169,6 +169,7 @@ def _forward_tile(
     for bj in _block_range(*scores.visible_cols(rules, rows), blocks.block_k):
         cols = _span(bj, blocks.block_k, rules.m)
         tile = Tile(part.flat, rows, cols, transposed=True)
+        floor = scores.exp_floor(rules, tile)
         scores_t = k[:, :, cols] @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
         scores.apply(rules, scores_t, tile)
@@ -176,6 +177,7 @@ def _forward_tile(
         # A row with nothing visible yet has max -inf: shift by 0 so that exp(-inf) stays 0.
         shift = np.where(np.isneginf(new_max), compute(0), new_max)
         scores_t -= shift
+        scores.flush_underflow(scores_t, floor)  # no denormal weights
         probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
         correction = np.exp(row_max - shift)  # rescales what earlier blocks accumulated
         row_sum *= correction
@@ -302,6 +304,7 @@ def _backward_tile(
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
         capped = scores.apply(rules, scores_t, tile, keep_capped=True)
         scores_t -= lse[:, :, rows]
+        scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # as in the forward
         probs_t = np.exp(scores_t, out=scores_t)  # P^T = exp(S^T - lse), (g, bk, bq)
         keep_t = scores.keep_tile(rules, tile)
         weights_t = probs_t if keep_t is None else probs_t * keep_t * rules.rescale

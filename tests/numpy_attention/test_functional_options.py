@@ -337,3 +337,25 @@ def test_backward_checks_dlse(rng):
 
     with pytest.raises(ValueError, match=r"dlse must have the output's shape \(1, 2, 3\)"):
         attention_backward(np.ones((1, 2, 3, 4)), ctx, np.ones((1, 2, 4)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_weights_too_small_for_a_product_are_exact_zeros(rng, dtype):
+    """Steep ALiBi puts most weights below exp(floor) (about 1e-31 in float32): the dense path
+    makes them exact zeros, so no product meets a denormal, and the results are those of the
+    oracle, which keeps them, to the dtype's rounding."""
+    arrays, _, dout, dlse = make_case(rng, "alibi-H", "N9-M5", d=16, dv=8)
+    slopes = np.array([230.0, 30.0, 8.0, 0.5])  # weights near exp(-690) and exp(-90): both kept
+    # by exp (float64, float32), both below the floor (-672, -71.4)
+    kwargs = {"alibi_slopes": slopes.astype(dtype)}
+    rounded = {key: a.astype(dtype).astype(np.float64) for key, a in arrays.items()}
+    q, k, v = (arrays[key].astype(dtype) for key in "qkv")
+
+    probs = attention_forward(q, k, v, impl="dense", **kwargs).ctx.probs
+    actual = numpy_side(arrays, kwargs, dout, dlse, dtype=dtype)
+    douts = (t.astype(dtype).astype(np.float64) for t in (dout, dlse))
+    expected = oracle.attention_and_grads(rounded, *douts, alibi_slopes=slopes)
+
+    info = np.finfo(dtype)
+    assert np.all((probs == 0) | (probs >= info.tiny / info.eps))
+    compare(actual, expected, dtype=dtype)

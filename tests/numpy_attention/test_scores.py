@@ -156,3 +156,79 @@ def test_options_are_kept_in_the_form_the_tiles_read():
     assert (rules.left, rules.right, rules.offset) == (2, 0, 0)  # causal caps the right side
     assert rules.slopes.shape == (6,) and rules.sinks.tolist() == [0, 1, 2, 0, 1, 2]
     assert rules_for(5, 7, align="bottom-right").offset == 2
+
+
+# -- weights too small to be worth a product ----------------------------------------------------
+
+
+def test_flush_underflow_sends_only_scores_below_the_floor_to_minus_inf():
+    shifted = np.array([0.0, -70.0, -71.5, -300.0, -np.inf, np.nan])
+
+    untouched = scores.flush_underflow(shifted.copy(), None)
+    flushed = scores.flush_underflow(shifted.copy(), -71.4)
+
+    np.testing.assert_array_equal(untouched, shifted)
+    np.testing.assert_array_equal(flushed, [0.0, -70.0, -np.inf, -np.inf, -np.inf, np.nan])
+    assert rules_for(2, 2).floor == pytest.approx(np.log(np.finfo(np.float64).tiny / 2.0**-52))
+
+
+SPREAD_OPTIONS = {
+    "plain": {},
+    "softcap": {"softcap": 3.0},
+    "alibi": {"alibi_slopes": np.array([4.0, 1.0, 0.25])},
+    "alibi-mixed": {"alibi_slopes": np.array([2.0, -3.0, 0.0]), "align": "bottom-right"},
+    "alibi-negative": {"alibi_slopes": np.array([-3.0, -1.0, -2.0])},
+    "float-mask": {"attn_mask": np.array([[0.0, -np.inf, 40.0, -25.0, 3.0]])},
+    "sinks": {"sinks": np.array([50.0, -80.0, 0.0])},
+}
+
+
+def loosest_floor(rules, tile):
+    """The floor at which ``exp_floor`` just lets ``tile`` pass: minus its bound on row max - S,
+    found by bisection (the bound itself is not public)."""
+    lo, hi = -1e6, 0.0  # exp_floor passes at lo, asks for a flush at hi
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if scores.exp_floor(rules._replace(floor=mid), tile) is None else (
+            lo, mid)  # fmt: skip
+    return lo
+
+
+@pytest.mark.parametrize("name", SPREAD_OPTIONS)
+@pytest.mark.parametrize("magnitude", [1.0, 12.0])
+def test_exp_floor_bounds_every_shifted_score(name, magnitude):
+    """row max (the sink included) - S_ij, over every finite score of a tile, stays below the
+    bound that ``exp_floor`` checks against the floor: tile by tile, each at the loosest floor
+    that lets it pass, so a weight it calls safe never falls below the floor."""
+    rng = np.random.default_rng(7)
+    n, m = 7, 5
+    q = rng.standard_normal((2, 3, n, 4)) * magnitude
+    k = rng.standard_normal((2, 3, m, 4)) * magnitude
+    rules = scores.prepare(q, k, k, **SPREAD_OPTIONS[name]).rules
+    whole = Tile(slice(0, 6), slice(0, n), slice(0, m), transposed=False)
+    logits = (q * rules.query_scale).reshape(6, n, 4) @ k.reshape(6, m, 4).swapaxes(-1, -2)
+    scores.apply(rules, logits, whole)
+    row_max = logits.max(axis=-1, keepdims=True)
+    if rules.sinks is not None:
+        row_max = np.maximum(row_max, rules.sinks[:, None, None])
+    below = np.where(np.isfinite(logits), row_max - logits, -np.inf)  # (G, N, M)
+
+    for rows in (slice(0, 3), slice(3, 7)):
+        for cols in (slice(0, 2), slice(2, 5)):
+            for groups in (slice(0, 2), slice(2, 6)):
+                tile = Tile(groups, rows, cols, transposed=True)
+                floor = loosest_floor(rules, tile)
+                assert below[groups, rows, cols].max() < -floor, (rows, cols, groups)
+
+
+def test_ordinary_inputs_need_no_flush():
+    """Unit-variance q and k at head width 64 (and softcap, sinks, mild ALiBi): the bound shows
+    that no weight can underflow, so the plain path never pays the flush's two passes."""
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((1, 4, 2048, 64), dtype=np.float32) for _ in range(2))
+    whole = Tile(slice(0, 4), slice(0, 2048), slice(0, 2048), transposed=False)
+
+    for options in ({}, {"softcap": 30.0}, {"sinks": rng.standard_normal(4, dtype=np.float32)}):
+        assert scores.exp_floor(scores.prepare(q, k, k, **options).rules, whole) is None
+    steep = scores.prepare(q, k, k, alibi_slopes=np.full(4, 0.5, np.float32)).rules
+    assert scores.exp_floor(steep, whole) == steep.floor

@@ -371,6 +371,57 @@ def test_backward_is_bit_reproducible_whatever_the_thread_timing(rng, name, monk
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_steep_alibi_flushes_the_same_weights_on_both_paths(rng, dtype, causal):
+    """ALiBi steep enough that most weights fall below exp(floor) in some tiles and none in
+    others: the tiled path flushes tile by tile, the dense path in one piece, and they agree;
+    the float64 run is checked against the dense path to FLOAT64_RTOL."""
+    q, k, v = (rng.standard_normal((1, 4, 203, 8)).astype(dtype) for _ in range(3))
+    dout = rng.standard_normal((1, 4, 203, 8)).astype(dtype)
+    slopes = np.array([9.0, 2.0, 0.05, 0.0], dtype=dtype)  # float64's floor is -672
+    kwargs = {"alibi_slopes": slopes, "causal": causal, "return_lse": True}
+
+    results = {}
+    for impl in ("dense", "tiled"):
+        forward = functional.attention_forward(q, k, v, impl=impl, **kwargs)
+        grads = functional.attention_backward(dout, forward.ctx)
+        results[impl] = {"out": forward.out, "lse": forward.lse, **grads._asdict()}
+
+    for key in ("out", "lse", "dq", "dk", "dv"):
+        assert_close(results["tiled"][key], results["dense"][key], dtype=dtype, name=key)
+
+
+def test_tiles_that_may_underflow_are_flushed_before_exp(rng, monkeypatch):
+    """Forward and backward hand every tile's shifted scores to ``flush_underflow`` with its
+    own floor: the far tiles get one, and after it no finite shifted score is left
+    below it (no weight below exp(floor) reaches a product); the tiles near the diagonal get
+    None."""
+    q, k, v = (rng.standard_normal((1, 2, 96, 8), dtype=np.float32) for _ in range(3))
+    floor = float(np.log(np.finfo(np.float32).tiny / np.finfo(np.float32).eps))
+    calls = []
+
+    def spy(shifted, exp_floor):
+        result = scores.flush_underflow.__wrapped__(shifted, exp_floor)
+        calls.append((exp_floor is not None, bool(np.any(np.isfinite(result) & (result < floor)))))
+        return result
+
+    spy.__wrapped__ = scores.flush_underflow
+    monkeypatch.setattr(scores, "flush_underflow", spy)
+    forward = tiled.tiled_attention_forward(
+        q, k, v, causal=True, alibi_slopes=np.array([2.0, 0.01], np.float32), block_q=16,
+        block_k=16,
+    )  # fmt: skip
+    in_forward = calls[:]
+    calls.clear()
+    tiled.tiled_attention_backward(np.ones_like(forward.out), forward.ctx)
+
+    for phase in (in_forward, calls):
+        flushed = [left for flushes, left in phase if flushes]
+        assert 0 < len(flushed) < len(phase) == 21  # one call per visible tile: 6 * 7 / 2
+        assert not any(flushed)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize(
     "name", ["gqa-2", "window-3-2", "softcap", "alibi-H", "sinks", "everything"]
