@@ -218,12 +218,13 @@ def block_sweep(repeats: int) -> list[tuple[int, int, float]]:
 
 
 def tile_products_floor(
-    shape: tuple[int, int, int, int], repeats: int, whole: float | None = None
+    shape: tuple[int, int, int, int], repeats: int, measured: dict | None = None
 ) -> dict[str, float]:
-    """The time the tiled path's matrix products alone take: per visible tile, seven
-    (g, 256, 64) x (g, 64, 256) products (2 forward, 5 backward), on the same pool; and the
-    whole tiled forward+backward (``whole`` when the shapes part measured it already). What the
-    whole takes beyond the products is elementwise work and Python overhead."""
+    """The time the tiled path's matrix products alone take, on the same pool: per visible tile
+    two (g, 256, 64) x (g, 64, 256) products for the forward and five more for the backward;
+    beside them the whole tiled forward and forward+backward and torch SDPA's (from
+    ``measured``, the shapes part's row, when it ran). What the whole takes beyond the products
+    is elementwise work and Python overhead, which a fused kernel such as SDPA's avoids."""
     b, h, n, d = shape
     block = tiled.BLOCK_Q
     chunk = min(b * h, tiled.TILE_ENTRIES // block**2)
@@ -233,17 +234,30 @@ def tile_products_floor(
     blocks = n // block
     tiles = blocks * (blocks + 1) // 2 * math.ceil(b * h / chunk)
 
-    def seven_products(_: object) -> None:
-        for _ in range(7):
-            left @ right
+    def products(count: int) -> Callable[[], None]:
+        def per_tile(_: object) -> None:
+            for _ in range(count):
+                left @ right
 
-    def products() -> None:
-        threads.run([(None,)] * tiles, seven_products)
+        return lambda: threads.run([(None,)] * tiles, per_tile)
 
-    if whole is None:
+    result = {
+        "forward products": best_time(products(2), repeats),
+        "products": best_time(products(7), repeats),
+        "tiles": tiles,
+    }
+    if measured is None:
         q, k, v, dout = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
-        whole = best_time(numpy_runs(q, k, v, dout, "tiled")[1], repeats)
-    return {"products": best_time(products, repeats), "tiles": tiles, "whole": whole}
+        forward, forward_backward = numpy_runs(q, k, v, dout, "tiled")
+        fused = torch_runs(q, k, v, dout, sdpa)
+        measured = {
+            "tiled fwd": best_time(forward, repeats),
+            "tiled fwd+bwd": best_time(forward_backward, repeats),
+            "sdpa fwd": best_time(fused[0], repeats),
+            "sdpa fwd+bwd": best_time(fused[1], repeats),
+        }
+    keys = ("tiled fwd", "tiled fwd+bwd", "sdpa fwd", "sdpa fwd+bwd")
+    return result | {key: measured[key] for key in keys}
 
 
 def gpt2_layer(repeats: int) -> dict[str, float]:
@@ -456,16 +470,21 @@ def block_table(sweep: list) -> list[str]:
 
 
 def profile_lines(floor: dict) -> list[str]:
-    whole, products = floor["whole"], floor["products"]
-    return [
-        f"### Where the tiled time goes, forward+backward at {PROFILE}",
-        "",
-        f"- the products alone, 7 per tile for {floor['tiles']} tiles (same pool, same shapes): "
-        f"{seconds(products)} ({100 * products / whole:.0f}% of the whole)",
-        f"- the whole tiled forward+backward: {seconds(whole)}; the rest, "
-        f"{seconds(whole - products)}, is elementwise work (exp, max, masks) and Python overhead",
-        "",
-    ]
+    lines = [f"### Where the tiled time goes, at {PROFILE}", ""]
+    for kind, key, products, count, target in (
+        ("forward", "fwd", floor["forward products"], 2, 1.0),
+        ("forward+backward", "fwd+bwd", floor["products"], 7, 0.9),
+    ):
+        whole, fused = floor[f"tiled {key}"], floor[f"sdpa {key}"]
+        lines.append(
+            f"- {kind}: the products alone, {count} per tile for {floor['tiles']} tiles (same "
+            f"pool, same shapes), {seconds(products)}: {100 * products / whole:.0f}% of the whole "
+            f"tiled {kind} ({seconds(whole)}) and {products / fused:.2f}x torch SDPA's whole "
+            f"{kind} ({seconds(fused)}). The rest, {seconds(whole - products)}, is elementwise "
+            f"work (exp, max, masks) and Python overhead; at {target}x SDPA it would have to fit "
+            f"in {seconds(max(0.0, target * fused - products))}."
+        )
+    return [*lines, ""]
 
 
 def layer_lines(layer: dict) -> list[str]:
@@ -654,8 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = block_sweep(repeats) if "blocks" in parts else None
     floor = None
     if "profile" in parts:
-        whole = rows[PROFILE]["tiled fwd+bwd"] if rows and PROFILE in rows else None
-        floor = tile_products_floor(PROFILE, repeats, whole)
+        floor = tile_products_floor(PROFILE, repeats, (rows or {}).get(PROFILE))
     layer = gpt2_layer(repeats) if "gpt2" in parts else None
     options_rows = bench_options.option_rows(best_time, repeats) if "options" in parts else None
     window = bench_options.window_rows(best_time) if "window" in parts else None

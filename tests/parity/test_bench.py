@@ -81,3 +81,16 @@ def test_write_doc_replaces_the_generated_block_only(doc):
 
 def _must_not_run(*args, **kwargs):
     raise AssertionError("the benchmark started measuring")
+
+
+def test_the_profile_sets_the_products_alone_against_sdpa(doc, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "matmul_rate", lambda repeats: 100.0)
+    monkeypatch.setattr(bench, "PROFILE", (1, 2, 512, 16))
+    assert bench.main(["--only", "profile", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    forward, both = (line for line in lines if "the products alone" in line)
+    assert forward.startswith("- forward: the products alone, 2 per tile for 3 tiles")
+    assert both.startswith("- forward+backward: the products alone, 7 per tile for 3 tiles")
+    assert "x torch SDPA's whole forward (" in forward and "at 1.0x SDPA" in forward
+    assert "at 0.9x SDPA" in both
+    assert doc.read_text() == RECORDED
