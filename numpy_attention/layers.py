@@ -84,14 +84,7 @@ class Linear(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., C_in) -> (..., C_out)."""
-        x = validation.float_array("x", x)
-        if x.ndim < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"Linear expects x (..., {self.in_features}), got shape {x.shape}")
-        if x.dtype != self.weight.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but Linear's parameters are {self.weight.dtype}; "
-                "cast one with module.astype(...) or x.astype(...)"
-            )
+        x = validation.layer_input("x", x, self.in_features, None, self.weight.dtype, "Linear")
         out, ctx = linear_forward(x, self.weight, self.bias if self.has_bias else None)
         self._save_ctx(ctx, out)
         return out

@@ -107,14 +107,7 @@ class RMSNorm(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., D) -> (..., D)."""
-        x = validation.float_array("x", x)
-        if x.ndim < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"RMSNorm expects x (..., {self.dim}), got shape {x.shape}")
-        if x.dtype != self.weight.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but RMSNorm's weight is {self.weight.dtype}; "
-                "cast one with module.astype(...) or x.astype(...)"
-            )
+        x = validation.layer_input("x", x, self.dim, None, self.weight.dtype, "RMSNorm")
         out, ctx = rmsnorm_forward(x, self.weight, self.eps)
         self._save_ctx(ctx, out)
         return out

@@ -146,18 +146,26 @@ def grad_output(
 
 
 def layer_input(
-    name: str, x: Any, width: int, ranks: tuple[int, ...], param_dtype: Any
+    name: str,
+    x: Any,
+    width: int,
+    ranks: tuple[int, ...] | None,
+    param_dtype: Any,
+    layer: str = "the layer",
 ) -> np.ndarray:
-    """Check a layer's input: float, of an allowed rank, last axis ``width``, the layer's dtype."""
+    """Check a layer's input: float, of an allowed rank (None: any rank >= 1), last axis
+    ``width``, the dtype of ``layer``'s parameters."""
     x = float_array(name, x)
-    if x.ndim not in ranks:
+    if ranks is None and x.ndim < 1:
+        raise ValueError(f"{name} must have at least one axis, got shape {x.shape}")
+    if ranks is not None and x.ndim not in ranks:
         allowed = " or ".join(str(r) for r in ranks)
         raise ValueError(f"{name} must have rank {allowed}, got shape {x.shape}")
     if x.shape[-1] != width:
         raise ValueError(f"{name} has last axis {x.shape[-1]} (shape {x.shape}), expected {width}")
     if param_dtype is not None and x.dtype != param_dtype:
         raise TypeError(
-            f"{name} has dtype {x.dtype} but the layer's parameters are {param_dtype}; "
+            f"{name} has dtype {x.dtype} but {layer}'s parameters are {param_dtype}; "
             f"cast one with module.astype(...) or x.astype(...)"
         )
     return x

@@ -28,16 +28,7 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = validation.float_tensor("x", x)
-        if x.ndim < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"Linear expects x (..., {self.in_features}), got shape {tuple(x.shape)}"
-            )
-        if x.dtype != self.weight.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but Linear's parameters are {self.weight.dtype}; "
-                "cast one with module.to(...) or x.to(...)"
-            )
+        x = validation.layer_input("x", x, self.in_features, None, self.weight.dtype, "Linear")
         return super().forward(x)
 
 

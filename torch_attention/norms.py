@@ -36,14 +36,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D)."""
-        x = validation.float_tensor("x", x)
-        if x.ndim < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"RMSNorm expects x (..., {self.dim}), got shape {tuple(x.shape)}")
-        if x.dtype != self.weight.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but RMSNorm's weight is {self.weight.dtype}; "
-                "cast one with module.to(...) or x.to(...)"
-            )
+        x = validation.layer_input("x", x, self.dim, None, self.weight.dtype, "RMSNorm")
         mean_square = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
         inv_rms = 1 / torch.sqrt(mean_square + self.eps)  # (..., 1)
         return x * inv_rms * self.weight

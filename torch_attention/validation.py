@@ -150,11 +150,19 @@ def keep_mask(
 
 
 def layer_input(
-    name: str, x: Any, width: int, ranks: tuple[int, ...], param_dtype: torch.dtype | None
+    name: str,
+    x: Any,
+    width: int,
+    ranks: tuple[int, ...] | None,
+    param_dtype: torch.dtype | None,
+    layer: str = "the layer",
 ) -> torch.Tensor:
-    """Check a layer's input: float, of an allowed rank, last axis ``width``, the layer's dtype."""
+    """Check a layer's input: float, of an allowed rank (None: any rank >= 1), last axis
+    ``width``, the dtype of ``layer``'s parameters."""
     x = float_tensor(name, x)
-    if x.ndim not in ranks:
+    if ranks is None and x.ndim < 1:
+        raise ValueError(f"{name} must have at least one axis, got shape {tuple(x.shape)}")
+    if ranks is not None and x.ndim not in ranks:
         allowed = " or ".join(str(r) for r in ranks)
         raise ValueError(f"{name} must have rank {allowed}, got shape {tuple(x.shape)}")
     if x.shape[-1] != width:
@@ -163,7 +171,7 @@ def layer_input(
         )
     if param_dtype is not None and x.dtype != param_dtype:
         raise TypeError(
-            f"{name} has dtype {x.dtype} but the layer's parameters are {param_dtype}; "
+            f"{name} has dtype {x.dtype} but {layer}'s parameters are {param_dtype}; "
             f"cast one with module.to(...) or x.to(...)"
         )
     return x

@@ -104,9 +104,9 @@ def test_layer_starts_at_ones_and_accumulates_its_gradient(rng):
         (
             np.zeros((N, D + 1), np.float32),
             ValueError,
-            r"RMSNorm expects x \(\.\.\., 8\).*\(5, 9\)",
+            r"x has last axis 9 \(shape \(5, 9\)\), expected 8",
         ),
-        (np.zeros((N, D)), TypeError, "x has dtype float64 but RMSNorm's weight is float32"),
+        (np.zeros((N, D)), TypeError, "x has dtype float64 but RMSNorm's parameters are float32"),
         (np.zeros((N, D), int), TypeError, "x must be a floating-point array"),
     ],
 )

@@ -27,11 +27,23 @@ def test_linear_matches_numpy(rng):
 
 def test_linear_refuses_another_dtype_like_numpy(rng):
     x = rng.standard_normal((2, 5))
+    match = "x has dtype (torch.)?float64 but Linear's parameters are (torch.)?float32"
 
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match=match):
         numpy_attention.Linear(5, 3)(x)
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match=match):
         torch_attention.Linear(5, 3)(to_torch(x))
+
+
+@pytest.mark.parametrize(
+    ("shape", "match"),
+    [((2, 4), r"x has last axis 4 \(shape \(2, 4\)\), expected 5"), ((), "at least one axis")],
+)
+def test_linear_refuses_another_width_like_numpy(shape, match):
+    with pytest.raises(ValueError, match=match):
+        numpy_attention.Linear(5, 3)(np.zeros(shape, np.float32))
+    with pytest.raises(ValueError, match=match):
+        torch_attention.Linear(5, 3)(torch.zeros(shape))
 
 
 def test_dropout_layer_matches_numpy(rng):

@@ -46,9 +46,9 @@ def test_rmsnorm_passes_gradcheck(rng):
 
 def test_rmsnorm_refuses_another_width_or_dtype(rng):
     norm = RMSNorm(D)
-    with pytest.raises(ValueError, match=r"RMSNorm expects x \(\.\.\., 6\)"):
+    with pytest.raises(ValueError, match=r"x has last axis 5 \(shape \(2, 5\)\), expected 6"):
         norm(torch.ones(2, 5))
-    with pytest.raises(TypeError, match="float64 but RMSNorm's weight is torch.float32"):
+    with pytest.raises(TypeError, match="float64 but RMSNorm's parameters are torch.float32"):
         norm(torch.ones(2, D, dtype=torch.float64))
     with pytest.raises(ValueError, match="eps must be > 0"):
         RMSNorm(D, eps=0.0)
