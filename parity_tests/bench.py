@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     layer = gpt2_layer(repeats) if "gpt2" in parts else None
     options_rows = bench_options.option_rows(best_time, repeats) if "options" in parts else None
     window = bench_options.window_rows(best_time) if "window" in parts else None
-    decode = bench_decode.decode_rows(repeats) if "decode" in parts else None
+    decode = bench_decode.decode_rows(repeats, traced_peak) if "decode" in parts else None
     text = report(rate, repeats, rows, sweep, cross, floor, layer, options_rows, window, decode)
     print(text)
     if options.write_docs:

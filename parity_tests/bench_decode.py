@@ -20,7 +20,6 @@ Tests: tests/parity/test_bench.py.
 from __future__ import annotations
 
 import time
-import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
@@ -59,8 +58,9 @@ def _round(
     return (time.perf_counter() - start) / steps
 
 
-def decode_rows(repeats: int) -> dict:
-    """Seconds per decode step and per prefill, NumPy and torch, and NumPy's memory."""
+def decode_rows(repeats: int, peak: Callable[[Callable[[], object]], int]) -> dict:
+    """Seconds per decode step and per prefill, NumPy and torch, and NumPy's memory (``peak``:
+    the bytes a call allocates at most, the benchmark's ``traced_peak``)."""
     numpy_layer, torch_layer = _layers()
     rng = np.random.default_rng(0)
     kv = LAYER["num_kv_heads"], LAYER["head_dim"]
@@ -97,21 +97,12 @@ def decode_rows(repeats: int) -> dict:
 
         np_cache.reset()
         np_cache.append(*fill_np)
-        times["numpy decode peak"] = _peak(lambda: numpy_layer(token, cache=np_cache))
+        times["numpy decode peak"] = peak(lambda: numpy_layer(token, cache=np_cache))
         np_cache.reset()
-        times["numpy prefill peak"] = _peak(lambda: numpy_layer(prompt, cache=np_cache))
+        times["numpy prefill peak"] = peak(lambda: numpy_layer(prompt, cache=np_cache))
     times["cache bytes"] = np_cache.k.nbytes + np_cache.v.nbytes
     times["weight bytes"] = sum(p.nbytes for p in numpy_layer.named_parameters().values())
     return times
-
-
-def _peak(run: Callable[[], object]) -> int:
-    tracemalloc.start()
-    try:
-        run()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def decode_lines(rows: dict, seconds: Callable[[float], str], mib: Callable[[float], str]) -> list:

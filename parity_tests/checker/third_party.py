@@ -132,33 +132,26 @@ def hf_llama_eager(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     """Llama's ``eager_attention_forward`` with Hugging Face's own ``finfo.min`` mask."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    mask = _additive(query, key, attn_mask, is_causal, torch.finfo(query.dtype).min)
-    out, _ = eager_attention_forward(
-        _module(query, key, is_causal, dropout_p),
-        query,
-        key,
-        value,
-        mask,
-        scaling=_scale(query, scale),
-        dropout=dropout_p,
-    )
-    return out.transpose(1, 2)  # (B, N, H, Dv) -> (B, H, N, Dv)
+    hidden = torch.finfo(query.dtype).min
+    return _eager(eager_attention_forward, hidden, query, key, value, attn_mask, dropout_p,
+                  is_causal, scale)  # fmt: skip
 
 
 def hf_gpt2_eager(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """GPT-2's ``eager_attention_forward`` with an additive -inf mask."""
     from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
-    mask = _additive(query, key, attn_mask, is_causal, -math.inf)
-    out, _ = eager_attention_forward(
-        _module(query, key, is_causal, dropout_p),
-        query,
-        key,
-        value,
-        mask,
-        scaling=_scale(query, scale),
-        dropout=dropout_p,
-    )
+    return _eager(eager_attention_forward, -math.inf, query, key, value, attn_mask, dropout_p,
+                  is_causal, scale)  # fmt: skip
+
+
+def _eager(forward, hidden, query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """A model's ``eager_attention_forward`` called as the model calls it: SDPA's mask and
+    is_causal as an additive mask with ``hidden`` where hidden, the default scale 1/sqrt(D)."""
+    mask = _additive(query, key, attn_mask, is_causal, hidden)
+    module = _module(query, key, is_causal, dropout_p)
+    out, _ = forward(module, query, key, value, mask, scaling=_scale(query, scale),
+                     dropout=dropout_p)  # fmt: skip
     return out.transpose(1, 2)  # (B, N, H, Dv) -> (B, H, N, Dv)
 
 
