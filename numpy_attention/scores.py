@@ -299,6 +299,8 @@ def _check_slopes(slopes: Any, lead: tuple[int, ...], compute: np.dtype) -> np.n
             f"alibi_slopes (B, H) = {slopes.shape} needs q (B, ..., H, N, D) with that B; "
             f"got q leading axes {lead}"
         )
+    if not np.all(np.isfinite(slopes)):
+        raise ValueError(f"alibi_slopes must be finite (None for no ALiBi), got {slopes}")
     if slopes.ndim == 2:  # (B, H) -> (B, 1, ..., 1, H), against q's leading axes (B, ..., H)
         slopes = slopes.reshape(slopes.shape[:1] + (1,) * (len(lead) - 2) + slopes.shape[1:])
     return np.broadcast_to(slopes, lead).reshape(-1).astype(compute)  # (G,)

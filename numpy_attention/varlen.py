@@ -20,7 +20,7 @@ import numpy as np
 
 from . import validation
 from .functional import attention_backward, attention_forward
-from .grad_mode import is_grad_enabled
+from .grad_mode import is_grad_enabled, no_grad
 from .scores import AttentionGrads, AttentionOutput
 
 
@@ -80,11 +80,15 @@ def varlen_attention_forward(
             f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got {len(cu_q) - 1} "
             f"and {len(cu_k) - 1}"
         )
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"k and v must share the packed length, got k {k.shape} and v {v.shape}")
+    _check_packed(q, k, v, enable_gqa)
     sequences = len(cu_q) - 1
     if alibi_slopes is not None:
         alibi_slopes = validation.float_array("alibi_slopes", alibi_slopes)
+        if alibi_slopes.ndim not in (1, 2) or alibi_slopes.shape[-1] != q.shape[1]:
+            raise ValueError(
+                f"alibi_slopes must be (H,) or (S, H) with H = {q.shape[1]} heads of q "
+                f"{q.shape}, got {alibi_slopes.shape}"
+            )
         if alibi_slopes.ndim == 2 and alibi_slopes.shape[0] != sequences:
             raise ValueError(
                 f"alibi_slopes (S, H) must have one row per sequence, S = {sequences}, "
@@ -102,6 +106,9 @@ def varlen_attention_forward(
         "dropout_p": dropout_p,
         "impl": impl,
     }
+    with no_grad():  # every option checked once, before any work, even with no sequence
+        empty = (np.empty((sequences, t.shape[1], 0, t.shape[2]), t.dtype) for t in (q, k, v))
+        attention_forward(*empty, alibi_slopes=alibi_slopes, rng=0, **options)
     outs: list[np.ndarray] = []
     lses: list[np.ndarray] = []
     ctxs: list[Any] = []
@@ -134,6 +141,10 @@ def varlen_attention_backward(
     dout: np.ndarray, ctx: VarlenCtx, dlse: np.ndarray | None = None
 ) -> AttentionGrads:
     """Each sequence's ``attention_backward``, packed again; dsinks sums over the sequences.
+
+    dQ, dK, dV of sequence s are its own attention's (no sequence sees another, so no gradient
+    crosses a boundary); dsink_h = sum over s of its sequences' dsink_h. Derivation:
+    docs/derivations/varlen.md.
 
     Args:
         dout: (T_q, H, Dv) gradient of the output.
@@ -172,6 +183,29 @@ def varlen_attention_backward(
         if grads.dsinks is not None:
             dsinks = grads.dsinks if dsinks is None else dsinks + grads.dsinks
     return AttentionGrads(dq, dk, dv, dsinks)
+
+
+def _check_packed(q: np.ndarray, k: np.ndarray, v: np.ndarray, enable_gqa: Any) -> None:
+    """q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, Dv): the shapes as the caller passed them
+    in every message (each sequence's call would name its own slice)."""
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must share the head width D, got q {q.shape} and k {k.shape}")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"k and v must share the packed length and the kv heads, got k {k.shape} and "
+            f"v {v.shape}"
+        )
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads and not validation.flag("enable_gqa", enable_gqa):
+        raise ValueError(
+            f"q, k and v must share the heads axis, got q {q.shape}, k {k.shape}, v {v.shape}; "
+            f"k and v with fewer heads (GQA/MQA) need enable_gqa=True"
+        )
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(
+            f"the query heads H = {heads} must be a multiple of the kv heads H_kv = {kv_heads} "
+            f"(q {q.shape}, k {k.shape})"
+        )
 
 
 def _offsets(name: str, offsets: Any, total: int) -> np.ndarray:

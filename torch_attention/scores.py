@@ -240,6 +240,8 @@ def _check_slopes(
             f"alibi_slopes (B, H) = {shape} needs q (B, ..., H, N, D) with that B; "
             f"got q leading axes {lead}"
         )
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError(f"alibi_slopes must be finite (None for no ALiBi), got {slopes}")
     if slopes.ndim == 2:
         slopes = slopes.reshape(shape[:1] + (1,) * (len(lead) - 2) + shape[1:])
     return slopes.to(device=device, dtype=compute)[..., None, None]

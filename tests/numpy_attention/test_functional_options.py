@@ -282,6 +282,7 @@ BAD = [
     ({"alibi_slopes": np.ones(3)}, ValueError, r"alibi_slopes must be \(H,\) or \(B, H\)"),
     ({"alibi_slopes": np.ones((2, 4))}, ValueError, r"alibi_slopes \(B, H\) = \(2, 4\)"),
     ({"alibi_slopes": np.ones(4, dtype=int)}, TypeError, "alibi_slopes must be a floating"),
+    ({"alibi_slopes": np.array([0.5, np.nan, 1, 2])}, ValueError, "alibi_slopes must be finite"),
     ({"sinks": np.ones(3)}, ValueError, r"sinks must be \(H,\)"),
     ({"sinks": np.ones(4, dtype=np.float32)}, TypeError, "sinks must have the dtype"),
     ({"sinks": np.array([0.0, -np.inf, 1.0, 2.0])}, ValueError, "sinks must be finite"),

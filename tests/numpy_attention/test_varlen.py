@@ -361,6 +361,58 @@ def test_alibi_slopes_need_one_row_per_sequence(rng):
         varlen_attention_forward(q, k, v, CU_Q, CU_K, alibi_slopes=np.ones((S - 1, H)))
 
 
+PACKED_SHAPES = {
+    "heads without gqa": (
+        (T_Q, H, D),
+        (T_K, H // 2, D),
+        {},
+        rf"got q \({T_Q}, {H}, {D}\), k \({T_K}, {H // 2}, {D}\).*enable_gqa=True",
+    ),
+    "heads not a multiple": (
+        (T_Q, H, D),
+        (T_K, H - 1, D),
+        {"enable_gqa": True},
+        rf"H = {H} must be a multiple of the kv heads H_kv = {H - 1} \(q \({T_Q}, {H}, {D}\)",
+    ),
+    "slopes of other heads": (
+        (T_Q, H, D),
+        (T_K, H, D),
+        {"alibi_slopes": np.ones((S, H + 1))},
+        rf"alibi_slopes must be \(H,\) or \(S, H\) with H = {H} heads of q \({T_Q}, {H}, {D}\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PACKED_SHAPES)
+def test_shape_errors_name_the_packed_shapes_given(case):
+    q_shape, kv_shape, options, match = PACKED_SHAPES[case]
+    q, k, v = np.ones(q_shape), np.ones(kv_shape), np.ones(kv_shape)
+
+    with pytest.raises(ValueError, match=match):
+        varlen_attention_forward(q, k, v, CU_Q, CU_K, **options)
+
+
+NO_SEQUENCE_BAD_OPTIONS = [
+    ({"softcap": -1.0}, ValueError, "softcap must be >= 0"),
+    ({"window": (-1, 0)}, ValueError, r"window\[0\] must be a non-negative int"),
+    ({"sinks": np.ones(7)}, ValueError, r"sinks must be \(H,\)"),
+    ({"align": "nope"}, ValueError, "align must be one of"),
+    ({"dropout_p": 2.0}, ValueError, "dropout_p must be in"),
+    ({"impl": "fast"}, ValueError, "impl must be one of"),
+    ({"scale": np.nan}, ValueError, "scale must be finite"),
+]
+
+
+@pytest.mark.parametrize(("options", "error", "match"), NO_SEQUENCE_BAD_OPTIONS)
+def test_options_are_checked_even_without_a_sequence(options, error, match):
+    """No sequence means no per-sequence attention call, which used to be the only check: every
+    option is checked once, before the sequences."""
+    q, k, v, no_sequence = np.zeros((0, H, D)), np.zeros((0, H, D)), np.zeros((0, H, DV)), [0]
+
+    with pytest.raises(error, match=match):
+        varlen_attention_forward(q, k, v, no_sequence, no_sequence, **options)
+
+
 @pytest.mark.parametrize(
     ("dout_shape", "dlse_shape", "name", "packed_shape"),
     [((T_Q, H, D + 1), (H, T_Q), "dout", (T_Q, H, DV)), ((T_Q, H, DV), (T_Q, H), "dlse", (H, T_Q))],

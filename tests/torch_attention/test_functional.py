@@ -578,6 +578,11 @@ BAD_CALLS = {
         TypeError,
         "alibi_slopes",
     ),
+    "alibi_slopes inf": (
+        lambda a: {**a, "alibi_slopes": np.array([0.5, np.inf, 1.0])},
+        ValueError,
+        "alibi_slopes must be finite",
+    ),
     "sinks of 2 heads": (lambda a: {**a, "sinks": np.ones(2)}, ValueError, r"sinks must be \(H,\)"),
     "sinks float32": (
         lambda a: {**a, "sinks": np.ones(3, dtype=np.float32)},
