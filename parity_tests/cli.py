@@ -48,6 +48,7 @@ from .checker.render import (
     print_checks,
     row_dict,
 )
+from .checker.ring import check_world_size
 from .checker.targets import Target, builtin_targets
 
 PROG = "python -m parity_tests"
@@ -251,6 +252,12 @@ def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namesp
                 battery_for(args.spec, args.case)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    if args.kernel and args.spec == "ring":
+        world = 2 if args.world_size is None else args.world_size
+        try:
+            check_world_size(battery_for("ring", args.case or None), world)
+        except ValueError as exc:
+            parser.error(f"--world-size {world}: {exc}")
 
 
 def _features(args: argparse.Namespace) -> frozenset[str] | None:

@@ -38,6 +38,7 @@ per-block backward from the final lse and delta). Tests: tests/torch_attention/t
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -243,13 +244,8 @@ def _ring_forward(
     qpos = _chunk_positions(_chunks(plan.layout, plan.rank, plan.world, rows), q.device)
     out = q_scaled.new_zeros(q_scaled.shape[:-1] + (v.shape[-1],))  # a dead state: out 0,
     lse = q_scaled.new_full(q_scaled.shape[:-1], float("-inf"))  # lse -inf
-    held: tuple[torch.Tensor, ...] = (k, v)
-    for step in range(plan.world):
-        incoming = _pass_on(held, plan, tag=0) if step < plan.world - 1 else None
-        origin = _kv_origin(plan.rank, step, plan.world)
-        block = _visible_block(plan, origin, rows, q.device)
+    for _, block, k_blk, v_blk in _ring_steps(k, v, plan, rows, compute):
         if block is not None:
-            k_blk, v_blk = (t[..., block.cols, :].to(compute).unsqueeze(2) for t in held)
             for tile, cols in _tiles(plan, block, qpos):
                 part = _block_forward(
                     q_scaled[..., tile, :],
@@ -262,9 +258,28 @@ def _ring_forward(
                 out[..., tile, :], lse[..., tile] = merge_attention(
                     out[..., tile, :], lse[..., tile], *part
                 )
+    return out, lse
+
+
+def _ring_steps(
+    k: torch.Tensor, v: torch.Tensor, plan: _Plan, rows: int, compute: torch.dtype
+) -> Iterator[tuple[tuple[torch.Tensor, ...], _Block | None, torch.Tensor, torch.Tensor]]:
+    """The W steps of a ring: at each, the key/value block held (K, V as received), the part of
+    it this rank's queries may see (None: skipped) and that part's K, V (B, H_kv, 1, cols, W) in
+    the compute dtype. The send of the held block to the next rank is posted before the step is
+    handed out and waited for after the caller is done with it: the transfer overlaps the
+    caller's computation (and whatever the caller posts in between, the backward's dK, dV)."""
+    held: tuple[torch.Tensor, ...] = (k, v)
+    for step in range(plan.world):
+        incoming = _pass_on(held, plan, tag=0) if step < plan.world - 1 else None
+        block = _visible_block(plan, _kv_origin(plan.rank, step, plan.world), rows, k.device)
+        if block is None:
+            yield held, None, k, v  # K, V unused: nothing to see
+        else:
+            k_blk, v_blk = (t[..., block.cols, :].to(compute).unsqueeze(2) for t in held)
+            yield held, block, k_blk, v_blk
         if incoming is not None:
             held = incoming.wait()
-    return out, lse
 
 
 def _ring_backward(
@@ -289,14 +304,9 @@ def _ring_backward(
     rows = q_scaled.shape[-2]
     qpos = _chunk_positions(_chunks(plan.layout, plan.rank, plan.world, rows), q.device)
     dq = torch.zeros_like(q_scaled)
-    held: tuple[torch.Tensor, ...] = (k, v)
     partial: _Exchange | None = None  # the held block's dK/dV so far, from the previous rank
-    for step in range(plan.world):
-        incoming = _pass_on(held, plan, tag=0) if step < plan.world - 1 else None
-        origin = _kv_origin(plan.rank, step, plan.world)
-        block = _visible_block(plan, origin, rows, q.device)
+    for held, block, k_blk, v_blk in _ring_steps(k, v, plan, rows, compute):
         if block is not None:
-            k_blk, v_blk = (t[..., block.cols, :].to(compute).unsqueeze(2) for t in held)
             dk_blk, dv_blk = torch.zeros_like(k_blk), torch.zeros_like(v_blk)
             for tile, cols in _tiles(plan, block, qpos):
                 dq_tile, dk_tile, dv_tile = _block_backward(
@@ -323,8 +333,6 @@ def _ring_backward(
             dv_held[..., block.cols, :] += dv_blk.squeeze(2)
         if plan.world > 1:
             partial = _pass_on((dk_held, dv_held), plan, tag=2)  # on to the next rank
-        if incoming is not None:
-            held = incoming.wait()
     if partial is None:  # a ring of one rank: the block never left
         return dq, dk_held, dv_held
     dk, dv = partial.wait()  # the last hop brings this rank's own block home, complete
@@ -556,6 +564,7 @@ _RING_FIELDS = (
     "left",  # the visible band, window and causal together
     "right",
     "layout",
+    "backward",  # whether this rank's call records a backward (grad mode, inputs needing grad)
 )
 
 
@@ -623,6 +632,7 @@ def _ring_row(
         -1.0 if rules.left is None else float(rules.left),
         -1.0 if rules.right is None else float(rules.right),
         float(LAYOUTS.index(layout)),
+        float(torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))),
     ]
 
 
@@ -650,7 +660,12 @@ def _check_agreement(table: torch.Tensor) -> None:
         + ", ".join(f"{_RING_FIELDS[i]} {_option(i, float(table[r, i]))}" for i in columns)
         for r in ranks
     )
-    raise ValueError(f"ring_attention: every rank must pass the same options, got {listed}")
+    hint = (
+        " (the backward is a ring too: every rank must run it, or none)"
+        if "backward" in differ
+        else ""
+    )
+    raise ValueError(f"ring_attention: every rank must pass the same options, got {listed}{hint}")
 
 
 def _option(column: int, value: float) -> Any:
@@ -658,7 +673,7 @@ def _option(column: int, value: float) -> Any:
     name = _RING_FIELDS[column]
     if name == "layout":
         return LAYOUTS[int(value)]
-    if name == "causal":
+    if name in ("causal", "backward"):
         return bool(value)
     if name in ("left", "right"):
         return None if value < 0 else int(value)

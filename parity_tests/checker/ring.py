@@ -49,6 +49,20 @@ GROUP_TIMEOUT = timedelta(seconds=30)
 STARTUP_S = 120.0  # spawning W interpreters that import torch, on a shared 2-core machine
 
 
+def check_world_size(battery: tuple[Case, ...], world_size: Any) -> None:
+    """``ValueError`` unless ``world_size`` is an integer >= 1 that splits every case of
+    ``battery`` into its layout's equal chunks (W, or 2W for zigzag)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    for case in battery:
+        parts = world_size * (2 if case.layout == "zigzag" else 1)
+        if case.n % parts:
+            raise ValueError(
+                f"case {case.name}: N = {case.n} does not split into {parts} equal chunks "
+                f"({case.layout} layout over {world_size} ranks)"
+            )
+
+
 def check_ring(
     kernel: Kernel,
     features: frozenset[str],
@@ -61,17 +75,9 @@ def check_ring(
     progress: Any,
 ) -> KernelReport:
     """The report of ``kernel`` on ``battery`` over ``world_size`` spawned ranks."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    check_world_size(battery, world_size)
     if device.type != "cpu":
         raise ValueError(f"the ring spec runs gloo ranks on CPU, got device {device}")
-    for case in battery:
-        parts = world_size * (2 if case.layout == "zigzag" else 1)
-        if case.n % parts:
-            raise ValueError(
-                f"case {case.name}: N = {case.n} does not split into {parts} equal chunks "
-                f"({case.layout} layout over {world_size} ranks)"
-            )
     try:
         payload = pickle.dumps(kernel)
     except Exception as exc:  # what pickle raises for closures, lambdas, local classes

@@ -205,6 +205,7 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--forward-only"],
         ["--kernel", SDPA, "--world-size", "2"],
         ["--kernel", SDPA, "--spec", "ring", "--world-size", "0"],
+        ["--kernel", SDPA, "--spec", "ring", "--world-size", "5"],
         ["--kernel", SDPA, "--isolate", "0"],
         ["--kernel", SDPA, "--isolate", "soon"],
         ["--device", "tpu"],

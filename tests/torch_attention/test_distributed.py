@@ -184,6 +184,8 @@ def bad_call(kind: str, rank: int):
         options = {"causal": rank == 3}
     elif kind == "one-rank-refuses" and rank == 2:
         options = {"causal": "yes"}
+    elif kind == "one-rank-without-backward" and rank != 1:
+        q = q.clone().requires_grad_()  # rank 1 would never join the backward's ring
     elif kind == "gather-shapes-differ":
         return gather_sequence(torch.zeros(1, 2, 7 if rank == 0 else 6, 4))
     return ring_attention(q, k, v, **options)
@@ -200,6 +202,9 @@ BAD = {
         "*": ("RuntimeError", ["rank(s) [2]", "refused"]),
     },
     "gather-shapes-differ": {"*": ("ValueError", ["rank 0: (1, 2, 7, 4)", "rank 1: (1, 2, 6, 4)"])},
+    "one-rank-without-backward": {
+        "*": ("ValueError", ["rank 1: backward False", "rank 0: backward True", "every rank"])
+    },
 }
 
 
