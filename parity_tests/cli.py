@@ -57,6 +57,14 @@ LAYER_DTYPES = ("float64", "float32")
 
 def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
     """Entry point of ``python -m parity_tests``; ``prog`` names the program in its messages."""
+    try:
+        return _main(argv, prog)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
+
+
+def _main(argv: Sequence[str] | None, prog: str) -> int:
     parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.list_cases:
@@ -236,7 +244,8 @@ def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namesp
         if value
     ]
     if given and not args.kernel:
-        parser.error(f"{', '.join(given)} apply to --kernel; the built-in targets have their own")
+        verb = "applies" if len(given) == 1 else "apply"
+        parser.error(f"{', '.join(given)} {verb} to --kernel; the built-in targets have their own")
     if args.world_size is not None and args.spec != "ring":
         parser.error("--world-size is for --spec ring")
     if args.world_size is not None and args.world_size < 1:

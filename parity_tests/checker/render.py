@@ -113,9 +113,10 @@ def _status(target, case, dtype, device, rows, judged: bool) -> tuple[str, str]:
     expected = expected_failure(target, case, dtype, device) if judged else None
     if status in ("skip", "not-run"):
         return status, next(row.detail for row in rows if row.verdict == status)
-    if expected is not None:
-        if status == "fail":
-            return "xfail", expected.reason
+    failed = [row.detail or "" for row in rows if row.failed]
+    if expected is not None and status == "fail" and expected.explains(failed):
+        return "xfail", expected.reason
+    if expected is not None and status != "fail" and expected.strict:
         return "xpass", "expected to fail: " + expected.reason
     return status, ", ".join(_why(row) for row in rows if row.failed)
 
@@ -148,7 +149,7 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
             + "".join(f" {t:>8}" for t in TENSOR_COLUMNS)
             + f" | {'worst: error / bound':27}  status"
         )
-        reasons: dict[str, None] = {}
+        reasons: dict[tuple[str, str], dict[str, None]] = {}  # (status, why) -> its cases
         for group in check["groups"]:
             cells = {row["tensor"]: _cell(row) for row in group["rows"]}
             line = (
@@ -160,7 +161,7 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
             )
             note = group["note"]
             if group["status"] in ("xfail", "xpass", "skip", "not-run"):
-                reasons[f"{group['status']} {group['case']}: {note}"] = None
+                reasons.setdefault((group["status"], note), {})[group["case"]] = None
                 note = ""
             emit(line + (f" ({note})" if note else ""))
         for error in check["errors"]:
@@ -169,8 +170,8 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
             emit(f"   exception #{error['number']}, raised in {count} groups ({where}):")
             for text in error["traceback"].rstrip().splitlines():
                 emit(f"      {text}")
-        for reason in reasons:
-            emit(f"   {reason}")
+        for (status, why), cases in reasons.items():
+            emit(f"   {status} {', '.join(cases)}: {why}")
         emit(f"   {check['summary']}")
     emit("")
 

@@ -115,13 +115,21 @@ class Target:
 @dataclass(frozen=True)
 class ExpectedFailure:
     """A documented failure: target ``target`` fails case ``case`` ("*": every case; in every
-    dtype and on every device unless restricted), for ``reason``."""
+    dtype and on every device unless restricted), for ``reason``. With ``detail``, only a failure
+    that says it is expected (another failure of the case still fails the run); with
+    ``strict=False`` the case may also pass, for a failure that depends on what ran before it."""
 
     target: str
     case: str
     reason: str
     dtypes: tuple[str, ...] | None = None
     devices: tuple[str, ...] | None = None
+    detail: str | None = None  # the failure must say this (a failing row's detail holds it)
+    strict: bool = True  # False: the case may pass too (a failure that depends on run order)
+
+    def explains(self, failed_details: list[str]) -> bool:
+        """Whether this entry explains a group whose failing rows say ``failed_details``."""
+        return self.detail is None or any(self.detail in detail for detail in failed_details)
 
     def matches(self, target: str, case: str, dtype: str, device: str) -> bool:
         return (
@@ -158,12 +166,15 @@ HF_FLEX_COMPILED = (
 HF_FLOAT32_SOFTMAX = (
     "Llama's eager attention takes its softmax in float32 whatever the inputs' dtype "
     "(softmax(..., dtype=torch.float32).to(query.dtype)): in float64 every result carries "
-    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12"
+    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12, and a fully "
+    "masked row is NaN (its finfo(float64).min mask is -inf in float32)"
 )
-FLEX_COMPILED_WINDOW = (
-    "torch.compile(flex_attention) on CPU (torch 2.13), compiling its third shape with dynamic "
-    "sizes (automatic dynamic after a recompile), fails to build this two-sided window's mask: "
-    "Inductor's C++ code does not compile (CppCompileError); compiled alone it passes"
+FLEX_COMPILED_DYNAMIC = (
+    "torch.compile(flex_attention) on CPU (torch 2.13): once it recompiles with dynamic sizes "
+    "(automatic dynamic, after earlier shapes in the same process), Inductor's C++ code for a "
+    "block mask does not compile (CppCompileError: 'cur_kvSplitSize2' was not declared); which "
+    "case meets it depends on the order the shapes were compiled in, and each compiled alone "
+    "passes"
 )
 
 _DEAD = ("dead-rows-bool", "dead-rows-float")
@@ -180,7 +191,8 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
         ExpectedFailure("hf.flex_attention_forward", case, HF_FLEX_COMPILED, devices=("cpu",))
         for case in ("causal-n<m", "float-mask", "dead-rows-bool")
     ),
-    ExpectedFailure("flex[compiled]", "window-tl", FLEX_COMPILED_WINDOW, devices=("cpu",)),
+    ExpectedFailure("flex[compiled]", "*", FLEX_COMPILED_DYNAMIC, devices=("cpu",),
+                    detail="CppCompileError", strict=False),
     ExpectedFailure(
         "hf.llama.eager_attention_forward", "*", HF_FLOAT32_SOFTMAX, dtypes=("float64",)
     ),
@@ -229,7 +241,10 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         ),
     ]
     if torch.device(device).type == "cpu":  # the ring spec runs gloo ranks on CPU
-        targets.append(Target("ring_attention", ring_attention, dtypes, "ring", world_size=2))
+        ring_cases = tuple(case.name for case in RING)  # none of the stress battery
+        targets.append(
+            Target("ring_attention", ring_attention, dtypes, "ring", cases=ring_cases, world_size=2)
+        )
     return targets + third_party_targets(device, dtypes)
 
 

@@ -60,6 +60,27 @@ def test_expected_failures_turn_into_xfail_or_xpass(monkeypatch, verdict, status
     assert check["verdict"] == ("pass" if status == "xfail" else "fail")
 
 
+@pytest.mark.parametrize(
+    ("verdict", "detail", "status"),
+    [
+        ("pass", "-", "pass"),  # not strict: passing is fine
+        ("error", "CppCompileError: boom", "xfail"),  # the failure it documents
+        ("error", "RuntimeError: something else", "fail"),  # any other failure still fails
+    ],
+)
+def test_an_order_dependent_expected_failure_explains_only_its_own_failure(
+    monkeypatch, verdict, detail, status
+):
+    entry = targets.ExpectedFailure("k", "*", "why", detail="CppCompileError", strict=False)
+    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+
+    report = _report(_row("plain", verdict, "out", detail))
+    check = check_entry(report, target="k", battery="b", judged=True)
+
+    assert check["groups"][0]["status"] == status
+    assert check["verdict"] == ("fail" if status == "fail" else "pass")
+
+
 def test_stress_findings_have_no_verdict():
     check = check_entry(_report(_row("plain", "fail")), target="k", battery="stress", judged=False)
 
@@ -177,3 +198,19 @@ def test_a_group_not_run_says_which_features_it_needs():
     assert check["spec"] == "flash" and check["coverage"]["not_run"] == 1
     assert "   not-run plain: needs gqa, not declared" in lines
     assert any(line.endswith("(b battery, flash spec) --") for line in lines)
+
+
+def test_a_reason_shared_by_many_groups_is_printed_once_with_its_cases():
+    rows = [
+        KernelRow(case, dtype, "-", *[math.nan] * 4, "skip", "no masks here")
+        for case in ("plain", "dv>d")
+        for dtype in ("float32", "float16")
+    ]
+    check = check_entry(_report(*rows), target="k", battery="b", judged=True)
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+
+    assert [line for line in lines if "no masks here" in line] == [
+        "   skip plain, dv>d: no masks here"
+    ]

@@ -420,3 +420,19 @@ def test_an_isolated_kernel_that_crashes_gets_an_error_verdict(tmp_path, monkeyp
 
     out = capsys.readouterr().out
     assert code == 1 and "killed by signal SIGSEGV" in out
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly():
+    """``python -m parity_tests --list-cases | head -1``: the pipe closes before the output is
+    written; the CLI stops with exit 1 and no traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parity_tests", "--list-cases"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # nobody reads: the first write meets a closed pipe
+
+    stderr = process.communicate(timeout=120)[1].decode()
+
+    assert process.returncode == 1
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
