@@ -1,8 +1,12 @@
 """Masks as boolean "may attend" arrays that broadcast against the scores (..., N, M).
 
-Conventions (DESIGN.md): ``key_padding_mask`` is bool (B, M) with True = padding, never attended;
-``attn_mask`` follows ``F.scaled_dot_product_attention``: bool True = may attend, or a float mask
-added to the scores; ``causal`` is aligned top-left, query i sees keys j <= i, also when N != M.
+Conventions (docs/design.md): ``key_padding_mask`` is bool (B, M) with True = padding, never
+attended; ``attn_mask`` follows ``F.scaled_dot_product_attention``: bool True = may attend, or a
+float mask added to the scores; ``causal`` is aligned top-left, query i sees keys j <= i, also
+when N != M.
+
+Derivation: docs/derivations/attention.md (masks in the pipeline), windows.md.
+Tests: tests/numpy_attention/test_masks.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The twin of ``numpy_attention.functional``. ``attention`` has the semantics of
 ``numpy_attention.functional.attention_forward`` with today's options (GQA, causal alignment,
-windows, softcap, ALiBi, sinks, lse) and its edge rules (DESIGN.md), and runs on one of five
+windows, softcap, ALiBi, sinks, lse) and its edge rules (docs/design.md), and runs on one of five
 backends:
 
 - ``"math"``: the score pipeline of ``scores.py`` in plain torch ops, differentiated by autograd.

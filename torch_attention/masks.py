@@ -1,6 +1,6 @@
 """Masks as boolean "may attend" tensors that broadcast against the scores (..., N, M).
 
-The twin of ``numpy_attention.masks``. Conventions (DESIGN.md): ``key_padding_mask`` is bool
+The twin of ``numpy_attention.masks``. Conventions (docs/design.md): ``key_padding_mask`` is bool
 (B, M) with True = padding, never attended; ``attn_mask`` follows
 ``F.scaled_dot_product_attention``: bool True = may attend, or a float mask added to the scores;
 ``causal`` is aligned top-left, query i sees keys j <= i, also when N != M. Every mask is built on

@@ -1,6 +1,6 @@
 """Weights across the two packages: a torch module's state as NumPy arrays, and back.
 
-State-dict keys are identical in ``numpy_attention`` and ``torch_attention`` (DESIGN.md), so no
+State-dict keys are identical in ``numpy_attention`` and ``torch_attention`` (docs/design.md), so no
 renaming happens here; layout changes between layer families live in
 ``numpy_attention.convert``. This is the one module of the package that imports
 ``numpy_attention``.

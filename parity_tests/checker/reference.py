@@ -6,7 +6,7 @@ golden (``checker.kernels``), so the baseline must be plain: no fused kernel, no
 accumulation of half-precision inputs. The pitfalls (``checker.pitfalls``) are built from the same
 pieces, each with one step broken.
 
-The score pipeline, in the order of DESIGN.md ("Today's attention family"): S = Q K^T * scale
+The score pipeline, in the order of docs/design.md ("Today's attention family"): S = Q K^T * scale
 (query head h reads key head h // (H / H_kv)); S = softcap * tanh(S / softcap); S -= slope_h *
 |p_i - j|; S += float mask; S = -inf where hidden (causal j > p_i, outside the window p_i - left
 <= j <= p_i + right, a False in a bool mask); P = softmax(S), 0 on a row with nothing to see;

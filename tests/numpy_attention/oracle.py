@@ -1,7 +1,7 @@
 """The oracle of the NumPy core's tests: today's attention written in plain torch ops, backward by
 torch autograd.
 
-It is written from DESIGN.md's pipeline alone, the naive way, sharing no code with
+It is written from docs/design.md's pipeline alone, the naive way, sharing no code with
 numpy_attention: K and V are repeated for GQA (``repeat_interleave``), positions and the band are
 explicit (N, M) grids, the sink is one more column of the softmax, hidden scores are replaced with
 ``masked_fill``. Rows with nothing to attend to are computed on zeros and then set to out 0,

@@ -3,7 +3,7 @@
 The oracle is ``numpy_attention.functional`` in float64: output from ``attention_forward`` and
 dq/dk/dv from the hand-derived ``attention_backward``, compared with each torch backend's output
 and its autograd gradients under one random upstream gradient. Half precision is judged by the
-kernel checker's policy (``parity_tests.check_kernel``); the edge rules of DESIGN.md (empty
+kernel checker's policy (``parity_tests.check_kernel``); the edge rules of docs/design.md (empty
 sequences, non-finite input, fully masked rows) are checked on every backend.
 """
 
@@ -474,7 +474,7 @@ def test_float32_matches_numpy_float32(rng, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_half_types_pass_the_kernel_checkers_policy(backend):
     """float16 and bfloat16 outputs and gradients against the float64 golden, judged by the
-    kernel checker (the policy of DESIGN.md: a bound relative to a same-dtype plain baseline)."""
+    kernel checker (docs/design.md's policy: a bound relative to a same-dtype plain baseline)."""
     report = check_kernel(torch_attention_kernel(backend), dtypes=(torch.float16, torch.bfloat16))
 
     assert report.passed, report.failures
