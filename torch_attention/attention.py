@@ -6,7 +6,8 @@ layers) -> CausalAttention (causal buffer, attention dropout) -> MultiHeadAttent
 heads) -> MultiHeadAttention (split weights, output projection). Parameters are created in the
 book's order, so ``torch.manual_seed(123)`` reproduces the book's numbers. Every layer takes a
 keyword ``backend`` passed to ``functional.attention``. Loading a ``mask`` buffer that is not
-the causal triangle is a ``ValueError`` (``masks.check_causal_buffer``), as in NumPy.
+the causal triangle is a ``ValueError`` (``masks.check_causal_buffer``, registered as the buffer's
+check, which ``module.Module`` runs before anything is loaded), as in NumPy.
 
 Shape legend: B batch, H heads, N sequence length, C = d_in input width, D head width.
 
@@ -25,16 +26,16 @@ from torch import nn
 from . import masks, validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
+from .module import Module
 
 
 def _param_dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
 
 
-class _CausalLayer(nn.Module):
-    """What the causal layers share: their checked sizes, the checks of their input and
-    keep-mask, and the check of a loaded ``mask`` buffer (a buffer with a hole would let the
-    model see future tokens)."""
+class _CausalLayer(Module):
+    """What the causal layers share: their checked sizes and the checks of their input and
+    keep-mask."""
 
     mask: torch.Tensor  # the book's causal buffer (CausalAttention, MultiHeadAttention)
 
@@ -82,17 +83,11 @@ class _CausalLayer(nn.Module):
             q, k, v, attn_mask=allowed, dropout_p=p, dropout_mask=keep, backend=self.backend
         )
 
-    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
-        key = prefix + "mask"
-        if key in state_dict:
-            masks.check_causal_buffer(key, state_dict[key])
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
 
 # -- weight-free self-attention ---------------------------------------------------------------
 
 
-class SimpleSelfAttention(nn.Module):
+class SimpleSelfAttention(Module):
     """Attention with no weights: x is query, key and value, and the scores are unscaled.
 
     out = softmax(x x^T) x, for x (N, C) or (B, N, C).
@@ -115,7 +110,7 @@ class SimpleSelfAttention(nn.Module):
 # -- self-attention with weight matrices ------------------------------------------------------
 
 
-class SelfAttentionV1(nn.Module):
+class SelfAttentionV1(Module):
     """Scaled self-attention with weight matrices ``W_query, W_key, W_value`` of shape (C, D).
 
     Initialised with ``torch.rand`` (uniform [0, 1)) in the order W_query, W_key, W_value.
@@ -146,7 +141,7 @@ class SelfAttentionV1(nn.Module):
 # -- self-attention with Linear layers --------------------------------------------------------
 
 
-class SelfAttentionV2(nn.Module):
+class SelfAttentionV2(Module):
     """V1 with ``Linear(d_in, d_out, bias=qkv_bias)`` projections; weights are V1's transposed."""
 
     def __init__(
@@ -177,8 +172,9 @@ class CausalAttention(_CausalLayer):
     """V2 plus the book's causal buffer and dropout on the attention weights.
 
     ``mask`` is a persistent float buffer triu(ones(L, L), diagonal=1), 1 = masked, exactly the
-    book's; forward uses ``mask[:N, :N]``, so a loaded buffer is honoured. ``dropout_p`` is the
-    probability of dropping an attention weight in train mode.
+    book's; forward uses ``mask[:N, :N]``, so a loaded buffer is honoured (one with a hole, which
+    would let the model see future tokens, is refused). ``dropout_p`` is the probability of
+    dropping an attention weight in train mode.
     """
 
     def __init__(
@@ -195,7 +191,9 @@ class CausalAttention(_CausalLayer):
         self.W_query = Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias)
-        self.register_buffer("mask", masks.causal_buffer(context_length))
+        self.register_buffer(
+            "mask", masks.causal_buffer(context_length), check=masks.check_causal_buffer
+        )
 
     def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
         """x (B, N, d_in) -> out (B, N, d_out), N <= context_length.
@@ -290,7 +288,9 @@ class MultiHeadAttention(_CausalLayer):
         self.W_key = Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = Linear(d_out, d_out)
-        self.register_buffer("mask", masks.causal_buffer(context_length))
+        self.register_buffer(
+            "mask", masks.causal_buffer(context_length), check=masks.check_causal_buffer
+        )
 
     def forward(self, x: torch.Tensor, attn_dropout_mask: Any = None) -> torch.Tensor:
         """x (B, N, d_in) -> out (B, N, d_out).

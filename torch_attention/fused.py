@@ -21,11 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout, dropout_keep_mask
+from .module import Module
 
 # -- the fused projection split into q, k, v and heads ----------------------------------------
 
@@ -55,7 +55,7 @@ def _padding_mask(mask: Any, batch: int, length: int, device: torch.device) -> t
     return mask
 
 
-class _FusedAttention(nn.Module):
+class _FusedAttention(Module):
     """What every fused layer shares: heads, dropout probabilities, the backend, and the tail
     ``attention -> merge heads -> Wo -> output dropout``."""
 

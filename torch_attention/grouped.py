@@ -38,6 +38,7 @@ from torch import nn
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
+from .module import Module
 from .norms import RMSNorm
 from .rope import check_positions, rope, rope_inv_freq
 
@@ -159,7 +160,7 @@ class KVCache:
 # -- the layer --------------------------------------------------------------------------------
 
 
-class GroupedQueryAttention(nn.Module):
+class GroupedQueryAttention(Module):
     """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2 and
     GPT-OSS; the twin of ``numpy_attention.grouped.GroupedQueryAttention``.
 

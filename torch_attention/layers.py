@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import validation
+from .module import Module
 
 
-class Linear(nn.Linear):
+class Linear(Module, nn.Linear):
     """``nn.Linear`` (same parameters, same initialisation, same RNG draws) with checked input.
 
     weight (C_out, C_in), bias (C_out,); x (..., C_in) -> (..., C_out).
@@ -61,7 +62,7 @@ def dropout_keep_mask(
     return validation.keep_mask(name, mask, p, shape, device, exact=True)
 
 
-class Dropout(nn.Module):
+class Dropout(Module):
     """Inverted dropout that also takes an explicit keep-mask; the identity in eval mode.
 
     ``forward(x, mask=None)``: ``mask`` is bool shaped like x (True = kept), so tests and parity

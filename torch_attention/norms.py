@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from . import validation
+from .module import Module
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     """RMS normalization of the last axis with a learned scale: ``weight`` (D,), ones.
 
     y = w * x / sqrt(mean(x^2) + eps), computed in x's dtype (Hugging Face's computes in float32

@@ -205,6 +205,31 @@ def test_the_wrapper_checks_the_mask_buffer_of_every_head():
         layer.load_state_dict(state)
 
 
+def test_a_refused_head_mask_leaves_every_head_unchanged():
+    layer = torch_layer("MultiHeadAttentionWrapper", *LAYERS["MultiHeadAttentionWrapper"][1])
+    before = {key: value.clone() for key, value in layer.state_dict().items()}
+    state = {key: value if key.endswith("mask") else value + 1 for key, value in before.items()}
+    state["heads.1.mask"] = torch.zeros(9, 9)  # head 0 comes first: it must not load either
+
+    with pytest.raises(ValueError, match="heads.1.mask"):
+        layer.load_state_dict(state)
+
+    for key, value in layer.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("name", ["CausalAttention", "MultiHeadAttention"])
+def test_a_complex_mask_is_a_type_error_before_its_check_like_numpy(name):
+    layer = torch_layer(name, *LAYERS[name][1])
+    state = layer.state_dict()
+    state["mask"] = torch.zeros(9, 9, dtype=torch.complex64)  # complex and not causal either
+
+    with pytest.raises(TypeError, match="'mask' has dtype (torch.)?complex64"):
+        twins.numpy_layer(name, *LAYERS[name][1], seed=0).load_state_dict(state)
+    with pytest.raises(TypeError, match="'mask' has dtype (torch.)?complex64"):
+        layer.load_state_dict(state)
+
+
 # -- validation: the same errors as NumPy -----------------------------------------------------
 
 # name -> (layer, constructor args, error, message regex)
