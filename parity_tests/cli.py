@@ -464,7 +464,8 @@ def _print_layers(rows: list[dict[str, Any]]) -> list[str]:
     print(f"layers: {len(groups)} groups, {failing} failing\n")
     return [
         f"layers on {row['device']}: {row['case']} {row['dtype']} {row['backend']}: "
-        f"{row['tensor']} {row['verdict']}: error {row['error']:.2e}, bound {row['bound']:.2e}"
+        f"{row['tensor']} {tuple(row['shape'])} {row['verdict']}: error {row['error']:.2e}, "
+        f"bound {row['bound']:.2e}"
         for row in rows
         if row["verdict"] != "pass"
     ]

@@ -350,6 +350,7 @@ class ParityRow:
     error: float
     bound: float
     passed: bool
+    shape: tuple[int, ...] = ()  # the compared tensor's shape (the input's for dx, out's, ...)
 
 
 @dataclass
@@ -516,7 +517,16 @@ def run_case(
         error = rel_error(actual, expected, scale=floor)
         rows.append(
             ParityRow(
-                case.name, case.layer, dtype, device, backend, name, error, bound, error <= bound
+                case.name,
+                case.layer,
+                dtype,
+                device,
+                backend,
+                name,
+                error,
+                bound,
+                error <= bound,
+                tuple(np.shape(expected)),
             )
         )
     return rows

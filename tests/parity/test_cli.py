@@ -145,7 +145,7 @@ def _fake_rows(*, device, dtypes, quick, progress):
     progress("fake registry")
     return [
         ParityRow("Layer/ok", "Layer", "float64", device, "math", "out", 1e-16, 1e-10, True),
-        ParityRow("Layer/bad", "Layer", "float32", device, "math", "dx", 1e-3, 2e-5, False),
+        ParityRow("Layer/bad", "Layer", "float32", device, "math", "dx", 1e-3, 2e-5, False, (2, 5)),
     ]
 
 
@@ -158,11 +158,12 @@ def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tm
     out = capsys.readouterr().out
     assert code == 1
     assert "Layer/bad" in out and "layers: 2 groups, 1 failing" in out
-    assert "layers on cpu: Layer/bad float32 math: dx fail: error 1.00e-03" in out
+    assert "layers on cpu: Layer/bad float32 math: dx (2, 5) fail: error 1.00e-03" in out
     layers = json.loads(path.read_text())["layers"]
     assert layers["verdict"] == "fail"
     assert [row["verdict"] for row in layers["rows"]] == ["pass", "fail"]
     assert all("passed" not in row for row in layers["rows"])
+    assert layers["rows"][1]["shape"] == [2, 5]
 
 
 def test_progress_goes_to_stderr(capsys):

@@ -49,6 +49,16 @@ def test_layer_parity(case, backend, dtype, device):
     assert {"out", "dx"} <= names and (not case.spec.cross or "dy" in names)
 
 
+def test_every_row_carries_the_shape_of_its_tensor():
+    case = next(c for c in CASES if c.layer == "CrossAttention")
+
+    rows = {row.tensor: row.shape for row in run_case(case, dtype="float64", backend="math")}
+
+    assert rows["out"] == rows["dx"] == (case.batch, case.n, case.width)
+    assert rows["dy"] == (case.batch, case.m, case.width)
+    assert rows["d[Wkv.weight]"] == (2 * case.width, case.width)
+
+
 def test_every_layer_is_in_the_registry():
     from parity_tests.registry import LAYERS
 
