@@ -61,6 +61,6 @@ def from_numpy(module: nn.Module, state: Mapping[str, Any] | numpy_attention.Mod
                 f"from_numpy: {name!r} has shape {tuple(value.shape)}, "
                 f"the module expects {tuple(target.shape)}"
             )
-        converted[name] = value.to(device=target.device, dtype=target.dtype)
+        converted[name] = value.to(device=target.device)  # load_state_dict casts, or refuses
     module.load_state_dict(converted)
     return module

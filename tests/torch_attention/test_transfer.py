@@ -75,3 +75,15 @@ def test_from_numpy_rejects_a_wrong_shape():
 
     with pytest.raises(ValueError, match="W_query"):
         from_numpy(layer, state)
+
+
+def test_from_numpy_refuses_a_complex_entry_as_load_state_dict_does():
+    layer = torch_layer("SelfAttentionV1", 5, 4)
+    before = {key: value.clone() for key, value in layer.state_dict().items()}
+    state = numpy_layer("SelfAttentionV1", 5, 4, seed=0).state_dict()
+    state["W_key"] = state["W_key"] * (1 + 1j)  # the imaginary part would be dropped silently
+
+    with pytest.raises(TypeError, match="'W_key' has dtype torch.complex"):
+        from_numpy(layer, state)
+
+    assert all(torch.equal(layer.state_dict()[key], value) for key, value in before.items())
