@@ -14,7 +14,7 @@ Memory: the cache's own size, and NumPy's tracemalloc peak of one decode step an
 (what the call allocates beyond the weights and the cache); torch's allocations are not visible
 to tracemalloc.
 
-Tests: tests/parity/test_bench.py.
+Tests: tests/parity/test_bench_decode.py.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ autograd), whose peak grows as N^2: its need at N is extrapolated from it, not r
 
 The report goes to stdout; nothing is written. docs/context-parallel.md records one run.
 
-Tests: none (a benchmark, never a timed test); the ring it measures is tested in
+Tests: tests/parity/test_bench_distributed.py (never timed); the ring it measures is tested in
 tests/torch_attention/test_distributed.py.
 """
 
