@@ -17,9 +17,9 @@ from typing import Any
 _EXPORTS = {
     "Case": "battery",
     "FEATURES": "specs",
-    "KernelReport": "kernels",
-    "KernelRow": "kernels",
-    "KernelUnsupported": "kernels",
+    "KernelReport": "report",
+    "KernelRow": "report",
+    "KernelUnsupported": "report",
     "SPECS": "specs",
     "check_kernel": "kernels",
 }

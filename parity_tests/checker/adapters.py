@@ -11,7 +11,7 @@ alone; lse (H, T_q). Dropout is refused (``KernelUnsupported``): its mask is fla
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
 
-Tests: tests/checker/test_specs.py
+Tests: tests/checker/test_adapters.py
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
-from .kernels import TENSORS, check_kernel
+from .calls import TENSORS
+from .kernels import check_kernel
 from .pitfalls import PITFALLS
 from .targets import builtin_targets, expected_failure
 

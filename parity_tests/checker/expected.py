@@ -7,8 +7,7 @@ every kernel checked.
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q packed query tokens.
 
-Tests: tests/checker/test_kernels.py, tests/checker/test_specs.py (through ``check_kernel``),
-tests/checker/test_reference.py (the baseline itself)
+Tests: tests/checker/test_expected.py, tests/checker/test_reference.py (the baseline itself)
 """
 
 from __future__ import annotations

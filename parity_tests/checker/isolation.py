@@ -19,7 +19,7 @@ import pickle
 import signal
 from typing import Any
 
-from .kernels import Kernel, Outcome, Request, run_case
+from .calls import Kernel, Outcome, Request, run_case
 
 # A child that has not imported torch and unpickled the kernel within this many seconds is
 # stopped: starting is not the kernel's time.

@@ -13,7 +13,7 @@ everywhere cannot slip under,
 adds to every entry); lse as the libraries return it (a row with nothing to see may carry -inf
 or +inf; under causal ALiBi flash-attn's convention, shifted by slope_h * p_i, is recognised
 exactly, docs/derivations/alibi.md); and the kept fraction of dropout against 1 - p. Pure NumPy
-on float64 arrays: running the kernel is ``checker.kernels``' job.
+on float64 arrays: running the kernel is ``checker.calls``' job.
 
 Tests: tests/checker/test_judge.py
 """

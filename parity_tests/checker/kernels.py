@@ -14,7 +14,8 @@ charged to the kernel), Bl is plain torch math in the kernel's dtype without upc
 constants live in ``parity_tests.tolerances`` and were set by measurement: ``python -m
 parity_tests --calibrate 60``, docs/kernel-verification.md.
 
-The checker also refuses what no correct kernel does, as failing verdicts rather than exceptions:
+The checker also refuses what no correct kernel does, as failing verdicts rather than exceptions
+(``checker.calls`` makes each call and judges what it gave, the keep-mask of dropout included):
 NaN or inf where the golden is finite, a result of another dtype than the inputs (lse: float32
 for half-precision inputs), a result of another shape or layout, inputs changed in place (the
 kernel gets copies; the golden is computed from the originals), an exception (``SystemExit``
@@ -26,35 +27,31 @@ lse) with no backward, on inputs that do not require grad.
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
 
-Tests: tests/checker/test_kernels.py, tests/checker/test_options.py
+Tests: tests/checker/test_kernels.py (one call, made and judged: tests/checker/test_calls.py)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import math
-import os
-import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
 from .battery import Case, resolve
-from .expected import DTYPES, Inputs, case_inputs, reference, to64
-from .judge import judge_keep, judge_lse, judge_tensor, unmeasured, wrong_dtype
-from .report import KernelError, KernelReport, KernelRow, KernelUnsupported
+from .calls import Kernel, Request, judge_outcome, run_case
+from .expected import DTYPES
+from .isolation import IsolatedKernel
+from .judge import unmeasured
+from .report import KernelReport
+from .ring import check_ring
 
-Kernel = Callable[..., Any]
-
-TENSORS = ("out", "dq", "dk", "dv")
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 # What torch.manual_seed and NumPy's SeedSequence both accept.
 SEED_LIMIT = 2**64
-_CHECKER_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def check_kernel(
@@ -124,8 +121,6 @@ def check_kernel(
     battery = battery_for(spec, cases)
     device = torch.device(device)
     if spec == "ring":
-        from .ring import check_ring
-
         world = 2 if world_size is None else world_size
         return check_ring(
             kernel, claimed, device, names, battery, forward_only, seed, world, progress
@@ -199,255 +194,7 @@ def check_seed(seed: object) -> int:
     return int(seed)
 
 
-class Request(NamedTuple):
-    """One kernel call to make: everything needed to rebuild its inputs (in a child process
-    too)."""
-
-    spec: str
-    case: Case
-    dtype: str
-    device: torch.device
-    seed: int
-    forward_only: bool
-    want_lse: bool
-
-
-class Outcome(NamedTuple):
-    """What one kernel call gave, as plain data (it crosses processes): ``kind`` "ok" (arrays
-    out, dq, dk, dv, lse in the canonical layout, float64), "skip" or "error" (``message``; for
-    an exception ``error`` = (type, first line, traceback))."""
-
-    kind: str
-    arrays: dict[str, np.ndarray]
-    dtypes: dict[str, str]
-    changed: list[KernelRow]
-    keep: np.ndarray | None = None
-    message: str = ""
-    error: tuple[str, str, str] | None = None
-
-
-class BadResult(Exception):
-    """The kernel returned something that is not what its spec's library returns."""
-
-
-def run_case(kernel: Kernel, request: Request) -> Outcome:
-    """One case and dtype of ``kernel``: forward, backward (unless forward-only), the in-place
-    checks; every failure of the kernel is an ``Outcome``, never an exception (but Ctrl-C)."""
-    spec, case, dtype, device, seed = request[:5]
-    inputs = case_inputs(case, dtype, device, seed)
-    changed: list[KernelRow] = []  # filled as it goes, kept if the backward raises
-    found: dict[str, Any] = {}
-
-    def call() -> tuple:
-        if case.dropout_p:
-            found["keep"] = _read_keep_mask(kernel, case, DTYPES[dtype], device, seed)
-        return _run(kernel, request, inputs, changed)
-
-    value, failure = run_protected(call, changed)
-    keep = found.get("keep")
-    keep = None if keep is None else to64(keep)
-    if failure is not None:
-        return failure._replace(keep=keep)
-    arrays, dtypes = value
-    return Outcome("ok", arrays, dtypes, changed, keep)
-
-
-def run_protected(call: Callable[[], Any], changed: list[KernelRow]) -> tuple[Any, Outcome | None]:
-    """``(call(), None)``, or ``(None, outcome)`` for a kernel that failed: a ``BadResult`` or
-    any exception is an "error", ``KernelUnsupported`` a "skip" (``KeyboardInterrupt``
-    propagates)."""
-    try:
-        return call(), None
-    except BadResult as exc:
-        return None, Outcome("error", {}, {}, changed, None, str(exc))
-    except KernelUnsupported as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "KernelUnsupported"
-        return None, Outcome("skip", {}, {}, changed, None, reason)
-    except (Exception, SystemExit) as exc:  # a failing kernel is a verdict; Ctrl-C still stops
-        return None, Outcome("error", {}, {}, changed, None, _first_line(exc), _describe(exc))
-
-
-def judge_outcome(request: Request, outcome: Outcome, errors: list[KernelError]) -> list[KernelRow]:
-    """The rows of one case and dtype from what the kernel gave."""
-    case, dtype = request.case, request.dtype
-    rows: list[KernelRow] = []
-    keep = None
-    if outcome.keep is not None:
-        rows.append(judge_keep(case.name, dtype, case.dropout_p, outcome.keep))
-        keep = torch.from_numpy(outcome.keep).to(request.device)
-    rows += outcome.changed
-    if outcome.kind == "skip":
-        return rows + [unmeasured(case.name, dtype, "skip", outcome.message)]
-    if outcome.kind == "error":
-        number = 0
-        if outcome.error is not None:
-            number = _record(errors, outcome.error, case.name, dtype)
-        return rows + [unmeasured(case.name, dtype, "error", outcome.message, number)]
-    golden, baseline = reference(case, dtype, request.device, request.seed, keep)
-    names = ("out",) if request.forward_only else TENSORS
-    for tensor in names:
-        row = judge_tensor(
-            case.name, dtype, tensor, outcome.arrays[tensor], golden[tensor], baseline[tensor]
-        )
-        rows.append(_dtype_checked(row, outcome.dtypes[tensor], dtype))
-    if request.want_lse:
-        row = judge_lse(
-            case.name,
-            dtype,
-            outcome.arrays["lse"],
-            golden["lse"],
-            baseline["lse"],
-            golden.get("lse_shifted"),
-        )
-        expected = "float32" if dtype in ("float16", "bfloat16") else dtype
-        rows.append(_dtype_checked(row, outcome.dtypes["lse"], expected))
-    return rows
-
-
-def _dtype_checked(row: KernelRow, got: str, expected: str) -> KernelRow:
-    if got == expected:
-        return row
-    return wrong_dtype(row, got) if row.tensor != "lse" else _wrong_lse_dtype(row, got, expected)
-
-
-def _wrong_lse_dtype(row: KernelRow, got: str, expected: str) -> KernelRow:
-    detail = f"lse is {got}, the libraries return {expected} for inputs of {row.dtype}"
-    return dataclasses.replace(row, verdict="dtype", detail=detail)
-
-
-def _first_line(exc: BaseException) -> str:
-    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if isinstance(exc, SystemExit):
-        message += " (the kernel called sys.exit)"
-    return message
-
-
-def _describe(exc: BaseException) -> tuple[str, str, str]:
-    """(type, first line of the message, traceback); the traceback starts at the kernel's own
-    frames (the checker's are left out)."""
-    tb = exc.__traceback__
-    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _CHECKER_DIR:
-        tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    message = str(exc).splitlines()[0] if str(exc) else ""
-    return type(exc).__name__, message, text
-
-
-def _record(errors: list[KernelError], error: tuple[str, str, str], case: str, dtype: str) -> int:
-    """The number of ``error`` in ``errors``, adding it if no equal exception (same type, message
-    and frames) was seen before."""
-    kind, message, text = error
-    for entry in errors:
-        if entry.traceback == text:
-            entry.where.append((case, dtype))
-            return entry.number
-    errors.append(KernelError(len(errors) + 1, kind, message, text, [(case, dtype)]))
-    return len(errors)
-
-
-def _run(
-    kernel: Kernel, request: Request, inputs: Inputs, changed: list[KernelRow]
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Forward and backward of ``kernel`` on copies of the inputs in the spec's layout, as fresh
-    leaves; results back in the canonical layout, float64. An "inplace" row is appended to
-    ``changed`` for each copy the kernel changed, checked after the forward and again after the
-    backward."""
-    spec, case, dtype, device, seed, forward_only, want_lse = request
-    originals = {
-        name: specs.layout(spec, case, t)
-        for name, t in zip("qkv", (inputs.q, inputs.k, inputs.v), strict=True)
-    }
-    originals.update(specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device))
-    given = {
-        name: t.detach().clone(memory_format=torch.contiguous_format)
-        for name, t in originals.items()
-    }
-    leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
-        result = specs.invoke(spec, kernel, case, *leaves, given, want_lse)
-    changed += _changed(case.name, dtype, given, originals, "forward", changed)
-    try:
-        out, lse = specs.split_result(spec, result, want_lse)
-    except TypeError as exc:
-        raise BadResult(str(exc)) from exc
-    expected = tuple(specs.layout(spec, case, inputs.dout).shape)
-    _check_tensor("out", out, expected)
-    arrays = {"out": specs.unlayout(spec, case, out, case.heads)}
-    dtypes = {"out": _name(out.dtype)}
-    if want_lse:
-        _check_tensor("lse", lse, specs.lse_shape(spec, case))
-        arrays["lse"], dtypes["lse"] = specs.unlayout_lse(spec, case, lse), _name(lse.dtype)
-    if not forward_only:
-        upstream = specs.layout(spec, case, inputs.dout)
-        upstream = upstream.to(out.dtype) if out.is_floating_point() else upstream
-        try:
-            grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
-        finally:
-            changed += _changed(case.name, dtype, given, originals, "backward", changed)
-        for name, leaf, grad in zip(TENSORS[1:], leaves, grads, strict=True):
-            grad = torch.zeros_like(leaf) if grad is None else grad
-            heads = case.heads if name == "dq" else case.kv_heads
-            arrays[name], dtypes[name] = specs.unlayout(spec, case, grad, heads), _name(grad.dtype)
-    return {name: to64(t) for name, t in arrays.items()}, dtypes
-
-
-def _check_tensor(name: str, value: Any, shape: tuple[int, ...]) -> None:
-    if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
-        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise BadResult(f"kernel returned {name} {got}, expected a tensor of shape {shape}")
-
-
-def _changed(case, dtype, given, originals, when: str, known: list[KernelRow]) -> list[KernelRow]:
-    """An "inplace" row for each input whose copy no longer equals its original (and has no row
-    in ``known`` yet): error = max|after - before| (inf where NaN or inf appeared; the count of
-    changed entries for a bool or integer tensor), bound 0."""
-    rows = []
-    seen = {row.tensor for row in known}
-    for name, before in originals.items():
-        after = given[name].detach()
-        if name in seen or torch.equal(after, before):
-            continue
-        if not before.is_floating_point():
-            error = float((after != before).sum())
-        else:
-            error = (after.double() - before.double()).abs().max().item()
-            error = error if math.isfinite(error) else math.inf
-        detail = f"{name} changed in place by the kernel's {when}"
-        nan = math.nan
-        rows.append(KernelRow(case, dtype, name, error, nan, nan, 0.0, "inplace", detail))
-    return rows
-
-
-def _read_keep_mask(
-    kernel: Kernel, case: Case, dtype: torch.dtype, device: torch.device, seed: int
-) -> torch.Tensor:
-    """The kernel's dropout keep-mask (B, H, N, M) for ``seed``, read back from its output.
-
-    With q = k = 0 every weight is 1/M before dropout, and with V the identity (Dv = M) the
-    output is the weight matrix itself: its nonzero entries are the kept ones. The real inputs
-    then run under the same torch seed, so a kernel that draws its mask from torch's generator
-    (as SDPA does) draws the same mask again.
-    """
-    b, h, n, m = case.batch, case.heads, case.n, case.m
-    q = torch.zeros(b, h, n, case.d, dtype=dtype, device=device, requires_grad=True)
-    k = torch.zeros(b, h, m, case.d, dtype=dtype, device=device, requires_grad=True)
-    v = torch.eye(m, dtype=dtype, device=device).expand(b, h, m, m).clone().requires_grad_(True)
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
-        weights = kernel(
-            q, k, v, attn_mask=None, dropout_p=case.dropout_p, is_causal=False, scale=case.scale
-        )
-    if not isinstance(weights, torch.Tensor) or weights.shape != (b, h, n, m):
-        what = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
-        raise BadResult(f"kernel returned {what} for the keep-mask probe, expected {(b, h, n, m)}")
-    return weights.detach() != 0
-
-
-def _isolated_runner(kernel: Kernel, isolate: bool | float) -> Any:
-    from ..tolerances import ISOLATE_TIME_LIMIT_S
-    from .isolation import IsolatedKernel
-
+def _isolated_runner(kernel: Kernel, isolate: bool | float) -> IsolatedKernel:
     if isolate is True:
         limit = ISOLATE_TIME_LIMIT_S
     elif isinstance(isolate, (int, float)) and not isinstance(isolate, bool) and isolate > 0:
@@ -455,17 +202,6 @@ def _isolated_runner(kernel: Kernel, isolate: bool | float) -> Any:
     else:
         raise ValueError(f"isolate must be a bool or a time limit in seconds > 0, got {isolate!r}")
     return IsolatedKernel(kernel, limit)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _rng_devices(device: torch.device) -> list[int]:
-    """The CUDA devices whose generator state ``fork_rng`` saves and restores around a call."""
-    if device.type != "cuda":
-        return []
-    return [torch.cuda.current_device() if device.index is None else device.index]
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from . import pitfalls_today as today
-from .kernels import Kernel
+from .calls import Kernel
 from .reference import attention_scores, expand_kv, masked_softmax, plain_attention
 
 

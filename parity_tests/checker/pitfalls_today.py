@@ -9,7 +9,7 @@ their mistake is wrong. ``checker.pitfalls.PITFALLS`` names the case and tensor 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T packed token count.
 
-Tests: tests/checker/test_pitfalls.py
+Tests: tests/checker/test_pitfalls_today.py
 """
 
 from __future__ import annotations

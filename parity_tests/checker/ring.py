@@ -10,7 +10,7 @@ this rank's shard of q (B, H, N/W, D), k and v (B, H_kv, N/W, D) and returns its
 sequence by the case's layout (``shard_sequence``), runs the kernel forward and backward under
 the case's upstream gradient, and the shards of out, dq, dk, dv are gathered
 (``gather_sequence``). The parent judges the gathered tensors against the float64 golden of the
-whole sequence with the same policy as every spec (``kernels.judge_outcome``). Every wait is
+whole sequence with the same policy as every spec (``calls.judge_outcome``). Every wait is
 bounded: the group's timeout for a collective, and a deadline for the whole run, after which
 every rank is killed and what did not finish is an "error" naming the limit; a rank killed by a
 signal is named with it. The kernel must pickle (a module-level function, or
@@ -38,9 +38,9 @@ import torch
 
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from .battery import Case
+from .calls import BadResult, Kernel, Outcome, Request, judge_outcome, run_protected
 from .expected import case_inputs
 from .judge import unmeasured
-from .kernels import BadResult, Kernel, Outcome, Request, judge_outcome, run_protected
 from .report import KernelReport, KernelRow
 
 # Any collective of a healthy group on the battery's small cases takes far less; a rank that
