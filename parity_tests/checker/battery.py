@@ -106,7 +106,7 @@ class Case:
         if self.dropout_p and (self.mask != "none" or self.causal or self.value_width != self.m):
             raise ValueError(
                 f"case {self.name}: a dropout case needs no mask and Dv == M, so that the "
-                "checker can read the keep-mask back from the kernel (see kernels.py)"
+                "checker can read the keep-mask back from the kernel (see calls.py)"
             )
         if self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(
@@ -316,8 +316,13 @@ DEFAULT: tuple[Case, ...] = (
     Case("window-causal", 2, 2, 128, 128, 32, causal=True, window=(16, None)),
     Case("window-br", 1, 2, 37, 113, 32, window=(8, 5), align=BR),
     Case("window-tl", 1, 2, 113, 37, 32, window=(4, 9)),
-    # Softcap at logits that it actually bends (spread 30 against a cap of 5).
+    # Softcap at logits that it actually bends (spread 30 against a cap of 5), alone and with
+    # what it meets in models, in the pipeline's order (cap, then ALiBi, then the masks): a
+    # causal sliding window bottom-right (Gemma 2's sliding layers), and ALiBi.
     Case("softcap", 1, 2, 64, 64, 64, softcap=5.0, logits=30.0),
+    Case("softcap-window", 2, 2, 64, 96, 32, causal=True, window=(24, None), softcap=2.0,
+         logits=30.0, align=BR),
+    Case("softcap-alibi", 1, 4, 37, 113, 32, softcap=5.0, logits=30.0, alibi="H", align=BR),
     # ALiBi per head and per batch element; causal with N < M is where flash-attn's lse
     # convention differs from the golden's (docs/derivations/alibi.md).
     Case("alibi-h", 2, 4, 37, 113, 32, alibi="H", align=BR),
@@ -346,6 +351,7 @@ QUICK: tuple[Case, ...] = tuple(
         "causal-br-n<m",
         "window-causal",
         "softcap",
+        "softcap-alibi",
         "alibi-h",
         "alibi-bh-causal",
         "varlen",

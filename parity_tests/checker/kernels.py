@@ -173,6 +173,11 @@ def battery_for(spec: str, cases: str | Sequence[Case | str] | None) -> tuple[Ca
     if cases is None or isinstance(cases, str):
         if spec == "ring" and cases in (None, "default", "quick"):
             cases = "ring"
+        if spec == "ring" and cases == "stress":
+            raise ValueError(
+                "the ring spec has no stress battery (its cases must split over the ranks): "
+                "run its own battery, 'ring', or name cases"
+            )
         kept = tuple(c for c in resolve(cases) if specs.cannot_express(spec, c) is None)
         if not kept:
             raise ValueError(f"the {cases or 'default'} battery has no case the {spec} spec runs")

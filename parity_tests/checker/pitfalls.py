@@ -273,6 +273,7 @@ PITFALLS: dict[str, Pitfall] = {
     "window_off_by_one": Pitfall(today.window_off_by_one, "window-causal", "out", "flash"),
     "alibi_sign": Pitfall(today.alibi_sign, "alibi-h", "out", "flash"),
     "softcap_no_tanh_grad": Pitfall(today.softcap_no_tanh_grad, "softcap", "dq", "flash"),
+    "softcap_last": Pitfall(today.softcap_last, "softcap-alibi", "out", "flash"),
     "lse_log2": Pitfall(today.lse_log2, "plain", "lse", "flash"),
     "lse_without_scale": Pitfall(today.lse_without_scale, "plain", "lse", "flash"),
     "varlen_leak": Pitfall(today.varlen_leak, "varlen", "out", "flash_varlen"),
@@ -286,6 +287,7 @@ flash_top_left = today.flash_top_left
 window_off_by_one = today.window_off_by_one
 alibi_sign = today.alibi_sign
 softcap_no_tanh_grad = today.softcap_no_tanh_grad
+softcap_last = today.softcap_last
 lse_log2 = today.lse_log2
 lse_without_scale = today.lse_without_scale
 varlen_leak = today.varlen_leak

@@ -134,6 +134,20 @@ def softcap_no_tanh_grad(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
                   return_attn_probs, soft=_CapWithoutChainRule.apply)  # fmt: skip
 
 
+def softcap_last(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                 softcap=0.0, alibi_slopes=None, deterministic=False,
+                 return_attn_probs=False):  # fmt: skip
+    """The cap applied last, after ALiBi and the masks, instead of right after the scale: hidden
+    scores (-inf) become -softcap, so hidden keys get weight, and ALiBi's bias is capped too.
+    Right with no mask, no window and no ALiBi."""
+    return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  return_attn_probs, soft=_cap)  # fmt: skip
+
+
+def _cap(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    return softcap * torch.tanh(scores / softcap)
+
+
 def lse_log2(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
              softcap=0.0, alibi_slopes=None, deterministic=False,
              return_attn_probs=False):  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import KernelUnsupported, check_kernel
+from parity_tests.checker.battery import RING
 from parity_tests.checker.kernels import SEED_LIMIT, battery_for
 
 
@@ -62,6 +63,13 @@ def test_stress_battery_runs_and_names_every_case():
     assert {row.case for row in report.rows} == {
         case.name for case in battery_for("sdpa", "stress")
     }
+
+
+def test_the_ring_spec_has_no_stress_battery():
+    # The stress cases do not split over the ranks; the ring spec's battery is its own.
+    with pytest.raises(ValueError, match="the ring spec has no stress battery"):
+        battery_for("ring", "stress")
+    assert battery_for("ring", "quick") == battery_for("ring", None) == RING
 
 
 @pytest.mark.parametrize(
