@@ -157,42 +157,63 @@ def _forward_tile(
     compute = rules.compute.type
     sinks = scores.sink_logits(rules, part.flat)  # (g, 1, 1) or None
     stat_shape = (gk * group, 1, bq)
-    # The running state of each row: max and sum of exp(scores - max), and the unnormalized
-    # output. A sink is a state with no value: max = its logit, sum = exp(0) = 1, output 0.
-    row_max = (
-        np.full(stat_shape, -np.inf, compute)
-        if sinks is None
-        else sinks + np.zeros(stat_shape, compute)
-    )
-    row_sum = np.zeros(stat_shape, compute) if sinks is None else np.ones(stat_shape, compute)
+    # The state of each row: the shift (its running max, or a bound known in advance), the sum
+    # of exp(scores - shift), and the unnormalized output. A sink is a state with no value: max
+    # = its logit, sum = exp(0) = 1 (exp(sink - shift) under a fixed shift), output 0.
+    fixed = scores.fixed_shift(rules)
+    if fixed is not None:
+        row_max = np.full(stat_shape, fixed, compute)
+        row_sum = np.zeros(stat_shape, compute) if sinks is None else np.exp(sinks - row_max)
+    elif sinks is None:
+        row_max, row_sum = np.full(stat_shape, -np.inf, compute), np.zeros(stat_shape, compute)
+    else:
+        row_max, row_sum = sinks + np.zeros(stat_shape, compute), np.ones(stat_shape, compute)
     acc = np.zeros((gk, group, bq, v.shape[-1]), compute)  # (gk, group, bq, Dv)
     for bj in _block_range(*scores.visible_cols(rules, rows), blocks.block_k):
         cols = _span(bj, blocks.block_k, rules.m)
         tile = Tile(part.flat, rows, cols, transposed=True)
-        floor = scores.exp_floor(rules, tile)
         scores_t = k[:, :, cols] @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
         scores.apply(rules, scores_t, tile)
-        new_max = np.maximum(row_max, scores_t.max(axis=-2, keepdims=True))
-        # A row with nothing visible yet has max -inf: shift by 0 so that exp(-inf) stays 0.
-        shift = np.where(np.isneginf(new_max), compute(0), new_max)
-        scores_t -= shift
-        scores.flush_underflow(scores_t, floor)  # no denormal weights
-        probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
-        correction = np.exp(row_max - shift)  # rescales what earlier blocks accumulated
-        row_sum *= correction
-        row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t  # (1, bk) @ (g, bk, bq)
-        acc *= correction.reshape(gk, group, bq, 1)
+        if fixed is not None:  # each row's largest weight in [exp(floor), 1]: nothing to rescale
+            scores_t -= fixed
+            scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # ALiBi's far keys
+            probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
+            row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t  # (1, bk) @ (g, bk, bq)
+        else:
+            probs_t, correction = _online_step(rules, tile, scores_t, row_max)
+            row_sum *= correction
+            row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t
+            acc *= correction.reshape(gk, group, bq, 1)
         keep_t = scores.keep_tile(rules, tile)
         weights_t = probs_t if keep_t is None else probs_t * keep_t * rules.rescale
         weights = weights_t.reshape(gk, group, -1, bq).swapaxes(-1, -2)  # (gk, group, bq, bk)
         acc += weights @ v[:, :, cols]  # (gk, group, bq, bk) @ (gk, 1, bk, Dv)
-        row_max = new_max
     # A dead row has row_sum 0 and acc 0: output 0 and lse = -inf + log(0) = -inf.
     total = np.where(row_sum == 0, compute(1), row_sum)  # (g, 1, bq)
     out[part.at][:, :, rows] = acc / total.reshape(gk, group, bq, 1)
     with np.errstate(divide="ignore"):
-        lse[part.flat, :, rows] = row_max + np.log(row_sum)
+        row_lse = row_max + np.log(row_sum)
+    if fixed is not None:  # a visible +inf score: row_sum inf; NaN, as the running max gives it
+        row_lse[np.isposinf(row_sum)] = np.nan
+    lse[part.flat, :, rows] = row_lse
+
+
+def _online_step(
+    rules: ScoreRules, tile: Tile, scores_t: np.ndarray, row_max: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One tile of the online softmax: the running max ``row_max`` (g, 1, bq) raised to this
+    tile's in place; the tile's weights exp(S - max), in place of ``scores_t``, and the factor
+    exp(old max - new max) that rescales what earlier blocks accumulated."""
+    new_max = np.maximum(row_max, scores_t.max(axis=-2, keepdims=True))
+    # A row with nothing visible yet has max -inf: shift by 0 so that exp(-inf) stays 0.
+    shift = np.where(np.isneginf(new_max), rules.compute.type(0), new_max)
+    scores_t -= shift
+    scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # no denormal weights
+    probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
+    correction = np.exp(row_max - shift)
+    row_max[...] = new_max
+    return probs_t, correction
 
 
 def tiled_attention_backward(

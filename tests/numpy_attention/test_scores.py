@@ -232,3 +232,51 @@ def test_ordinary_inputs_need_no_flush():
         assert scores.exp_floor(scores.prepare(q, k, k, **options).rules, whole) is None
     steep = scores.prepare(q, k, k, alibi_slopes=np.full(4, 0.5, np.float32)).rules
     assert scores.exp_floor(steep, whole) == steep.floor
+
+
+SHIFTS = {  # options, whether a fixed shift applies (q (2, 3, 5, 4), k (2, 3, 7, 4): N < M)
+    "plain": ({}, True),
+    "softcap": ({"softcap": 3.0}, True),
+    "alibi": ({"alibi_slopes": np.array([4.0, 1.0, 0.25])}, True),
+    "alibi bottom-right causal": (
+        {"alibi_slopes": np.array([4.0, 1.0, 0.25]), "causal": True, "align": "bottom-right"},
+        True,
+    ),
+    "sinks": ({"sinks": np.array([5.0, -8.0, 0.0])}, True),
+    "float mask": ({"attn_mask": np.array([0.0, 4.0, -3.0, 1.0, 2.0, 0.5, -1.0])}, True),
+    "alibi, a negative slope": ({"alibi_slopes": np.array([2.0, -3.0, 0.0])}, False),
+    "alibi, a hidden key": (
+        {"alibi_slopes": np.ones(3), "attn_mask": np.array([0.0, -np.inf, 0, 0, 0, 0, 0])},
+        False,
+    ),
+    "a sink far above the scores": ({"sinks": np.array([80.0, 0.0, 0.0])}, False),
+}
+
+
+@pytest.mark.parametrize("name", SHIFTS)
+def test_a_fixed_shift_bounds_every_score_and_stays_near_every_row_max(name):
+    """Where ``fixed_shift`` gives a shift, it is >= every score and the sink, and each row's
+    max lies within -floor of it: every row keeps a weight of at least exp(floor). Where a
+    negative slope lifts far keys, a hidden key may leave a row only far keys, or the bound is
+    too loose, it gives none."""
+    rng = np.random.default_rng(11)
+    q, k = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4))
+    options, applies = SHIFTS[name]
+    rules = scores.prepare(q, k, k, **options).rules._replace(floor=-60.0)
+    logits = (q * rules.query_scale).reshape(6, 5, 4) @ k.reshape(6, 7, 4).swapaxes(-1, -2)
+    scores.apply(rules, logits, Tile(slice(0, 6), slice(0, 5), slice(0, 7), transposed=False))
+    row_max = logits.max(axis=-1)
+    if rules.sinks is not None:
+        row_max = np.maximum(row_max, rules.sinks[:, None])
+
+    shift = scores.fixed_shift(rules)
+
+    assert (shift is not None) == applies
+    if applies:
+        assert np.all(row_max <= shift) and np.all(row_max - shift > rules.floor)
+
+
+def test_large_float32_logits_keep_the_running_max():
+    q = np.random.default_rng(0).standard_normal((1, 2, 16, 64), dtype=np.float32) * 4
+
+    assert scores.fixed_shift(scores.prepare(q, q, q).rules) is None  # spread ~ 340 > 71.4

@@ -230,6 +230,81 @@ def test_every_option_matches_dense(rng, name, blocks):
     assert_all_close(pairs)
 
 
+@pytest.mark.parametrize("shift", ["bound", "running max"])
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_matches_dense_under_both_shifts(rng, name, shift, monkeypatch):
+    """The forward's softmax shifts by a bound known in advance where ``scores.fixed_shift``
+    allows it (unit-variance inputs: nearly every case), else by the running row max; forced
+    to the running max, every option gives the dense path's results too."""
+    arrays, kwargs, _, _ = make_case(rng, name, "N5-M9")
+    q, k = arrays["q"], arrays["k"]
+    bound = scores.fixed_shift(scores.prepare(q, k, arrays["v"], sinks=arrays.get("sinks"),
+                                              **kwargs).rules)  # fmt: skip
+    if shift == "running max":
+        monkeypatch.setattr(scores, "fixed_shift", lambda rules: None)
+    elif bound is None:  # the bound does not apply: only a negative slope or a hidden key
+        assert name in ("alibi-BH", "everything") or "padding" in name, name
+
+    assert_all_close(option_pairs(rng, name, "N5-M9", (2, 3)))
+
+
+@pytest.mark.parametrize("why", ["padding hides the near keys", "N > M: rows past the keys"])
+def test_a_row_whose_nearest_visible_key_is_far_keeps_the_running_max(rng, why):
+    """Steep ALiBi, and rows whose nearest visible key is far from their own position (padding
+    leaves only key 0; or top-left with N > M, where row i > M - 1 is i - M + 1 from key
+    M - 1): such a row's scores lie far below any bound on the row max, so a fixed shift would
+    flush all its weights (float32's floor is -71.4) and leave it dead. The fixed shift is
+    refused, and the tiled path gives the dense path's results."""
+    n, m = (96, 96) if why.startswith("padding") else (96, 16)
+    q, k, v = (rng.standard_normal((1, 2, length, 8)).astype(np.float32) for length in (n, m, m))
+    kwargs = {"causal": True, "alibi_slopes": np.array([2.0, 8.0], np.float32)}
+    if why.startswith("padding"):
+        kwargs["key_padding_mask"] = np.arange(m)[None, :] > 0  # only key 0 is seen
+
+    rules = scores.prepare(q, k, v, **kwargs).rules
+    out = tiled.tiled_attention_forward(q, k, v, block_q=16, block_k=16, **kwargs).out
+    dense = functional.attention_forward(q, k, v, impl="dense", **kwargs).out
+
+    assert scores.fixed_shift(rules) is None
+    assert_close(out, dense, name="out")
+
+
+def test_negative_slopes_raise_far_keys_above_any_bound_so_they_keep_the_running_max(rng):
+    """A negative ALiBi slope lifts far keys by |slope| * distance: the bound on the scores no
+    longer bounds the row max, and a fixed shift would overflow exp in float32 (a key 90 away at
+    slope -3 sits 270 above it). The running max keeps the float32 result finite and right."""
+    q, k, v = (rng.standard_normal((1, 2, 96, 8)).astype(np.float32) for _ in range(3))
+    kwargs = {"alibi_slopes": np.array([-3.0, 0.5], np.float32)}
+
+    rules = scores.prepare(q, k, v, **kwargs).rules
+    out = tiled.tiled_attention_forward(q, k, v, block_q=16, block_k=16, **kwargs).out
+    wide = (t.astype(np.float64) for t in (q, k, v))
+    expected = functional.attention_forward(*wide, alibi_slopes=np.array([-3.0, 0.5]))
+
+    assert scores.fixed_shift(rules) is None
+    assert_close(out, expected.out, dtype=np.float32, name="out")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_visible_infinite_key_makes_its_rows_nan_under_either_shift(rng, monkeypatch):
+    q, k, v = (rng.standard_normal((1, 1, 8, 4)) for _ in range(3))
+    q[..., 6:, :] = np.abs(q[..., 6:, :])  # rows 6, 7: q . k = +inf exactly
+    k[..., 5, :] = np.inf  # seen by rows 5..7 under causal; q . k is NaN for row 5
+    results = {}
+    for shift in ("bound", "running max"):
+        if shift == "running max":
+            monkeypatch.setattr(scores, "fixed_shift", lambda rules: None)
+        results[shift] = tiled.tiled_attention_forward(
+            q, k, v, causal=True, return_lse=True, block_q=4, block_k=4
+        )
+
+    dense = functional.attention_forward(q, k, v, causal=True, return_lse=True, impl="dense")
+    for result in results.values():
+        np.testing.assert_array_equal(np.isnan(result.out), np.isnan(dense.out))
+        np.testing.assert_array_equal(np.isnan(result.lse), np.isnan(dense.lse))
+        assert_close(result.out[..., :5, :], dense.out[..., :5, :], name="rows before the key")
+
+
 @pytest.mark.parametrize("lengths", ["N5-M9", "N7-M7"])
 @pytest.mark.parametrize("name", OPTIONS)
 def test_every_option_matches_dense_with_unequal_lengths(rng, name, lengths):
