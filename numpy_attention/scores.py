@@ -355,7 +355,12 @@ def _full_rank(mask: np.ndarray, rank: int) -> np.ndarray:
 
 
 def apply(
-    rules: ScoreRules, scores: np.ndarray, tile: Tile, *, keep_capped: bool = False
+    rules: ScoreRules,
+    scores: np.ndarray,
+    tile: Tile,
+    *,
+    keep_capped: bool = False,
+    shift: Any = None,
 ) -> np.ndarray | None:
     """Steps 2-5 of the pipeline, in place, on one tile of U = (Q * query_scale) K^T.
 
@@ -364,10 +369,15 @@ def apply(
 
     Args:
         rules: the call's rules.
-        scores: U, (g, bq, bk), or (g, bk, bq) for a transposed tile; overwritten with S.
+        scores: U, (g, bq, bk), or (g, bk, bq) for a transposed tile; overwritten with S, or
+            with S - shift.
         tile: which scores these are.
         keep_capped: return ``tanh(S1 / softcap)``, which a backward needs; a forward alone
             computes it in place.
+        shift: what the softmax subtracts next (a scalar, or an array broadcasting to the tile
+            with one entry per leading index, (g, 1, 1) or (g, 1, bq) / (g, bq, 1)), or None.
+            Subtracted here, it costs no pass of its own with ALiBi: each head's bias
+            slope * |p_i - j| + shift is built in cache and subtracted once.
 
     Returns:
         The softcap's ``tanh(S1 / softcap)`` when asked for (with softcap), else None.
@@ -381,8 +391,12 @@ def apply(
     if rules.slopes is not None:
         distance = _grid(_distance, rules, tile, scores.dtype)  # |p_i - j|
         bias = _scratch(distance)  # head by head: the grid and the bias stay in cache
-        for head, slope in zip(scores, rules.slopes[tile.groups], strict=True):
-            head -= np.multiply(distance, slope, out=bias)
+        shifts = _per_head(shift, len(scores))
+        for head, slope, head_shift in zip(scores, rules.slopes[tile.groups], shifts, strict=True):
+            np.multiply(distance, slope, out=bias)
+            head -= bias if head_shift is None else np.add(bias, head_shift, out=bias)
+    elif shift is not None:
+        scores -= shift
     if rules.bias is not None:
         scores += _tile(rules.bias, rules.lead, tile)
     band = _band_hidden(rules, tile)
@@ -391,6 +405,14 @@ def apply(
     for hidden in rules.hidden:
         np.copyto(scores, scores.dtype.type(-np.inf), where=_tile(hidden, rules.lead, tile))
     return capped
+
+
+def _per_head(shift: Any, heads: int) -> Any:
+    """``apply``'s shift as one entry per leading index of the tile (None: no shift)."""
+    if shift is None:
+        return [None] * heads
+    shift = np.asarray(shift)
+    return shift if shift.ndim == 3 else np.broadcast_to(shift, (heads, 1, 1))
 
 
 def backward(rules: ScoreRules, dscores: np.ndarray, capped: np.ndarray | None) -> np.ndarray:

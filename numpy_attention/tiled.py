@@ -174,9 +174,8 @@ def _forward_tile(
         tile = Tile(part.flat, rows, cols, transposed=True)
         scores_t = k[:, :, cols] @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
-        scores.apply(rules, scores_t, tile)
+        scores.apply(rules, scores_t, tile, shift=fixed)  # S, or S - fixed
         if fixed is not None:  # each row's largest weight in [exp(floor), 1]: nothing to rescale
-            scores_t -= fixed
             scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # ALiBi's far keys
             probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
             row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t  # (1, bk) @ (g, bk, bq)
@@ -323,8 +322,7 @@ def _backward_tile(
         gk, group, bq = q_block.shape[:3]
         scores_t = k_block @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
         scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
-        capped = scores.apply(rules, scores_t, tile, keep_capped=True)
-        scores_t -= lse[:, :, rows]
+        capped = scores.apply(rules, scores_t, tile, keep_capped=True, shift=lse[:, :, rows])
         scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # as in the forward
         probs_t = np.exp(scores_t, out=scores_t)  # P^T = exp(S^T - lse), (g, bk, bq)
         keep_t = scores.keep_tile(rules, tile)

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from numpy_attention import scores
 from numpy_attention.scores import Tile
 
+from ..conftest import assert_close
+
 
 def rules_for(n, m, **options):
     q, k = np.zeros((2, 3, n, 4)), np.zeros((2, 3, m, 4))
@@ -280,3 +282,25 @@ def test_large_float32_logits_keep_the_running_max():
     q = np.random.default_rng(0).standard_normal((1, 2, 16, 64), dtype=np.float32) * 4
 
     assert scores.fixed_shift(scores.prepare(q, q, q).rules) is None  # spread ~ 340 > 71.4
+
+
+@pytest.mark.parametrize("options", [{}, {"alibi_slopes": np.array([0.5, 0.25, 0.125])}], ids=str)
+@pytest.mark.parametrize("per_row", [False, True])
+def test_apply_subtracts_a_shift_as_the_softmax_would_next(options, per_row):
+    """``apply(..., shift=c)`` gives S - c: a scalar (the forward's fixed shift) or one value per
+    row of each leading index (the backward's lse), folded into ALiBi's pass when there is one."""
+    rules = rules_for(4, 6, causal=True, **options)
+    logits = np.random.default_rng(2).standard_normal((6, 4, 6))
+    tile = Tile(slice(0, 6), slice(0, 4), slice(0, 6), transposed=True)
+    block = logits.swapaxes(-1, -2).copy()  # (g, bk, bq)
+    shift = np.arange(24.0).reshape(6, 1, 4) if per_row else 7.5
+
+    expected = block.copy()
+    scores.apply(rules, expected, tile)
+    expected -= shift
+    shifted = block.copy()
+    scores.apply(rules, shifted, tile, shift=shift)
+
+    finite = np.isfinite(expected)
+    assert np.array_equal(np.isneginf(shifted), ~finite)
+    assert_close(np.where(finite, shifted, 0), np.where(finite, expected, 0), name="S - shift")
