@@ -234,6 +234,7 @@ def test_a_non_finite_query_reaches_exactly_its_own_row(rng, backend, value):
     assert_same_nan_rows_and_close(out, expected)
 
 
+@NON_FINITE
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("value", [NAN, INF])
 def test_a_visible_non_finite_key_reaches_exactly_the_rows_that_see_it(rng, backend, value):
