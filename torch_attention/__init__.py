@@ -28,6 +28,7 @@ from .merge import merge_attention
 from .norms import RMSNorm
 from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
+from .varlen import varlen_attention
 
 __all__ = [
     "BidirectionalAttention",
@@ -55,4 +56,6 @@ __all__ = [
     "rope",
     "rope_inv_freq",
     "to_numpy",
+    "varlen",
+    "varlen_attention",
 ]
