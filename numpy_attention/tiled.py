@@ -1,16 +1,17 @@
 """Tiled, memory-bounded attention (FlashAttention-2 style): the same math as the dense path,
 computed in blocks of queries and keys so that no (N, M) array is ever held.
 
-The forward walks the key blocks a query block can see with an online softmax (a running row max
-and row sum rescale the partial output) and keeps only the output and the log-sum-exp ``lse`` of
-each query row. The backward recomputes each tile of probabilities from ``lse`` and uses
-``delta = rowsum(dO * O)`` in place of ``rowsum(dP * P)``. Every option runs inside the tiles,
-through the one score pipeline of ``scores.py``: causal masks, windows and alignment skip the
-tiles nobody sees (so a window's cost grows linearly in N) and mask only the tiles they cut;
-softcap, ALiBi and masks apply per tile; a sink starts each row's online softmax as a state with
-no value (row max = the sink logit, row sum = 1). GQA: the query heads of one kv head share each
-key/value block through broadcasting, so K and V are never repeated. Memory is O(N * block) per
-head.
+The forward walks the key blocks a query block can see with an online softmax (a running row max and
+row sum rescale the partial output; where a bound on every score known in advance is tight enough,
+``scores.fixed_shift``, it is the shift instead and nothing is rescaled) and keeps only the output
+and the log-sum-exp ``lse`` of each query row. The backward recomputes each tile of probabilities
+from ``lse`` and uses ``delta = rowsum(dO * O)`` in place of ``rowsum(dP * P)``. Every option runs
+inside the tiles, through the one score pipeline of ``scores.py``: causal masks, windows and
+alignment skip the tiles nobody sees (so a window's cost grows linearly in N) and mask only the
+tiles they cut; softcap, ALiBi and masks apply per tile; a sink starts each row's online softmax as
+a state with no value (row max = the sink logit, row sum = 1). GQA: the query heads of one kv head
+share each key/value block through broadcasting, so K and V are never repeated. Memory is O(N *
+block) per head.
 
 Work is cut into independent tiles (a run of kv heads with their query heads at one index of
 the other leading axes, times one block) that ``threads.run`` spreads over the cores. Results do
