@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests import check_kernel
 from parity_tests.checker import pitfalls_today
 from parity_tests.checker.pitfalls import PITFALLS
+
+from .test_pitfalls import assert_flagged_on_its_case_and_tensor
 
 TODAY = sorted(
     name
@@ -20,13 +21,4 @@ TODAY = sorted(
 
 @pytest.mark.parametrize("name", TODAY)
 def test_pitfall_is_flagged_on_its_case_and_tensor(name):
-    # bfloat16, the loosest dtype; every dtype over 60 seeds: python -m parity_tests --calibrate
-    pitfall = PITFALLS[name]
-
-    report = check_kernel(pitfall.kernel, spec=pitfall.spec, dtypes=["bfloat16"],
-                          cases=[pitfall.case])  # fmt: skip
-
-    assert not report.passed
-    assert (pitfall.case, "bfloat16", pitfall.tensor) in {
-        (row.case, row.dtype, row.tensor) for row in report.failures
-    }
+    assert_flagged_on_its_case_and_tensor(name)
