@@ -8,18 +8,23 @@ M keys attended (N without a cache; the cache's length after this call with one)
 
 The layer's chain, and its backward walking it in reverse through the parts' own backwards:
 
-    q = rope(q_norm(split_heads(q_proj(x), H)))        (B, H, N, D)     q_norm: QK-norm only
-    k = rope(k_norm(split_heads(k_proj(x), H_kv)))     (B, H_kv, N, D)  (appended to the cache)
+    q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
+    k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     out = o_proj(merge_heads(o))                       (B, N, C)
 
-x feeds the query, key and value paths, so dx = dxq + dxk + dxv. ``rope_forward``,
-``rope_backward`` and ``RMSNorm`` live on the layers floor (``rope.py``, ``norms.py``) and are
-importable from here too.
+The QK-norm reads the projection (B, N, H*D): per head (each head's D coordinates, Qwen3, Gemma 3,
+Cohere) or over the whole projection (OLMo 2), an RMSNorm or a LayerNorm, scale (offset + w).
+RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by default; fewer for
+partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
+past ``original_max_positions``). x feeds the query, key and value paths, so
+dx = dxq + dxk + dxv. ``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on
+the layers floor (``rope.py``, ``norms.py``) and are importable from here too.
 
-Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place, the cache),
-docs/derivations/rope.md, docs/derivations/rmsnorm.md.
+Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
+LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
+docs/derivations/rmsnorm.md, docs/derivations/layernorm.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -45,12 +50,13 @@ from .functional import (
 from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
-from .norms import RMSNorm
+from .norms import LayerNorm, RMSNorm
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
+    "LayerNorm",
     "RMSNorm",
     "rope_backward",
     "rope_forward",
@@ -161,29 +167,46 @@ class _CachedForward(NamedTuple):
 
 
 class GroupedQueryAttention(Module):
-    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2 and
-    GPT-OSS.
+    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2/3,
+    GPT-OSS, Phi-3, OLMo 2, Cohere 1/2, StarCoder 2, Granite, SmolLM 3, GLM and Falcon.
 
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
-    ``qk_norm``, ``q_norm`` and ``k_norm`` = RMSNorm(D, norm_eps) (per head, before RoPE, as in
-    Qwen3); with ``sinks``, ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs
-    like one key of score 0; trained or loaded values replace it).
+    ``qk_norm``, ``q_norm`` and ``k_norm`` (an RMSNorm or LayerNorm, weight by
+    ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,)); with ``sinks``,
+    ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
+    trained or loaded values replace it).
 
     Args:
         hidden_size: C.
         num_heads: H, a multiple of ``num_kv_heads``.
         num_kv_heads: H_kv; H_kv = H is multi-head attention, 1 multi-query.
-        head_dim: D, even (RoPE rotates pairs); None for C // H (C must then divide by H).
+        head_dim: D (even when RoPE turns the whole head); None for C // H (C must then divide
+            by H).
         bias: whether q_proj, k_proj and v_proj have biases (Qwen2, GPT-OSS).
         out_bias: whether o_proj has a bias (GPT-OSS).
-        rope_theta: the RoPE base when ``inv_freq`` is None: inv_freq = rope_theta^(-2i/D).
-        inv_freq: (D/2,) RoPE frequencies used as given (a model's own; rope_theta is then
+        rope_theta: the RoPE base when ``inv_freq`` is None: inv_freq = rope_theta^(-2i/R).
+        inv_freq: (R/2,) RoPE frequencies used as given (a model's own; rope_theta is then
             unused).
         rope_attention_factor: multiplies RoPE's cos and sin (YaRN's, LongRoPE's factor).
-        rope_interleaved: RoPE's pairs are (x_2i, x_2i+1) instead of (x_i, x_i+D/2).
-        qk_norm: RMSNorm of q and k per head before RoPE.
+        rope_interleaved: RoPE's pairs are (x_2i, x_2i+1) instead of (x_i, x_i+R/2).
+        rotary_dim: R, the leading coordinates of each head that RoPE turns: None for D, fewer
+            for partial rotary (GLM, Phi-3's ``partial_rotary_factor``), 0 for none (a NoPE
+            layer: SmolLM 3, Cohere 2's full layers). Even, at most D.
+        long_inv_freq: (R/2,) LongRoPE's long frequencies (Phi-3), used by a call whose largest
+            position + 1 exceeds ``original_max_positions`` (``inv_freq`` otherwise), as Hugging
+            Face's LongRoPE chooses per forward; None for one set of frequencies.
+        original_max_positions: LongRoPE's ``original_max_position_embeddings``; given with
+            ``long_inv_freq`` and only with it.
+        qk_norm: a norm of q and k before RoPE.
         norm_eps: the QK-norm's eps.
+        qk_norm_type: ``"rms"`` (RMSNorm: Qwen3, Gemma 3, OLMo 2) or ``"layer"`` (LayerNorm
+            without bias: Cohere).
+        qk_norm_shape: what is normalized and the weight's shape: ``"head"`` each head's D
+            coordinates, one weight (D,) for all heads (Qwen3, Gemma 3); ``"per_head"`` each
+            head's D coordinates, a weight (H, D) (Cohere); ``"all"`` the whole projection, H*D
+            coordinates of q and H_kv*D of k, weights (H*D,) and (H_kv*D,) (OLMo 2).
+        norm_weight_offset: the QK-norm scales by (offset + w): 0, or Gemma 3's 1.
         window: (left, right) as in ``attention_forward`` (query i sees keys i - left ..
             i + right, intersected with causal; None sides unbounded), or None. Hugging Face's
             ``sliding_window = W`` is (W - 1, 0).
@@ -208,8 +231,14 @@ class GroupedQueryAttention(Module):
         inv_freq: Any = None,
         rope_attention_factor: float = 1.0,
         rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
+        long_inv_freq: Any = None,
+        original_max_positions: int | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        qk_norm_type: str = "rms",
+        qk_norm_shape: str = "head",
+        norm_weight_offset: float = 0.0,
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
@@ -233,11 +262,11 @@ class GroupedQueryAttention(Module):
                 )
             head_dim = self.hidden_size // self.num_heads
         self.head_dim = validation.positive_int("head_dim", head_dim)
-        if self.head_dim % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of coordinates: head_dim must be even, got {self.head_dim}"
-            )
-        self.inv_freq = _check_inv_freq(inv_freq, self.head_dim, rope_theta)
+        self.rotary_dim = _check_rotary_dim(rotary_dim, self.head_dim)
+        self.inv_freq = _check_inv_freq("inv_freq", inv_freq, self.rotary_dim, rope_theta)
+        self.long_inv_freq, self.original_max_positions = _check_long_rope(
+            long_inv_freq, original_max_positions, self.rotary_dim
+        )
         self.rope_attention_factor = validation.finite_real(
             "rope_attention_factor", rope_attention_factor
         )
@@ -246,6 +275,9 @@ class GroupedQueryAttention(Module):
         norm_eps = validation.finite_real("norm_eps", norm_eps)
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        self.qk_norm_shape = _check_qk_norm(
+            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset
+        )
         self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
@@ -263,18 +295,25 @@ class GroupedQueryAttention(Module):
         self.v_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, norm_eps)
+            norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
+            offset = {"weight_offset": norm_weight_offset}
+            self.q_norm = norm(
+                _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim), norm_eps, **offset
+            )
+            self.k_norm = norm(
+                _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim), norm_eps, **offset
+            )
         if self.has_sinks:
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
 
     def constructor_args(self) -> dict[str, Any]:
-        """The base's, in a form that survives JSON (``save_module``): an ``inv_freq`` array as
-        a list of floats (exact: float64 holds every float32 value), ``window`` as a tuple
-        whether it was given as a tuple or as the list JSON reads back."""
+        """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
+        ``long_inv_freq`` arrays as lists of floats (exact: float64 holds every float32 value),
+        ``window`` as a tuple whether it was given as a tuple or as the list JSON reads back."""
         args = super().constructor_args()
-        if args["inv_freq"] is not None:
-            args["inv_freq"] = np.asarray(args["inv_freq"], dtype=np.float64).tolist()
+        for name in ("inv_freq", "long_inv_freq"):
+            if args[name] is not None:
+                args[name] = np.asarray(args[name], dtype=np.float64).tolist()
         if args["window"] is not None:
             args["window"] = tuple(args["window"])
         return args
@@ -343,15 +382,18 @@ class GroupedQueryAttention(Module):
     ) -> tuple[np.ndarray, _GroupedCtx]:
         """The forward chain (see the module docstring); inputs already checked."""
         rope: dict[str, Any] = {
-            "inv_freq": self.inv_freq,
+            "inv_freq": self._frequencies(positions),
             "interleaved": self.rope_interleaved,
             "attention_factor": self.rope_attention_factor,
+            "rotary_dim": self.rotary_dim,
         }
-        q, q_heads = split_heads_forward(self.q_proj(x), self.num_heads)  # -> (B, H, N, D)
-        k, k_heads = split_heads_forward(self.k_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
+        if self.qk_norm:  # per head or over the whole projection, before RoPE
+            q = self._norm_forward(self.q_norm, q, self.num_heads)
+            k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
+        q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, D)
+        k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
         v, v_heads = split_heads_forward(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
         if cache is not None:
@@ -376,13 +418,38 @@ class GroupedQueryAttention(Module):
         ctx = _GroupedCtx(q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads)
         return out, ctx
 
+    def _frequencies(self, positions: np.ndarray) -> np.ndarray:
+        """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
+        exceeds ``original_max_positions`` (Hugging Face's rule, per forward), else
+        ``inv_freq``."""
+        long, switch = self.long_inv_freq, self.original_max_positions
+        if long is None or switch is None or positions.size == 0:
+            return self.inv_freq
+        return long if positions.max() + 1 > switch else self.inv_freq
+
+    def _norm_forward(self, norm: Module, y: np.ndarray, heads: int) -> np.ndarray:
+        """QK-norm of a projection y (B, N, heads*D): per head on (B, N, heads, D), or over the
+        whole width (``qk_norm_shape="all"``)."""
+        if self.qk_norm_shape == "all":
+            return norm(y)
+        b, n, width = y.shape
+        return norm(y.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
+
+    def _norm_backward(self, norm: Module, dy: np.ndarray, heads: int) -> np.ndarray:
+        """``_norm_forward``'s backward: the same reshapes around the norm's own backward."""
+        if self.qk_norm_shape == "all":
+            return norm.backward(dy)
+        b, n, width = dy.shape
+        return norm.backward(dy.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
+
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
         dO = split(o_proj^T(dY));  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
-        summed over each group of H / H_kv query heads);  dQn = rope^T(dQr) (rotate by -angle);
-        dQh = q_norm^T(dQn);  dxq = q_proj^T(merge(dQh)), and likewise dxk, dxv;
-        dx = dxq + dxk + dxv. Derivation: docs/derivations/grouped.md.
+        summed over each group of H / H_kv query heads);  dQh = rope^T(dQr) (rotate by -angle,
+        the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn);
+        dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv.
+        Derivation: docs/derivations/grouped.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -402,29 +469,96 @@ class GroupedQueryAttention(Module):
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
-        dq = rope_backward(grads.dq, ctx.q_rope)  # forward: q = rope(q_n)
+        dq = rope_backward(grads.dq, ctx.q_rope)  # forward: q = rope(q_h)
         dk = rope_backward(grads.dk, ctx.k_rope)
-        if self.qk_norm:
-            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)  # forward: q_n = norm(q_h)
-        dxq = self.q_proj.backward(split_heads_backward(dq, ctx.q_heads))  # (B, N, H*D) -> C
-        dxk = self.k_proj.backward(split_heads_backward(dk, ctx.k_heads))  # (B, N, H_kv*D) -> C
+        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
+        dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        if self.qk_norm:  # forward: q_n = q_norm(q_proj(x))
+            dq = self._norm_backward(self.q_norm, dq, self.num_heads)
+            dk = self._norm_backward(self.k_norm, dk, self.num_kv_heads)
+        dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
+        dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
         dxv = self.v_proj.backward(split_heads_backward(grads.dv, ctx.v_heads))
         return dxq + dxk + dxv
 
 
-def _check_inv_freq(inv_freq: Any, head_dim: int, rope_theta: Any) -> np.ndarray:
-    """RoPE's (D/2,) frequencies in float64: given (finite, that length), or from rope_theta."""
-    if inv_freq is None:
-        return rope_inv_freq(head_dim, rope_theta)
-    validation.finite_real("rope_theta", rope_theta)
-    freqs = validation.float_array("inv_freq", inv_freq)
-    if freqs.shape != (head_dim // 2,):
+QK_NORM_TYPES = ("rms", "layer")
+QK_NORM_SHAPES = ("head", "per_head", "all")
+
+
+def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
+    """R: even, at most D; D when None (which must then be even)."""
+    if rotary_dim is None:
+        if head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim} "
+                "(or give an even rotary_dim below it)"
+            )
+        return head_dim
+    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
+    if rotary % 2 or rotary > head_dim:
         raise ValueError(
-            f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got shape {freqs.shape}"
+            f"rotary_dim must be even (RoPE rotates pairs) and at most head_dim = {head_dim}, "
+            f"got {rotary}"
+        )
+    return rotary
+
+
+def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) -> np.ndarray:
+    """RoPE's (R/2,) frequencies in float64: given (finite, that length), or from rope_theta
+    (none for R = 0)."""
+    theta = validation.finite_real("rope_theta", rope_theta)
+    if inv_freq is None:
+        return rope_inv_freq(rotary_dim, theta) if rotary_dim else np.zeros(0)
+    freqs = validation.float_array(name, inv_freq)
+    if freqs.shape != (rotary_dim // 2,):
+        raise ValueError(
+            f"{name} must be (rotary_dim / 2,) = ({rotary_dim // 2},), got shape {freqs.shape}"
         )
     if not np.all(np.isfinite(freqs)):
-        raise ValueError("inv_freq must be finite")
+        raise ValueError(f"{name} must be finite")
     return freqs.astype(np.float64)
+
+
+def _check_long_rope(
+    long_inv_freq: Any, original_max_positions: Any, rotary_dim: int
+) -> tuple[np.ndarray | None, int | None]:
+    """LongRoPE's long frequencies and switch length: both given, or neither."""
+    if (long_inv_freq is None) != (original_max_positions is None):
+        raise ValueError(
+            "long_inv_freq and original_max_positions go together (LongRoPE): got "
+            f"long_inv_freq {'None' if long_inv_freq is None else 'given'} and "
+            f"original_max_positions {original_max_positions!r}"
+        )
+    if long_inv_freq is None:
+        return None, None
+    if rotary_dim == 0:
+        raise ValueError("long_inv_freq needs RoPE: rotary_dim is 0")
+    freqs = _check_inv_freq("long_inv_freq", long_inv_freq, rotary_dim, 1.0)
+    return freqs, validation.positive_int("original_max_positions", original_max_positions)
+
+
+def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> str:
+    """The QK-norm's options checked; its shape returned. Options given without qk_norm are
+    refused (they would do nothing)."""
+    if norm_type not in QK_NORM_TYPES:
+        raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
+    if shape not in QK_NORM_SHAPES:
+        raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
+    offset = validation.finite_real("norm_weight_offset", offset)
+    if not qk_norm and (norm_type, shape, offset) != ("rms", "head", 0.0):
+        raise ValueError(
+            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r} and norm_weight_offset="
+            f"{offset} describe a QK-norm, but qk_norm is False"
+        )
+    return str(shape)
+
+
+def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
+    """The QK-norm weight's shape for a projection of ``heads`` heads."""
+    if shape == "per_head":
+        return (heads, head_dim)
+    return heads * head_dim if shape == "all" else head_dim
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

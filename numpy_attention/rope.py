@@ -12,6 +12,11 @@ default (``rope_inv_freq``). Two layouts say which coordinates form pair i:
 Each pair (a, b) becomes f * (a cos - b sin, a sin + b cos), f the ``attention_factor`` that
 YaRN and LongRoPE multiply cos and sin by (1 elsewhere).
 
+Partial rotary (``rotary_dim`` R < D, GLM's and Phi-3's ``partial_rotary_factor``): only the
+first R coordinates of each head rotate, paired within them as above (i < R/2, pair i of the
+layout (x_i, x_{i + R/2}) or (x_{2i}, x_{2i+1})), with R/2 frequencies; the last D - R pass
+through unchanged. R = 0 rotates nothing (a NoPE layer).
+
 Precision: angles are computed in float64 from float64 positions and ``inv_freq``, then cos and
 sin, and only the (N, D/2) tables are cast to x's dtype. A float32 angle at position 10^5 is off
 by up to 4e-3 rad (half its spacing there), which float32 attention would inherit; the tables are
@@ -71,9 +76,10 @@ def check_positions(positions: Any, x_shape: tuple[int, ...]) -> np.ndarray:
 
 
 class RopeCtx(NamedTuple):
-    cos: np.ndarray  # f * cos(angle), (N, D/2) or (B, 1, ..., 1, N, D/2), x's dtype
+    cos: np.ndarray  # f * cos(angle), (N, R/2) or (B, 1, ..., 1, N, R/2), x's dtype
     sin: np.ndarray  # f * sin(angle), same shape
     interleaved: bool
+    rotary_dim: int  # R, the coordinates that rotate (the first R of each head)
     shape: tuple[int, ...]  # x's shape, which dout must have
     dtype: np.dtype
 
@@ -85,55 +91,58 @@ def rope_forward(
     inv_freq: np.ndarray,
     interleaved: bool = False,
     attention_factor: float = 1.0,
+    rotary_dim: int | None = None,
 ) -> tuple[np.ndarray, RopeCtx]:
-    """Rotate each pair of coordinates of x by angle = position * inv_freq, times f.
+    """Rotate each pair of the first R coordinates of x by angle = position * inv_freq, times f.
 
-    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+D/2}) (half-split) or
-    (x_{2i}, x_{2i+1}) (interleaved).
+    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+R/2}) (half-split) or
+    (x_{2i}, x_{2i+1}) (interleaved); coordinates R .. D - 1 pass through.
 
     Args:
-        x: (..., N, D), D even; typically q or k (B, H, N, D).
+        x: (..., N, D); typically q or k (B, H, N, D).
         positions: (N,), or (B, N) with B = x's first axis: each batch element its own positions
             (left padding, cache offsets). Integers (or floats), finite.
-        inv_freq: (D/2,) frequencies, e.g. ``rope_inv_freq(D, theta)`` or a model's own.
+        inv_freq: (R/2,) frequencies, e.g. ``rope_inv_freq(R, theta)`` or a model's own.
         interleaved: the pair layout (see the module docstring).
         attention_factor: f, multiplies cos and sin (YaRN's and LongRoPE's attention factor).
+        rotary_dim: R, even, 0 <= R <= D: the coordinates that rotate (partial rotary; 0 for
+            none); None for D (which must then be even and > 0).
 
     Returns:
         out (..., N, D) in x's dtype and the ctx for ``rope_backward`` (its cos and sin tables:
         kept also under ``no_grad()``, as they cost nothing beyond the forward's own work).
     """
     x = validation.float_array("x", x)
-    if x.ndim < 2 or x.shape[-1] % 2 or x.shape[-1] == 0:
-        raise ValueError(
-            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
-            f"got shape {x.shape}"
-        )
-    half = x.shape[-1] // 2
+    rotary = check_rotary_dim(rotary_dim, x.shape)
+    half = rotary // 2
     positions = check_positions(positions, x.shape)
     inv_freq = validation.float_array("inv_freq", inv_freq)
     if inv_freq.shape != (half,):
         raise ValueError(
-            f"inv_freq must be (D/2,) = ({half},) for x of shape {x.shape}, got {inv_freq.shape}"
+            f"inv_freq must be (R/2,) = ({half},) for x of shape {x.shape} and rotary_dim "
+            f"R = {rotary}, got {inv_freq.shape}"
         )
     interleaved = validation.flag("interleaved", interleaved)
     factor = validation.finite_real("attention_factor", attention_factor)
 
     # float64 angles (see the module docstring), then tables in x's dtype
-    angles = positions.astype(np.float64)[..., None] * inv_freq.astype(np.float64)  # (.., N, D/2)
+    angles = positions.astype(np.float64)[..., None] * inv_freq.astype(np.float64)  # (.., N, R/2)
     cos = (np.cos(angles) * factor).astype(x.dtype)
     sin = (np.sin(angles) * factor).astype(x.dtype)
-    if positions.ndim == 2:  # (B, N, D/2) -> (B, 1, ..., 1, N, D/2), against x (B, ..., N, D)
+    if positions.ndim == 2:  # (B, N, R/2) -> (B, 1, ..., 1, N, R/2), against x (B, ..., N, D)
         cos = cos.reshape(cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:])
         sin = sin.reshape(cos.shape)
-    return _rotate(x, cos, sin, interleaved), RopeCtx(cos, sin, interleaved, x.shape, x.dtype)
+    ctx = RopeCtx(cos, sin, interleaved, rotary, x.shape, x.dtype)
+    return _rotate(x, cos, sin, interleaved, rotary), ctx
 
 
 def rope_backward(dout: np.ndarray, ctx: RopeCtx) -> np.ndarray:
     """Gradient of x: the forward is the linear map f R(angle) on each pair, so its backward is
     the transpose, f R(angle)^T = f R(-angle):
 
-        (da, db) = f * (dy_a cos + dy_b sin, -dy_a sin + dy_b cos).
+        (da, db) = f * (dy_a cos + dy_b sin, -dy_a sin + dy_b cos);
+
+    the coordinates past R are the identity, so their gradient passes through.
 
     Derivation: docs/derivations/rope.md.
 
@@ -145,19 +154,41 @@ def rope_backward(dout: np.ndarray, ctx: RopeCtx) -> np.ndarray:
         dx (..., N, D) in x's dtype.
     """
     dout = validation.grad_output(dout, ctx.shape, ctx.dtype)
-    return _rotate(dout, ctx.cos, -ctx.sin, ctx.interleaved)  # rotate back: sin(-a) = -sin(a)
+    # rotate back: sin(-a) = -sin(a)
+    return _rotate(dout, ctx.cos, -ctx.sin, ctx.interleaved, ctx.rotary_dim)
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
-    """(a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D)."""
-    first, second = (slice(0, None, 2), slice(1, None, 2)) if interleaved else _halves(x)
-    a, b = x[..., first], x[..., second]  # (..., N, D/2) each
-    out = np.empty_like(x)  # cos and sin broadcast against x's leading axes
+def check_rotary_dim(rotary_dim: Any, x_shape: tuple[int, ...]) -> int:
+    """R for x (..., N, D): ``rotary_dim`` even in [0, D], or D (even, > 0) when None."""
+    width = x_shape[-1] if x_shape else 0
+    if len(x_shape) < 2 or (rotary_dim is None and (width % 2 or width == 0)):
+        raise ValueError(
+            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
+            f"got shape {x_shape}"
+        )
+    if rotary_dim is None:
+        return width
+    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
+    if rotary % 2 or rotary > width:
+        raise ValueError(
+            f"rotary_dim must be even (RoPE rotates pairs) and at most D = {width} for x of "
+            f"shape {x_shape}, got {rotary}"
+        )
+    return rotary
+
+
+def _rotate(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, rotary: int
+) -> np.ndarray:
+    """(a, b) -> (a cos - b sin, a sin + b cos) on every pair of x's first ``rotary``
+    coordinates (x (..., N, D)); the others are copied."""
+    if interleaved:
+        first, second = slice(0, rotary, 2), slice(1, rotary, 2)
+    else:
+        first, second = slice(0, rotary // 2), slice(rotary // 2, rotary)
+    a, b = x[..., first], x[..., second]  # (..., N, R/2) each
+    # cos and sin broadcast against x's leading axes; the pass-through part is copied
+    out = np.empty_like(x) if rotary == x.shape[-1] else x.copy()
     out[..., first] = a * cos - b * sin
     out[..., second] = a * sin + b * cos
     return out
-
-
-def _halves(x: np.ndarray) -> tuple[slice, slice]:
-    half = x.shape[-1] // 2
-    return slice(0, half), slice(half, None)

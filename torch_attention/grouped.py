@@ -9,11 +9,14 @@ M keys attended (N without a cache; the cache's length after this call with one)
 
 The layer's chain (backward by autograd here; the pages derive the NumPy twin's):
 
-    q = rope(q_norm(split_heads(q_proj(x), H)))        (B, H, N, D)     q_norm: QK-norm only
-    k = rope(k_norm(split_heads(k_proj(x), H_kv)))     (B, H_kv, N, D)  (appended to the cache)
+    q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
+    k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     out = o_proj(merge_heads(o))                       (B, N, C)
+
+The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w)),
+partial rotary and NoPE (``rotary_dim``) and LongRoPE's frequency switch are the NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -21,7 +24,8 @@ input's dtype. The attention itself runs on ``backend`` (``functional.attention`
 refuses softcap and sinks, and ``"flex"`` runs every option but, on CPU, only without a backward
 (decoding with the cache runs under ``torch.no_grad()``).
 
-Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md.
+Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
+docs/derivations/layernorm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_registry.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -39,13 +43,14 @@ from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
 from .module import Module
-from .norms import RMSNorm
+from .norms import LayerNorm, RMSNorm
 from .rope import check_positions, rope, rope_inv_freq
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
-    "RMSNorm",  # from norms.py, as the NumPy twin's grouped.py offers it
+    "LayerNorm",  # from norms.py, as the NumPy twin's grouped.py offers it
+    "RMSNorm",
     "check_positions",  # from rope.py
     "rope",
     "rope_inv_freq",
@@ -161,15 +166,17 @@ class KVCache:
 
 
 class GroupedQueryAttention(Module):
-    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2 and
-    GPT-OSS; the twin of ``numpy_attention.grouped.GroupedQueryAttention``.
+    """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2/3,
+    GPT-OSS, Phi-3, OLMo 2, Cohere 1/2, StarCoder 2, Granite, SmolLM 3, GLM and Falcon; the twin
+    of ``numpy_attention.grouped.GroupedQueryAttention``.
 
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
-    ``qk_norm``, ``q_norm`` and ``k_norm`` = RMSNorm(D, norm_eps); with ``sinks``, ``sinks``
-    (H,), zeros. RoPE's frequencies are no parameter or buffer (Hugging Face's attention state
-    dicts have none): ``inv_freq`` is kept in float64 on the CPU and moved per call, so
-    ``.to(dtype)`` never rounds it.
+    ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
+    ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros. RoPE's frequencies are no
+    parameter or buffer (Hugging Face's attention state dicts have none): ``inv_freq`` and
+    ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so ``.to(dtype)`` never
+    rounds them.
 
     Args: those of the NumPy twin (``rng`` aside: torch's generator draws the weights), and
         backend: the attention backend, ``functional.attention``'s ``backend``.
@@ -188,8 +195,14 @@ class GroupedQueryAttention(Module):
         inv_freq: Any = None,
         rope_attention_factor: float = 1.0,
         rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
+        long_inv_freq: Any = None,
+        original_max_positions: int | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        qk_norm_type: str = "rms",
+        qk_norm_shape: str = "head",
+        norm_weight_offset: float = 0.0,
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
@@ -213,12 +226,12 @@ class GroupedQueryAttention(Module):
                 )
             head_dim = self.hidden_size // self.num_heads
         self.head_dim = validation.positive_int("head_dim", head_dim)
-        if self.head_dim % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of coordinates: head_dim must be even, got {self.head_dim}"
-            )
+        self.rotary_dim = _check_rotary_dim(rotary_dim, self.head_dim)
         self.rope_theta = validation.finite_real("rope_theta", rope_theta)
-        self.inv_freq = _check_inv_freq(inv_freq, self.head_dim, rope_theta)
+        self.inv_freq = _check_inv_freq("inv_freq", inv_freq, self.rotary_dim, rope_theta)
+        self.long_inv_freq, self.original_max_positions = _check_long_rope(
+            long_inv_freq, original_max_positions, self.rotary_dim
+        )
         self.rope_attention_factor = validation.finite_real(
             "rope_attention_factor", rope_attention_factor
         )
@@ -227,6 +240,9 @@ class GroupedQueryAttention(Module):
         self.norm_eps = validation.finite_real("norm_eps", norm_eps)
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        self.qk_norm_shape = _check_qk_norm(
+            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset
+        )
         self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
@@ -244,8 +260,11 @@ class GroupedQueryAttention(Module):
         self.v_proj = Linear(self.hidden_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, self.norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, self.norm_eps)
+            norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
+            q_dim = _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
+            k_dim = _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
+            self.q_norm = norm(q_dim, self.norm_eps, weight_offset=norm_weight_offset)
+            self.k_norm = norm(k_dim, self.norm_eps, weight_offset=norm_weight_offset)
         if self.has_sinks:
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
 
@@ -308,15 +327,18 @@ class GroupedQueryAttention(Module):
     ) -> torch.Tensor:
         """The forward chain (see the module docstring); inputs already checked."""
         rotation: dict[str, Any] = {
-            "inv_freq": self.inv_freq,
+            "inv_freq": self._frequencies(positions),
             "interleaved": self.rope_interleaved,
             "attention_factor": self.rope_attention_factor,
+            "rotary_dim": self.rotary_dim,
         }
-        q = split_heads(self.q_proj(x), self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
+        if self.qk_norm:  # per head or over the whole projection, before RoPE
+            q = self._norm(self.q_norm, q, self.num_heads)
+            k = self._norm(self.k_norm, k, self.num_kv_heads)
+        q = split_heads(q, self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
+        k = split_heads(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
         if cache is not None:
@@ -339,6 +361,22 @@ class GroupedQueryAttention(Module):
         )  # (B, H, N, D)
         return self.o_proj(merge_heads(heads))  # (B, H, N, D) -> (B, N, H*D) -> (B, N, C)
 
+    def _frequencies(self, positions: torch.Tensor) -> torch.Tensor:
+        """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
+        exceeds ``original_max_positions``, else ``inv_freq`` (the NumPy twin's rule)."""
+        long, switch = self.long_inv_freq, self.original_max_positions
+        if long is None or switch is None or positions.numel() == 0:
+            return self.inv_freq
+        return long if int(positions.max()) + 1 > switch else self.inv_freq
+
+    def _norm(self, norm: nn.Module, y: torch.Tensor, heads: int) -> torch.Tensor:
+        """QK-norm of a projection y (B, N, heads*D): per head on (B, N, heads, D), or over the
+        whole width (``qk_norm_shape="all"``)."""
+        if self.qk_norm_shape == "all":
+            return norm(y)
+        b, n, width = y.shape
+        return norm(y.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
+
     def extra_repr(self) -> str:
         options = [
             f"hidden_size={self.hidden_size}",
@@ -346,8 +384,13 @@ class GroupedQueryAttention(Module):
             f"num_kv_heads={self.num_kv_heads}",
             f"head_dim={self.head_dim}",
         ]
+        if self.rotary_dim != self.head_dim:
+            options.append(f"rotary_dim={self.rotary_dim}")
+        if self.original_max_positions is not None:
+            options.append(f"original_max_positions={self.original_max_positions}")
         if self.qk_norm:
-            options.append(f"qk_norm=True, norm_eps={self.norm_eps}")
+            norm = f"{type(self.q_norm).__name__}, {self.qk_norm_shape}"
+            options.append(f"qk_norm=True ({norm}), norm_eps={self.norm_eps}")
         if self.window is not None:
             options.append(f"window={self.window}")
         if self.softcap:
@@ -361,23 +404,88 @@ class GroupedQueryAttention(Module):
         return ", ".join(options + [f"backend={self.backend!r}"])
 
 
-def _check_inv_freq(inv_freq: Any, head_dim: int, rope_theta: Any) -> torch.Tensor:
-    """RoPE's (D/2,) frequencies, float64 on the CPU: given (finite, that length), or from
-    rope_theta."""
+QK_NORM_TYPES = ("rms", "layer")
+QK_NORM_SHAPES = ("head", "per_head", "all")
+
+
+def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
+    """R: even, at most D; D when None (which must then be even)."""
+    if rotary_dim is None:
+        if head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim} "
+                "(or give an even rotary_dim below it)"
+            )
+        return head_dim
+    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
+    if rotary % 2 or rotary > head_dim:
+        raise ValueError(
+            f"rotary_dim must be even (RoPE rotates pairs) and at most head_dim = {head_dim}, "
+            f"got {rotary}"
+        )
+    return rotary
+
+
+def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) -> torch.Tensor:
+    """RoPE's (R/2,) frequencies, float64 on the CPU: given (finite, that length), or from
+    rope_theta (none for R = 0)."""
     if inv_freq is None:
-        return rope_inv_freq(head_dim, rope_theta)
+        if rotary_dim == 0:
+            return torch.zeros(0, dtype=torch.float64)
+        return rope_inv_freq(rotary_dim, rope_theta)
     if isinstance(inv_freq, torch.Tensor):
         inv_freq = inv_freq.detach().cpu()
     freqs = torch.as_tensor(np.asarray(inv_freq))
     if not freqs.is_floating_point():
-        raise TypeError(f"inv_freq must be a floating-point array, got dtype {freqs.dtype}")
-    if tuple(freqs.shape) != (head_dim // 2,):
+        raise TypeError(f"{name} must be a floating-point array, got dtype {freqs.dtype}")
+    if tuple(freqs.shape) != (rotary_dim // 2,):
         raise ValueError(
-            f"inv_freq must be (head_dim / 2,) = ({head_dim // 2},), got shape {tuple(freqs.shape)}"
+            f"{name} must be (rotary_dim / 2,) = ({rotary_dim // 2},), got shape "
+            f"{tuple(freqs.shape)}"
         )
     if not bool(torch.isfinite(freqs).all()):
-        raise ValueError("inv_freq must be finite")
+        raise ValueError(f"{name} must be finite")
     return freqs.to(torch.float64)
+
+
+def _check_long_rope(
+    long_inv_freq: Any, original_max_positions: Any, rotary_dim: int
+) -> tuple[torch.Tensor | None, int | None]:
+    """LongRoPE's long frequencies and switch length: both given, or neither."""
+    if (long_inv_freq is None) != (original_max_positions is None):
+        raise ValueError(
+            "long_inv_freq and original_max_positions go together (LongRoPE): got "
+            f"long_inv_freq {'None' if long_inv_freq is None else 'given'} and "
+            f"original_max_positions {original_max_positions!r}"
+        )
+    if long_inv_freq is None:
+        return None, None
+    if rotary_dim == 0:
+        raise ValueError("long_inv_freq needs RoPE: rotary_dim is 0")
+    freqs = _check_inv_freq("long_inv_freq", long_inv_freq, rotary_dim, 1.0)
+    return freqs, validation.positive_int("original_max_positions", original_max_positions)
+
+
+def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> str:
+    """The QK-norm's options checked (the NumPy twin's rules); its shape returned."""
+    if norm_type not in QK_NORM_TYPES:
+        raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
+    if shape not in QK_NORM_SHAPES:
+        raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
+    offset = validation.finite_real("norm_weight_offset", offset)
+    if not qk_norm and (norm_type, shape, offset) != ("rms", "head", 0.0):
+        raise ValueError(
+            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r} and norm_weight_offset="
+            f"{offset} describe a QK-norm, but qk_norm is False"
+        )
+    return str(shape)
+
+
+def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
+    """The QK-norm weight's shape for a projection of ``heads`` heads."""
+    if shape == "per_head":
+        return (heads, head_dim)
+    return heads * head_dim if shape == "all" else head_dim
 
 
 def _key_padding(

@@ -3,6 +3,9 @@ coordinates of a query or key head rotated by an angle proportional to the token
 
 Shape legend: B batch, H heads, N sequence length, D head width (even); "..." leading axes.
 
+Partial rotary as in the NumPy twin: ``rotary_dim`` R rotates the first R coordinates of each
+head and passes the rest through (R = 0: a NoPE layer).
+
 Precision as in the NumPy twin: angles are computed in float64 from float64 positions and
 ``inv_freq``, and only the cos and sin tables are cast to x's dtype. The backward is autograd's
 (the NumPy twin derives it: a rotation's backward is its transpose).
@@ -61,51 +64,72 @@ def rope(
     inv_freq: Any,
     interleaved: bool = False,
     attention_factor: float = 1.0,
+    rotary_dim: int | None = None,
 ) -> torch.Tensor:
-    """Rotate each pair of coordinates of x by angle = position * inv_freq, times f.
+    """Rotate each pair of the first R coordinates of x by angle = position * inv_freq, times f.
 
-    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+D/2}) (half-split,
-    Hugging Face's ``rotate_half``) or (x_{2i}, x_{2i+1}) (interleaved). Differentiable by
-    autograd (the backward rotates by -angle, docs/derivations/rope.md).
+    (a, b) -> f * (a cos - b sin, a sin + b cos), pair i being (x_i, x_{i+R/2}) (half-split,
+    Hugging Face's ``rotate_half``) or (x_{2i}, x_{2i+1}) (interleaved); coordinates R .. D - 1
+    pass through (partial rotary; R = 0 is a NoPE layer). Differentiable by autograd (the
+    backward rotates by -angle, docs/derivations/rope.md).
 
     Args:
-        x: (..., N, D), D even; typically q or k (B, H, N, D).
+        x: (..., N, D); typically q or k (B, H, N, D).
         positions: (N,), or (B, N) with B = x's first axis: each batch element its own positions
             (left padding, cache offsets). Integers (or floats), finite.
-        inv_freq: (D/2,) frequencies, e.g. ``rope_inv_freq(D, theta)`` or a model's own.
+        inv_freq: (R/2,) frequencies, e.g. ``rope_inv_freq(R, theta)`` or a model's own.
         interleaved: the pair layout.
         attention_factor: f, multiplies cos and sin (YaRN's and LongRoPE's attention factor).
+        rotary_dim: R, even, 0 <= R <= D; None for D (which must then be even and > 0).
 
     Returns:
         (..., N, D) in x's dtype.
     """
     x = validation.float_tensor("x", x)
-    if x.ndim < 2 or x.shape[-1] % 2 or x.shape[-1] == 0:
-        raise ValueError(
-            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
-            f"got shape {tuple(x.shape)}"
-        )
-    half = x.shape[-1] // 2
+    rotary = check_rotary_dim(rotary_dim, tuple(x.shape))
+    half = rotary // 2
     positions = check_positions(positions, tuple(x.shape), x.device)
     freqs = validation.float_tensor("inv_freq", torch.as_tensor(inv_freq))
     if tuple(freqs.shape) != (half,):
         raise ValueError(
-            f"inv_freq must be (D/2,) = ({half},) for x of shape {tuple(x.shape)}, "
-            f"got {tuple(freqs.shape)}"
+            f"inv_freq must be (R/2,) = ({half},) for x of shape {tuple(x.shape)} and rotary_dim "
+            f"R = {rotary}, got {tuple(freqs.shape)}"
         )
     interleaved = validation.flag("interleaved", interleaved)
     factor = validation.finite_real("attention_factor", attention_factor)
 
     # float64 angles, then tables in x's dtype (numpy_attention.rope says why)
     angles = positions.to(torch.float64)[..., None] * freqs.to(x.device, torch.float64)
-    cos = (torch.cos(angles) * factor).to(x.dtype)  # (N, D/2) or (B, N, D/2)
+    cos = (torch.cos(angles) * factor).to(x.dtype)  # (N, R/2) or (B, N, R/2)
     sin = (torch.sin(angles) * factor).to(x.dtype)
-    if positions.ndim == 2:  # (B, N, D/2) -> (B, 1, ..., 1, N, D/2), against x (B, ..., N, D)
+    if positions.ndim == 2:  # (B, N, R/2) -> (B, 1, ..., 1, N, R/2), against x (B, ..., N, D)
         shape = cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:]
         cos, sin = cos.reshape(shape), sin.reshape(shape)
+    turned, passed = x[..., :rotary], x[..., rotary:]  # (..., N, R), (..., N, D - R)
     if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]  # (..., N, D/2) each
-        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D/2, 2)
-        return pairs.flatten(-2)  # -> (..., N, D)
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)
+        a, b = turned[..., 0::2], turned[..., 1::2]  # (..., N, R/2) each
+        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, R/2, 2)
+        turned = pairs.flatten(-2)  # -> (..., N, R)
+    else:
+        a, b = turned[..., :half], turned[..., half:]
+        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, R)
+    return torch.cat((turned, passed), dim=-1)  # (..., N, D)
+
+
+def check_rotary_dim(rotary_dim: Any, x_shape: tuple[int, ...]) -> int:
+    """R for x (..., N, D): ``rotary_dim`` even in [0, D], or D (even, > 0) when None."""
+    width = x_shape[-1] if x_shape else 0
+    if len(x_shape) < 2 or (rotary_dim is None and (width % 2 or width == 0)):
+        raise ValueError(
+            f"RoPE needs x (..., N, D) with an even head width D > 0 (it rotates pairs), "
+            f"got shape {x_shape}"
+        )
+    if rotary_dim is None:
+        return width
+    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
+    if rotary % 2 or rotary > width:
+        raise ValueError(
+            f"rotary_dim must be even (RoPE rotates pairs) and at most D = {width} for x of "
+            f"shape {x_shape}, got {rotary}"
+        )
+    return rotary

@@ -30,6 +30,7 @@ KV_HEADS = [1, 2, 4]  # MQA, GQA, MHA
 DROPOUT = 0.3
 # float32 frequencies as a model hands them over (llama3-style: the low ones scaled down)
 MODEL_INV_FREQ = np.array([1.0, 0.0125], dtype=np.float32)
+LONG_INV_FREQ = np.array([0.7, 0.002], dtype=np.float32)  # LongRoPE's long set, other values
 
 # Each option on its own, and all of them together. Dropout runs in train mode with an explicit
 # keep-mask.
@@ -45,9 +46,24 @@ OPTIONS = {
     "dropout": {"dropout": DROPOUT},
     "rope": {"rope_interleaved": True, "rope_attention_factor": 1.2, "rope_theta": 100.0},
     "inv_freq": {"inv_freq": MODEL_INV_FREQ},
+    "partial_rotary": {"rotary_dim": 2, "rope_theta": 100.0},
+    "nope": {"rotary_dim": 0},
+    # positions reach 4 >= 3: every call here rotates with the long frequencies
+    "long_rope": {"long_inv_freq": LONG_INV_FREQ, "original_max_positions": 3},
+    "qk_norm_offset": {"qk_norm": True, "norm_weight_offset": 1.0},
+    "qk_norm_all": {"qk_norm": True, "qk_norm_shape": "all", "norm_eps": 0.1},
+    "qk_norm_layer": {
+        "qk_norm": True,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "norm_eps": 0.1,
+    },
     "everything": {
         "qk_norm": True,
         "norm_eps": 0.1,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "norm_weight_offset": 1.0,
         "sinks": True,
         "window": (2, None),
         "softcap": 1.5,
@@ -57,6 +73,7 @@ OPTIONS = {
         "dropout": DROPOUT,
         "rope_interleaved": True,
         "rope_attention_factor": 1.2,
+        "rotary_dim": 2,
     },
 }
 
@@ -104,23 +121,39 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     b, n, _ = x.shape
     heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
 
-    def project(name, count):
+    def norm(y, weight):
+        """QK-norm of y (B, N, count*D): over each head's D or the whole width, scale (o + w)."""
+        if args["qk_norm_shape"] != "all":
+            y = y.reshape(b, n, -1, d)  # (B, N, count, D): per head
+        if args["qk_norm_type"] == "layer":
+            y_hat = F.layer_norm(y, y.shape[-1:], None, None, args["norm_eps"])
+        else:
+            y_hat = F.rms_norm(y, y.shape[-1:], None, args["norm_eps"])
+        return (y_hat * (args["norm_weight_offset"] + weight)).reshape(b, n, -1)
+
+    def project(name, count, norm_name=None):
         y = F.linear(x, params[f"{name}.weight"], params.get(f"{name}.bias"))
+        if norm_name is not None and args["qk_norm"]:
+            y = norm(y, params[f"{norm_name}.weight"])
         return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
 
-    q, k, v = project("q_proj", heads), project("k_proj", kv_heads), project("v_proj", kv_heads)
-    if args["qk_norm"]:
-        q = F.rms_norm(q, (d,), params["q_norm.weight"], args["norm_eps"])
-        k = F.rms_norm(k, (d,), params["k_norm.weight"], args["norm_eps"])
-    theta = args["rope_theta"]
+    q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
+    v = project("v_proj", kv_heads)
+    theta, r = args["rope_theta"], d if args["rotary_dim"] is None else args["rotary_dim"]
+    positions = torch.arange(n) if positions is None else to_torch(positions)
     inv_freq = (
-        1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
         if args["inv_freq"] is None
         else torch.tensor(args["inv_freq"], dtype=torch.float64)
     )
-    positions = torch.arange(n) if positions is None else to_torch(positions)
+    if args["long_inv_freq"] is not None and positions.max() + 1 > args["original_max_positions"]:
+        inv_freq = torch.tensor(args["long_inv_freq"], dtype=torch.float64)
     rope = {"interleaved": args["rope_interleaved"], "factor": args["rope_attention_factor"]}
-    q, k = torch_rope(q, positions, inv_freq, **rope), torch_rope(k, positions, inv_freq, **rope)
+
+    def turn(y):  # the first r coordinates of each head rotate, the rest pass through
+        return torch.cat([torch_rope(y[..., :r], positions, inv_freq, **rope), y[..., r:]], -1)
+
+    q, k = turn(q), turn(k)
     padding = None if key_padding_mask is None else to_torch(key_padding_mask)
     if attention is None:
         out, _ = oracle_attention(
@@ -200,7 +233,7 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
     )
 
 
-@pytest.mark.parametrize("option", ["plain", "everything"])
+@pytest.mark.parametrize("option", ["plain", "everything", "qk_norm_all"])
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
 def test_gradcheck(rng, option, kv_heads):
     layer = make_layer(rng, kv_heads, **OPTIONS[option])
@@ -291,6 +324,11 @@ DECODE = {
         2,
     ),
     "mqa_interleaved": ({"rope_interleaved": True, "rope_attention_factor": 1.2}, 1),
+    "partial_rotary_layer_norm": (
+        {"rotary_dim": 2, "qk_norm": True, "qk_norm_type": "layer", "qk_norm_shape": "per_head"},
+        2,
+    ),
+    "nope_full_width_norm": ({"rotary_dim": 0, "qk_norm": True, "qk_norm_shape": "all"}, 2),
 }
 
 
@@ -321,6 +359,25 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step):
 
     assert cache.length == n
     assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
+
+
+def test_long_rope_switches_frequencies_per_call_as_hugging_face_does(rng):
+    """A call whose largest position + 1 exceeds original_max_positions rotates with the long
+    frequencies, every other call with inv_freq (also while decoding: keys cached earlier keep
+    the rotation of their own call)."""
+    short = make_layer(rng, 2, inv_freq=MODEL_INV_FREQ)
+    long = make_layer(rng, 2, inv_freq=LONG_INV_FREQ)
+    long.load_state_dict(short.state_dict())
+    both = make_layer(rng, 2, **{**OPTIONS["long_rope"], "inv_freq": MODEL_INV_FREQ})
+    both.load_state_dict(short.state_dict())
+    x = rng.standard_normal((B, 4, C))
+
+    within = both(x[:, :3])  # positions 0..2: 3 > 3 is false
+    past = both(x)  # positions 0..3: 4 > 3
+
+    assert_close(within, short(x[:, :3]), name="within the original length")
+    assert_close(past, long(x), name="past it")
+    assert np.abs(past - short(x)).max() > 1e-3
 
 
 def test_default_positions_continue_from_the_cache(rng):
@@ -407,6 +464,24 @@ def test_cache_refuses_bad_construction_and_mismatched_k_v():
 # -- the layer's contract: parameters, module files, bad input --------------------------------
 
 
+@pytest.mark.parametrize(
+    ("options", "q_shape", "k_shape"),
+    [
+        ({"qk_norm_shape": "per_head", "qk_norm_type": "layer"}, (4, 2), (2, 2)),  # Cohere
+        ({"qk_norm_shape": "all"}, (8,), (4,)),  # OLMo 2
+        ({"norm_weight_offset": 1.0}, (2,), (2,)),  # Gemma 3: (1 + w), w at zeros
+    ],
+    ids=["per_head", "all", "offset"],
+)
+def test_qk_norm_weights_take_hugging_faces_shapes(rng, options, q_shape, k_shape):
+    layer = GroupedQueryAttention(8, 4, 2, qk_norm=True, rng=rng, **options)
+
+    state = layer.state_dict()
+
+    assert state["q_norm.weight"].shape == q_shape and state["k_norm.weight"].shape == k_shape
+    assert np.all(state["q_norm.weight"] == 1.0 - options.get("norm_weight_offset", 0.0))
+
+
 def test_parameters_are_named_like_hugging_face(rng):
     layer = GroupedQueryAttention(8, 4, 2, bias=True, qk_norm=True, sinks=True, rng=rng)
     plain = GroupedQueryAttention(8, 4, 2, rng=rng)
@@ -464,6 +539,27 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
         ((8, 4, 2), {"norm_eps": 0.0}, ValueError, "norm_eps must be > 0"),
         ((8, 4, 2), {"scaling": np.nan}, ValueError, "scaling must be finite"),
         ((8, 4, 2), {"sinks": 1}, TypeError, "sinks must be a bool"),
+        ((8, 4, 2), {"rotary_dim": 1}, ValueError, "rotary_dim must be even .* got 1"),
+        ((8, 4, 2), {"rotary_dim": 4}, ValueError, "at most head_dim = 2, got 4"),
+        ((8, 4, 2), {"rotary_dim": 0, "inv_freq": np.ones(1)}, ValueError, r"\(0,\), got"),
+        ((8, 4, 2), {"long_inv_freq": np.ones(1)}, ValueError, "go together .* None"),
+        ((8, 4, 2), {"original_max_positions": 4}, ValueError, "go together .* 4"),
+        (
+            (8, 4, 2),
+            {"long_inv_freq": np.ones(2), "original_max_positions": 4},
+            ValueError,
+            r"long_inv_freq must be \(rotary_dim / 2,\) = \(1,\)",
+        ),
+        (
+            (8, 4, 2),
+            {"long_inv_freq": np.ones(0), "original_max_positions": 4, "rotary_dim": 0},
+            ValueError,
+            "long_inv_freq needs RoPE",
+        ),
+        ((8, 4, 2), {"qk_norm": True, "qk_norm_type": "l2"}, ValueError, "qk_norm_type must be"),
+        ((8, 4, 2), {"qk_norm": True, "qk_norm_shape": "x"}, ValueError, "qk_norm_shape must be"),
+        ((8, 4, 2), {"qk_norm_shape": "all"}, ValueError, "but qk_norm is False"),
+        ((8, 4, 2), {"norm_weight_offset": 1.0}, ValueError, "but qk_norm is False"),
     ],
 )
 def test_bad_construction_is_refused(args, kwargs, error, match):

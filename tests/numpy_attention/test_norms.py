@@ -1,6 +1,7 @@
-"""RMSNorm (numpy_attention.norms): gradcheck of the pure pair and the layer, torch's own
-``F.rms_norm`` under autograd in float64, float32, the layer's parameter and gradient
-accumulation, bad input."""
+"""RMSNorm and LayerNorm (numpy_attention.norms): gradcheck of the pure pairs and the layers,
+torch's own ``F.rms_norm`` / ``F.layer_norm`` under autograd in float64 (with a weight per head
+and the (offset + w) scale too), float32, the layers' parameter and gradient accumulation, bad
+input."""
 
 from __future__ import annotations
 
@@ -11,12 +12,34 @@ import pytest
 import torch
 
 from numpy_attention.gradcheck import gradcheck
-from numpy_attention.norms import RMSNorm, rmsnorm_backward, rmsnorm_forward
+from numpy_attention.norms import (
+    LayerNorm,
+    RMSNorm,
+    layernorm_backward,
+    layernorm_forward,
+    rmsnorm_backward,
+    rmsnorm_forward,
+)
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 
 B, H, N, D = 2, 3, 5, 8
 SHAPES = [(D,), (N, D), (B, H, N, D)]
+NORMS = {
+    "rms": (rmsnorm_forward, rmsnorm_backward, RMSNorm),
+    "layer": (layernorm_forward, layernorm_backward, LayerNorm),
+}
+# the weight's shapes: one (D,) for every row, or one row per head on x (..., H, D) (Cohere)
+WEIGHTS = {"shared": (D,), "per_head": (H, D)}
+
+
+def torch_norm(norm, x, weight, eps, offset):
+    """torch's own norm of the last axis, scaled by (offset + w) of any trailing shape."""
+    if norm == "rms":
+        normalized = torch.nn.functional.rms_norm(x, (D,), None, eps)
+    else:
+        normalized = torch.nn.functional.layer_norm(x, (D,), None, None, eps)
+    return normalized * (offset + weight)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -28,6 +51,59 @@ def test_gradcheck_of_the_pure_pair(rng, shape):
     report = gradcheck(partial(rmsnorm_forward, eps=0.3), x, weight, backward=rmsnorm_backward)
 
     assert_gradcheck(report)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_gradcheck_of_every_form(rng, norm, weight, offset):
+    forward, backward, _ = NORMS[norm]
+    x = rng.standard_normal((B, N, H, D))
+
+    report = gradcheck(
+        partial(forward, eps=0.3, weight_offset=offset),
+        x,
+        rng.standard_normal(WEIGHTS[weight]),
+        backward=backward,
+    )
+
+    assert_gradcheck(report)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_every_form_matches_torch_under_autograd(rng, norm, weight, offset):
+    """The layer, a weight of (D,) or (H, D), scale (offset + w): out, dx and dweight against
+    torch's own F.rms_norm / F.layer_norm times (offset + w)."""
+    layer = NORMS[norm][2](WEIGHTS[weight], eps=0.2, weight_offset=offset).astype(np.float64)
+    layer.load_state_dict({"weight": rng.standard_normal(WEIGHTS[weight])})
+    x = 3.0 * rng.standard_normal((B, N, H, D)) + 1.0  # a mean for LayerNorm to take away
+    dout = rng.standard_normal(x.shape)
+    tx = to_torch(x, requires_grad=True)
+    tweight = to_torch(layer.weight, requires_grad=True)
+
+    out = layer(x)
+    dx = layer.backward(dout)
+    expected = torch_norm(norm, tx, tweight, 0.2, offset)
+    expected.backward(to_torch(dout))
+
+    assert_close(out, expected, name="out")
+    assert_close(dx, tx.grad, name="dx")
+    assert_close(layer.named_grads()["weight"], tweight.grad, name="weight")
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_the_scale_starts_at_one_whatever_the_offset(rng, norm):
+    """Gemma's (1 + w) starts at w = 0, a plain weight at ones: both scale by one at first."""
+    x = rng.standard_normal((N, H, D)).astype(np.float32)
+
+    plain = NORMS[norm][2]((H, D))
+    gemma = NORMS[norm][2]((H, D), weight_offset=1.0)
+
+    assert np.all(plain.weight == 1.0) and np.all(gemma.weight == 0.0)
+    assert gemma.weight.shape == (H, D) and gemma.weight.dtype == np.float32
+    np.testing.assert_array_equal(plain(x), gemma(x))
 
 
 def test_gradcheck_of_the_layer(rng):
@@ -67,7 +143,7 @@ def test_float32_is_computed_in_float32(rng):
     out64, ctx64 = rmsnorm_forward(x, weight)
     dx64, dweight64 = rmsnorm_backward(dout, ctx64)
 
-    assert out32.dtype == dx32.dtype == dweight32.dtype == ctx32.inv_rms.dtype == np.float32
+    assert out32.dtype == dx32.dtype == dweight32.dtype == ctx32.inv_std.dtype == np.float32
     assert_close(out32, out64, dtype=np.float32, name="out")
     assert_close(dx32, dx64, dtype=np.float32, name="dx")
     assert_close(dweight32, dweight64, dtype=np.float32, name="dweight")
@@ -95,7 +171,7 @@ def test_layer_starts_at_ones_and_accumulates_its_gradient(rng):
     )
     expected = 2 * (dout * x / np.sqrt(mean_square + 1e-6)).sum(0)
     assert_close(layer.named_grads()["weight"], expected, name="2 x dweight")
-    assert layer.constructor_args() == {"dim": D, "eps": 1e-6}
+    assert layer.constructor_args() == {"dim": D, "eps": 1e-6, "weight_offset": 0.0}
 
 
 @pytest.mark.parametrize(
@@ -115,6 +191,13 @@ def test_layer_refuses_bad_input(x, error, match):
         RMSNorm(D)(x)
 
 
+def test_a_weight_per_head_needs_x_with_those_heads():
+    with pytest.raises(
+        ValueError, match=r"weight \(3, 8\) needs x \(\.\.\., \*\(3, 8\)\), got \(5, 2, 8\)"
+    ):
+        LayerNorm((H, D))(np.zeros((N, 2, D), np.float32))
+
+
 @pytest.mark.parametrize(
     ("args", "error", "match"),
     [
@@ -122,6 +205,8 @@ def test_layer_refuses_bad_input(x, error, match):
         ((D, 0.0), ValueError, "eps must be > 0"),
         ((D, np.nan), ValueError, "eps must be finite"),
         ((D, "1e-6"), TypeError, "eps must be a real number"),
+        (((),), ValueError, "non-empty tuple"),
+        (((H, 0),), ValueError, r"dim\[1\] must be a positive int"),
     ],
 )
 def test_layer_refuses_bad_arguments(args, error, match):
@@ -134,6 +219,10 @@ def test_pure_pair_refuses_bad_input(rng):
 
     with pytest.raises(ValueError, match=r"x \(5, 8\) and weight \(7,\)"):
         rmsnorm_forward(x, np.ones(D - 1))
+    with pytest.raises(ValueError, match=r"x \(5, 8\) and weight \(2, 5, 8\)"):
+        layernorm_forward(x, np.ones((2, N, D)))
+    with pytest.raises(ValueError, match="weight_offset must be finite"):
+        layernorm_forward(x, np.ones(D), weight_offset=np.nan)
     with pytest.raises(TypeError, match="x float64, weight float32"):
         rmsnorm_forward(x, np.ones(D, np.float32))
     _, ctx = rmsnorm_forward(x, np.ones(D))

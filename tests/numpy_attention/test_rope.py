@@ -96,6 +96,45 @@ def test_matches_torch_autograd(rng, layout, shape, kind, factor):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_partial_rotary_turns_the_first_r_coordinates_as_a_head_of_width_r(rng, layout):
+    """GLM's and Phi-3's partial rotary: coordinates 0 .. R-1 rotate exactly as a head of width
+    R would (pairs and frequencies within them), R .. D-1 pass through; gradcheck and torch
+    autograd on that reading."""
+    x = rng.standard_normal((B, H, N, D))
+    positions = positions_for("per_batch", rng)
+    options = {"inv_freq": rope_inv_freq(4, 500.0), "interleaved": LAYOUTS[layout]}
+    dout = rng.standard_normal(x.shape)
+    tx = to_torch(x, requires_grad=True)
+
+    out, ctx = rope_forward(x, positions, attention_factor=1.3, rotary_dim=4, **options)
+    dx = rope_backward(dout, ctx)
+    head = torch_rope(
+        tx[..., :4], to_torch(positions), to_torch(options["inv_freq"]),
+        interleaved=LAYOUTS[layout], factor=1.3,
+    )  # fmt: skip
+    expected = torch.cat([head, tx[..., 4:]], dim=-1)
+    expected.backward(to_torch(dout))
+    report = gradcheck(
+        rope_forward, x, backward=rope_backward, positions=positions, rotary_dim=4, **options
+    )
+
+    assert_close(out, expected, name="out")
+    assert_close(dx, tx.grad, name="dx")
+    assert np.array_equal(out[..., 4:], x[..., 4:]) and np.array_equal(dx[..., 4:], dout[..., 4:])
+    assert_gradcheck(report)
+
+
+def test_rotary_dim_0_is_the_identity(rng):
+    """A NoPE layer (SmolLM 3's, Cohere 2's full layers): no coordinate turns."""
+    x = rng.standard_normal((B, N, D))
+    dout = rng.standard_normal(x.shape)
+
+    out, ctx = rope_forward(x, np.arange(N), inv_freq=np.zeros(0), rotary_dim=0)
+
+    assert np.array_equal(out, x) and np.array_equal(rope_backward(dout, ctx), dout)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_scores_depend_only_on_the_distance_between_positions(rng, layout):
     """RoPE's point: rope(q, m) . rope(k, n) is a function of m - n. Shifting both positions
     leaves every score unchanged; shifting one changes them."""
@@ -178,7 +217,7 @@ def test_float32_keeps_its_dtype_with_float64_angles(rng, layout):
     [
         ((B, N, 7), np.arange(N), 3, ValueError, r"even head width.*\(2, 7, 7\)"),
         ((N,), np.arange(N), 4, ValueError, r"even head width"),
-        ((B, N, D), np.arange(N), 3, ValueError, r"inv_freq must be \(D/2,\) = \(4,\).*\(3,\)"),
+        ((B, N, D), np.arange(N), 3, ValueError, r"inv_freq must be \(R/2,\) = \(4,\).*got \(3,\)"),
         ((B, N, D), np.arange(N + 1), 4, ValueError, r"positions must be \(N,\) = \(7,\).*\(8,\)"),
         ((B, N, D), np.zeros((B + 1, N), int), 4, ValueError, r"\(B, N\) = \(2, 7\).*\(3, 7\)"),
         ((B, N, D), np.zeros((B, N, 1), int), 4, ValueError, r"positions.*\(2, 7, 1\)"),
@@ -202,6 +241,9 @@ def test_bad_input_is_refused_naming_the_shapes(
         ({"interleaved": 1}, TypeError, "interleaved must be a bool"),
         ({"attention_factor": np.inf}, ValueError, "attention_factor must be finite"),
         ({"inv_freq": np.arange(4)}, TypeError, "inv_freq must be a floating-point array"),
+        ({"rotary_dim": 3}, ValueError, r"rotary_dim must be even .* D = 8 .* got 3"),
+        ({"rotary_dim": 10}, ValueError, r"at most D = 8 for x of shape \(2, 7, 8\), got 10"),
+        ({"rotary_dim": -2}, ValueError, "rotary_dim must be a non-negative int"),
     ],
 )
 def test_bad_options_are_refused(rng, options, error, match):

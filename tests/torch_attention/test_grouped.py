@@ -40,6 +40,20 @@ OPTIONS = {
         "rope_attention_factor": 1.2,
     },
 }
+# The options of the projections, norms and RoPE that later families need (they never reach the
+# attention backend, so they run on "math" alone): compared with the NumPy twin.
+FAMILY_OPTIONS = {
+    "partial_rotary": {"rotary_dim": 2, "rope_interleaved": True},
+    "nope": {"rotary_dim": 0},
+    "long_rope": {"long_inv_freq": [0.5, 0.2, 0.01], "original_max_positions": 6},
+    "qk_norm_all": {"qk_norm": True, "qk_norm_shape": "all"},
+    "qk_norm_layer_per_head_offset": {
+        "qk_norm": True,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "norm_weight_offset": 1.0,
+    },
+}
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
 SDPA_REFUSES = ("softcap", "sinks")
@@ -113,6 +127,42 @@ def test_layer_matches_numpy_on_left_padding_with_every_option(rng):
     assert_close(x_t.grad, dx, name="dx")
     for name, param in torch_layer.named_parameters():
         assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+@pytest.mark.parametrize("options", FAMILY_OPTIONS.values(), ids=FAMILY_OPTIONS.keys())
+def test_family_options_match_numpy_with_their_state_dict(rng, options):
+    """Left-padded positions reach 8: past original_max_positions, the long frequencies."""
+    np_layer, torch_layer = twins(rng, options)
+    x, padding, positions = left_padded(rng)
+    dout = rng.standard_normal(x.shape)
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert {k: tuple(v.shape) for k, v in torch_layer.state_dict().items()} == {
+        k: v.shape for k, v in np_layer.state_dict().items()
+    }
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+def test_long_rope_decoding_switches_where_numpy_does(rng):
+    """Prefill 5 tokens (positions 0..4, within 6), then one at a time: the steps at positions
+    6 and 7 rotate with the long frequencies, as the NumPy twin's per-call rule says."""
+    np_layer, torch_layer = twins(rng, FAMILY_OPTIONS["long_rope"])
+    x = rng.standard_normal((1, 8, C))
+    np_cache = np_grouped.KVCache(1, H_KV, 8, D, np.float64)
+    cache = KVCache(1, H_KV, 8, D, torch.float64)
+
+    for start, stop in [(0, 5), (5, 6), (6, 7), (7, 8)]:
+        expected = np_layer(x[:, start:stop], cache=np_cache)
+        out = torch_layer(to_torch(x[:, start:stop]), cache=cache)
+        assert_close(out, expected, name=f"tokens {start}:{stop}")
 
 
 def test_flex_runs_inference_and_refuses_a_backward_on_cpu(rng):
@@ -297,13 +347,17 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"num_kv_heads": 3}, ValueError, r"num_heads \(4\) must be a multiple of num_kv_heads"),
         ({"head_dim": 5}, ValueError, "head_dim must be even"),
         ({"head_dim": None, "hidden_size": 18}, ValueError, "divisible by num_heads"),
-        ({"inv_freq": np.ones(4)}, ValueError, r"inv_freq must be \(head_dim / 2,\) = \(3,\)"),
+        ({"inv_freq": np.ones(4)}, ValueError, r"inv_freq must be \(rotary_dim / 2,\) = \(3,\)"),
         ({"inv_freq": np.array([1.0, np.nan, 1.0])}, ValueError, "inv_freq must be finite"),
         ({"window": (-1, 0)}, ValueError, "window"),
         ({"window": 3}, TypeError, "window must be"),
         ({"softcap": -1.0}, ValueError, "softcap must be >= 0"),
         ({"dropout": 1.0}, ValueError, "dropout"),
         ({"backend": "flash"}, ValueError, "backend must be one of"),
+        ({"rotary_dim": 3}, ValueError, "rotary_dim must be even"),
+        ({"long_inv_freq": np.ones(3)}, ValueError, "go together"),
+        ({"qk_norm": True, "qk_norm_type": "l2"}, ValueError, "qk_norm_type must be one of"),
+        ({"qk_norm_shape": "all"}, ValueError, "but qk_norm is False"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

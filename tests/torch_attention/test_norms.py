@@ -1,32 +1,41 @@
-"""torch_attention.norms, the twin of numpy_attention.norms: RMSNorm against the NumPy twin's
-forward and hand-derived backward, torch's gradcheck, and bad input."""
+"""torch_attention.norms, the twin of numpy_attention.norms: RMSNorm and LayerNorm (a weight of
+(D,) or per head, scale (offset + w)) against the NumPy twin's forward and hand-derived backward,
+torch's gradcheck, and bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from numpy_attention.norms import rmsnorm_backward, rmsnorm_forward
-from torch_attention.norms import RMSNorm
+from numpy_attention import norms as np_norms
+from torch_attention.norms import LayerNorm, RMSNorm
 
 from ..conftest import assert_close, to_torch
 
 D = 6  # the head width (even, for RoPE)
 
 
-def test_rmsnorm_matches_numpy_forward_and_backward(rng):
-    x = rng.standard_normal((2, 3, 5, D))
-    weight = rng.standard_normal(D)
+NORMS = {"rms": (RMSNorm, np_norms.rmsnorm_forward, np_norms.rmsnorm_backward)}
+NORMS["layer"] = (LayerNorm, np_norms.layernorm_forward, np_norms.layernorm_backward)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dim", [D, (3, D)], ids=["shared", "per_head"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_norms_match_numpy_forward_and_backward(rng, norm, dim, offset):
+    layer, forward, backward = NORMS[norm]
+    x = rng.standard_normal((2, 5, 3, D)) + 0.5
+    weight = rng.standard_normal(dim)
     dout = rng.standard_normal(x.shape)
-    norm = RMSNorm(D, eps=1e-5).double()
+    norm = layer(dim, eps=1e-5, weight_offset=offset).double()
     with torch.no_grad():
         norm.weight.copy_(to_torch(weight))
 
-    expected, ctx = rmsnorm_forward(x, weight, 1e-5)
+    expected, ctx = forward(x, weight, 1e-5, weight_offset=offset)
     x_t = to_torch(x, requires_grad=True)
     out = norm(x_t)
     out.backward(to_torch(dout))
-    dx, dweight = rmsnorm_backward(dout, ctx)
+    dx, dweight = backward(dout, ctx)
 
     assert_close(out, expected, name="out")
     assert_close(x_t.grad, dx, name="dx")
@@ -52,6 +61,8 @@ def test_rmsnorm_refuses_another_width_or_dtype(rng):
         norm(torch.ones(2, D, dtype=torch.float64))
     with pytest.raises(ValueError, match="eps must be > 0"):
         RMSNorm(D, eps=0.0)
+    with pytest.raises(ValueError, match=r"weight \(3, 6\) needs x \(\.\.\., \*\(3, 6\)\)"):
+        LayerNorm((3, D))(torch.ones(2, 2, D))
 
 
 # -- the layer ----------------------------------------------------------------------------------

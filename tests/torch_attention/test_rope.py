@@ -19,14 +19,20 @@ D = 6  # the head width (even, for RoPE)
 
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("batched_positions", [False, True])
-def test_rope_matches_numpy_forward_and_backward(rng, interleaved, batched_positions):
+@pytest.mark.parametrize("rotary_dim", [None, 4, 0], ids=["whole", "partial", "nope"])
+def test_rope_matches_numpy_forward_and_backward(rng, interleaved, batched_positions, rotary_dim):
     x = rng.standard_normal((2, 3, 7, D))
     positions = (
         np.stack([np.arange(7) + 4, np.arange(7) - 2]) if batched_positions else np.arange(7)
     )
-    inv_freq = rng.random(D // 2)
+    inv_freq = rng.random((D if rotary_dim is None else rotary_dim) // 2)
     dout = rng.standard_normal(x.shape)
-    options = {"inv_freq": inv_freq, "interleaved": interleaved, "attention_factor": 1.3}
+    options = {
+        "inv_freq": inv_freq,
+        "interleaved": interleaved,
+        "attention_factor": 1.3,
+        "rotary_dim": rotary_dim,
+    }
 
     expected, ctx = rope_forward(x, positions, **options)
     x_t = to_torch(x, requires_grad=True)
@@ -77,5 +83,7 @@ def test_rope_refuses_positions_of_the_wrong_shape_or_dtype(rng, positions, mess
 def test_rope_refuses_an_odd_width_and_frequencies_of_the_wrong_length(rng):
     with pytest.raises(ValueError, match="even head width"):
         rope(to_torch(rng.standard_normal((3, 5))), np.arange(3), inv_freq=np.ones(2))
-    with pytest.raises(ValueError, match=r"inv_freq must be \(D/2,\) = \(3,\)"):
+    with pytest.raises(ValueError, match=r"inv_freq must be \(R/2,\) = \(3,\)"):
         rope(to_torch(rng.standard_normal((3, 6))), np.arange(3), inv_freq=np.ones(2))
+    with pytest.raises(ValueError, match="rotary_dim must be even .* got 3"):
+        rope(to_torch(rng.standard_normal((3, 6))), np.arange(3), inv_freq=np.ones(1), rotary_dim=3)
