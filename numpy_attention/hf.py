@@ -1,30 +1,33 @@
-"""Hugging Face decoder attention -> ``GroupedQueryAttention``: the config read as the model reads
-it, the attention weights found in any state dict, NumPy only (transformers is never imported).
+"""Hugging Face decoder attention -> ``GroupedQueryAttention`` and back: the config read as the
+model reads it, the attention weights found in any state dict, fused projections split on load
+and joined on save, NumPy only (transformers is never imported).
 
-Models (``config["model_type"]``): Llama, Mistral, Qwen2, Qwen3, Gemma 2 and GPT-OSS. What each
-model's code does, and where it differs from this project's conventions:
+Models (``config["model_type"]``): Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma 2,
+Gemma 3 (text), GPT-OSS, Phi-3, OLMo 2, Cohere, Cohere 2, StarCoder 2, Granite, SmolLM 3, GLM,
+GLM 4 and Falcon. What each family's code reads is one row of ``hf_families.FAMILIES``; RoPE is
+``hf_rope``'s, the fused projections ``hf_layouts``'.
 
-- Sizes: ``head_dim`` where the config has it, else ``hidden_size // num_attention_heads``;
-  ``num_key_value_heads`` (None: multi-head).
-- Biases: ``attention_bias`` on all four projections (Llama, Qwen3, Gemma 2, GPT-OSS); none for
-  Mistral; Qwen2 has no config key and biases on q, k and v only: read from the state dict.
-- QK-norm (Qwen3): ``q_norm``, ``k_norm`` = RMSNorm(head_dim, ``rms_norm_eps``) per head, before
-  RoPE.
-- Sliding windows: a layer slides where ``layer_types[layer_idx]`` is ``"sliding_attention"``
-  (Qwen2/3, Gemma 2, GPT-OSS; without ``layer_types``, Qwen slides from ``max_window_layers`` on
-  when ``use_sliding_window``); Mistral slides on every layer when ``sliding_window`` is set.
-  Hugging Face's ``sliding_window = W`` lets a query see W keys, itself included
-  (``kv > q - W``), so ``window = (W - 1, 0)``.
-- Gemma 2: scores scaled by ``query_pre_attn_scalar ** -0.5`` (not ``head_dim ** -0.5``) and
-  capped by ``attn_logit_softcapping``. GPT-OSS: one sink logit per head (``sinks``).
-- RoPE: half-split pairs (``rotate_half``) in all six. ``rope_parameters`` (transformers 5), or
-  ``rope_theta`` and ``rope_scaling`` (a transformers 4 ``config.json``), of type ``default``,
-  ``linear``, ``llama3`` or ``yarn``; YaRN's attention factor multiplies cos and sin
-  (``rope_attention_factor``). Hugging Face computes ``inv_freq`` in float32; so does
-  ``hf_inv_freq``, in the same order of operations, which agrees with the model's own
-  frequencies to within a float32 ulp or two (torch's vectorized ``pow`` rounds the last bit
-  differently from NumPy's). For exactly the model's frequencies pass them as ``inv_freq=``
-  (``model.model.rotary_emb.inv_freq``): they are used as given.
+- Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else
+  ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
+  ``num_kv_heads`` in its new decoder architecture, one with ``multi_query``).
+- Biases: the family's config key (``attention_bias``, ``qkv_bias``, ``use_bias``, ``bias``)
+  on its projections; Qwen2 has no key and biases on q, k and v only: read from the state dict.
+- QK-norm: RMSNorm per head (Qwen3, Qwen3-MoE), per head with Gemma's (1 + w) (Gemma 3), over
+  the whole projection (OLMo 2), or a bias-free LayerNorm with a weight per head (Cohere, under
+  ``use_qk_norm``), before RoPE.
+- Sliding windows: ``layer_types[layer_idx]``, else the family's own rule; Mistral, Phi-3 and
+  StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
+  ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
+  included (``kv > q - W``), so ``window = (W - 1, 0)``.
+- Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
+  ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
+- RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
+  rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
+  (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3.
+  ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
+  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn`` or ``longrope``
+  (the layer switches to the long frequencies per call, as the model does). For exactly the
+  model's frequencies pass them as ``inv_freq=`` (and ``long_inv_freq=``): used as given.
 
 The padding convention differs too, at call time: Hugging Face's ``attention_mask`` is 1 = keep,
 the layer's ``key_padding_mask`` is True = padding; with left padding each row's positions start
@@ -36,7 +39,6 @@ Tests: tests/numpy_attention/test_hf.py; against transformers in tests/parity/te
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -45,15 +47,25 @@ import numpy as np
 
 from . import validation
 from .grouped import GroupedQueryAttention
+from .hf_families import FAMILIES, SUPPORTED_MODEL_TYPES, layer_options, model_type, sizes
+from .hf_families import as_mapping as _as_mapping
+from .hf_layouts import ANCHORS, expected_form, hf_shapes, join, split
+from .hf_rope import ROPE_TYPES, hf_inv_freq, hf_rope_attention_factor, rope_options
+from .hf_rope import _rope_parameters as _rope_parameters
 from .module import _to_numpy
 
-SUPPORTED_MODEL_TYPES = ("gemma2", "gpt_oss", "llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+__all__ = [
+    "ROPE_TYPES",
+    "SUPPORTED_MODEL_TYPES",
+    "grouped_from_hf",
+    "hf_attention_state",
+    "hf_attention_state_from_grouped",
+    "hf_inv_freq",
+    "hf_rope_attention_factor",
+    "padding_from_hf",
+]
 
-_EXPECTED_FORM = "expected keys like 'model.layers.{i}.self_attn.q_proj.weight' or 'q_proj.weight'"
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MODELS_WITH_ATTENTION_BIAS = ("gemma2", "gpt_oss", "llama", "qwen3")
-_QWEN = ("qwen2", "qwen3")
+_EXPECTED_FORM = expected_form("separate")
 
 
 # -- the attention weights of one layer -------------------------------------------------------
@@ -62,10 +74,12 @@ _QWEN = ("qwen2", "qwen3")
 def hf_attention_state(state_dict: Mapping[str, Any], *, layer_idx: int = 0) -> dict[str, Any]:
     """The attention entries of one layer, named as the attention module names them.
 
-    The prefix is whatever precedes ``q_proj.weight``: none for an attention module's own state
-    dict, ``self_attn.`` for a decoder layer's, ``model.layers.{i}.self_attn.`` for a whole
-    model's, where ``layer_idx`` chooses i. Entries outside the prefix (embeddings, MLPs, other
-    layers) are left out; every entry under it is returned, expected or not.
+    The prefix is whatever precedes the attention's first projection (``q_proj.weight``, or the
+    fused ``qkv_proj.weight`` of Phi-3 and ``query_key_value.weight`` of Falcon): none for an
+    attention module's own state dict, ``self_attn.`` for a decoder layer's,
+    ``model.layers.{i}.self_attn.`` for a whole model's, where ``layer_idx`` chooses i. Entries
+    outside the prefix (embeddings, MLPs, other layers) are left out; every entry under it is
+    returned, expected or not.
 
     Args:
         state_dict: name -> array-like (NumPy arrays, torch tensors, ...).
@@ -76,42 +90,52 @@ def hf_attention_state(state_dict: Mapping[str, Any], *, layer_idx: int = 0) -> 
         ``{"q_proj.weight": ..., ...}``, the values as given (not copied or converted).
 
     Raises:
-        KeyError: no ``q_proj.weight`` at all, or none for ``layer_idx``, naming the expected
-            key form.
+        KeyError: no attention projection at all, or none for ``layer_idx``, naming the
+            expected key form.
         ValueError: a one-layer dict whose prefix names another layer than ``layer_idx``.
     """
-    return _attention_entries("hf_attention_state", state_dict, layer_idx)[1]
+    anchors = [
+        anchor
+        for anchor in ANCHORS.values()
+        if isinstance(state_dict, Mapping)
+        and any(key == anchor or key.endswith("." + anchor) for key in state_dict)
+    ]
+    anchor = anchors[0] if len(anchors) == 1 else ANCHORS["separate"]
+    layout = next(name for name, value in ANCHORS.items() if value == anchor)
+    return _attention_entries("hf_attention_state", state_dict, layer_idx, layout)[1]
 
 
 def _attention_entries(
-    fn: str, state_dict: Mapping[str, Any], layer_idx: Any
+    fn: str, state_dict: Mapping[str, Any], layer_idx: Any, layout: str = "separate"
 ) -> tuple[str, dict[str, Any]]:
-    """``hf_attention_state``'s work: the prefix found and the entries under it."""
+    """``hf_attention_state``'s work for the projections' ``layout``: the prefix found and the
+    entries under it."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    anchor, form = ANCHORS[layout], expected_form(layout)
     prefixes = sorted(
-        key.removesuffix("q_proj.weight")
+        key.removesuffix(anchor)
         for key in state_dict
-        if key == "q_proj.weight" or key.endswith(".q_proj.weight")
+        if key == anchor or key.endswith("." + anchor)
     )
     if not prefixes:
-        raise KeyError(f"{fn}: the state dict has no 'q_proj.weight'; {_EXPECTED_FORM}")
+        raise KeyError(f"{fn}: the state dict has no '{anchor}'; {form}")
     numbered = {prefix: _layer_number(prefix) for prefix in prefixes}
     if len(prefixes) == 1:
         prefix = prefixes[0]
         if numbered[prefix] not in (None, layer_idx):
             raise ValueError(
                 f"{fn}: the state dict holds layer {numbered[prefix]} "
-                f"('{prefix}q_proj.weight') but layer_idx is {layer_idx}"
+                f"('{prefix}{anchor}') but layer_idx is {layer_idx}"
             )
     else:
         chosen = [prefix for prefix in prefixes if numbered[prefix] == layer_idx]
         if len(chosen) != 1:
-            shown = ", ".join(f"'{prefix}q_proj.weight'" for prefix in prefixes[:3])
+            shown = ", ".join(f"'{prefix}{anchor}'" for prefix in prefixes[:3])
             raise KeyError(
                 f"{fn}: the state dict holds {len(prefixes)} attention layers ({shown}, ...) "
-                f"and {len(chosen)} of them for layer_idx {layer_idx}; {_EXPECTED_FORM}"
+                f"and {len(chosen)} of them for layer_idx {layer_idx}; {form}"
             )
         prefix = chosen[0]
     entries = {
@@ -137,12 +161,15 @@ def grouped_from_hf(
     *,
     layer_idx: int = 0,
     inv_freq: Any = None,
+    long_inv_freq: Any = None,
 ) -> GroupedQueryAttention:
     """The NumPy layer of one Hugging Face attention layer, weights loaded, in eval mode.
 
-    Everything is read from the config as the model reads it (module docstring); the layer's
-    dtype is float64 when ``q_proj.weight`` is float64 and float32 otherwise (float16 and
-    bfloat16 weights are computed in float32). Every check runs before the layer is built.
+    Everything is read from the config as the model reads it (module docstring); fused
+    projections (Phi-3's ``qkv_proj``, Falcon's ``query_key_value``) are split into the layer's
+    q_proj, k_proj and v_proj. The layer's dtype is float64 when the weights are float64 and
+    float32 otherwise (float16 and bfloat16 weights are computed in float32). Every check runs
+    before the layer is built.
 
     Args:
         config: ``config.to_dict()`` of a supported model (a config object with ``to_dict`` is
@@ -150,9 +177,12 @@ def grouped_from_hf(
         state_dict: the attention's state dict with any prefix (``hf_attention_state``): a whole
             model's, a decoder layer's or the attention module's own.
         layer_idx: which layer: its weights in a whole model's state dict, and its type (sliding
-            or full attention) in the config.
-        inv_freq: (head_dim / 2,) RoPE frequencies, used as given, e.g. the model's own float32
-            ``rotary_emb.inv_freq``; None computes them from the config (``hf_inv_freq``).
+            or full attention, RoPE or NoPE, its RoPE parameters) in the config.
+        inv_freq: (R/2,) RoPE frequencies, used as given, e.g. the model's own float32
+            ``rotary_emb.inv_freq`` (Gemma 3: the layer type's,
+            ``rotary_emb.sliding_attention_inv_freq``); None computes them from the config
+            (``hf_inv_freq``). Ignored on a NoPE layer.
+        long_inv_freq: LongRoPE's long frequencies, used as given; None computes them.
 
     Returns:
         a ``GroupedQueryAttention`` holding the weights, in eval mode.
@@ -165,29 +195,29 @@ def grouped_from_hf(
     """
     fn = "grouped_from_hf"
     config = _as_mapping(config)
-    model_type = _model_type(config)
+    name = model_type(config)
+    layout = FAMILIES[name].layout
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
     num_layers = config.get("num_hidden_layers")
     if num_layers is not None and layer_idx >= num_layers:
         raise ValueError(
             f"{fn}: layer_idx is {layer_idx} but the config has num_hidden_layers = {num_layers}"
         )
-    prefix, attention = _attention_entries(fn, state_dict, layer_idx)
-    options = _layer_options(config, model_type, layer_idx, attention)
-    expected = _expected_shapes(options)
-    _check_keys(attention, expected, prefix)
-    arrays = {name: _to_numpy(value) for name, value in attention.items()}
-    for name, shape in expected.items():
-        if arrays[name].shape != shape:
+    prefix, attention = _attention_entries(fn, state_dict, layer_idx, layout)
+    options = layer_options(config, name, layer_idx, attention)
+    options |= rope_options(config, layer_idx, inv_freq, long_inv_freq)
+    expected = hf_shapes(layout, _expected_shapes(options))
+    _check_keys(attention, expected, prefix, layout)
+    arrays = {key: _to_numpy(value) for key, value in attention.items()}
+    for key, shape in expected.items():
+        if arrays[key].shape != shape:
             raise ValueError(
-                f"{fn}: {name} has shape {arrays[name].shape}, but the config "
+                f"{fn}: {key} has shape {arrays[key].shape}, but the config "
                 f"({_sizes(options)}) gives {shape}"
             )
-        validation.float_array(f"{fn}: {name}", arrays[name])
-    if inv_freq is None:
-        inv_freq = hf_inv_freq(config)
-    options["inv_freq"] = inv_freq
+        validation.float_array(f"{fn}: {key}", arrays[key])
 
+    arrays = split(layout, arrays, options["num_heads"], options["num_kv_heads"])
     dtype = np.float64 if arrays["q_proj.weight"].dtype == np.float64 else np.float32
     layer = GroupedQueryAttention(**options, rng=0)
     layer.astype(dtype)
@@ -196,244 +226,64 @@ def grouped_from_hf(
     return layer
 
 
-def _as_mapping(config: Any) -> Mapping[str, Any]:
-    if hasattr(config, "to_dict") and not isinstance(config, Mapping):
-        config = config.to_dict()
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping (config.to_dict()), got {type(config).__name__}")
-    return config
+def hf_attention_state_from_grouped(
+    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
+    ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
+    q, k and v are joined where the model fuses them (Phi-3's ``qkv_proj``, Falcon's
+    ``query_key_value``, whose ``o_proj`` is ``dense``); the other families keep the names.
 
-
-def _model_type(config: Mapping[str, Any]) -> str:
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"
-        )
-    return str(model_type)
-
-
-def _required(config: Mapping[str, Any], key: str) -> Any:
-    if config.get(key) is None:
-        raise ValueError(f"the config has no {key!r}, which a {config['model_type']} layer needs")
-    return config[key]
-
-
-def _layer_options(
-    config: Mapping[str, Any], model_type: str, layer_idx: int, attention: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The constructor keywords of the layer, inv_freq aside."""
-    hidden_size = _required(config, "hidden_size")
-    num_heads = _required(config, "num_attention_heads")
-    num_kv_heads = config.get("num_key_value_heads") or num_heads
-    head_dim = config.get("head_dim") or hidden_size // num_heads
-    if model_type in _MODELS_WITH_ATTENTION_BIAS:
-        bias = out_bias = bool(config.get("attention_bias", False))
-    elif model_type == "qwen2":  # q, k and v always carry a bias in its code; no config key
-        bias, out_bias = "q_proj.bias" in attention, False
-    else:  # mistral
-        bias = out_bias = False
-    options: dict[str, Any] = {
-        "hidden_size": hidden_size,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "head_dim": head_dim,
-        "bias": bias,
-        "out_bias": out_bias,
-        "rope_theta": _rope_parameters(config)["rope_theta"],
-        "rope_attention_factor": hf_rope_attention_factor(config),
-        "window": _window(config, model_type, layer_idx),
-        "dropout": float(config.get("attention_dropout") or 0.0),
-    }
-    if model_type == "qwen3":
-        options["qk_norm"] = True
-        options["norm_eps"] = float(_required(config, "rms_norm_eps"))
-    if model_type == "gemma2":
-        if config.get("use_bidirectional_attention"):
-            raise ValueError(
-                "use_bidirectional_attention is set: that Gemma 2 layer is not causal, and "
-                "GroupedQueryAttention always is"
-            )
-        options["scaling"] = float(_required(config, "query_pre_attn_scalar")) ** -0.5
-        options["softcap"] = float(config.get("attn_logit_softcapping") or 0.0)
-    if model_type == "gpt_oss":
-        options["sinks"] = True
-    return options
-
-
-def _window(config: Mapping[str, Any], model_type: str, layer_idx: int) -> tuple[int, int] | None:
-    """(W - 1, 0) on a sliding layer (Hugging Face's W counts the query itself), else None."""
-    layer_types = config.get("layer_types")
-    if model_type == "mistral":
-        sliding = config.get("sliding_window") is not None
-    elif model_type == "llama":
-        sliding = False
-    elif layer_types is not None:
-        if layer_idx >= len(layer_types):
-            raise ValueError(
-                f"layer_idx is {layer_idx} but the config's layer_types has {len(layer_types)} "
-                "entries"
-            )
-        kind = layer_types[layer_idx]
-        if kind not in ("full_attention", "sliding_attention"):
-            raise ValueError(
-                f"layer_types[{layer_idx}] is {kind!r}; supported: 'full_attention', "
-                "'sliding_attention'"
-            )
-        sliding = kind == "sliding_attention"
-    elif model_type in _QWEN:  # a config.json without layer_types: Qwen's own rule
-        sliding = bool(config.get("use_sliding_window")) and layer_idx >= config.get(
-            "max_window_layers", 0
-        )
-        sliding = sliding and config.get("sliding_window") is not None
-    else:  # gemma2, gpt_oss: every other layer, from the first
-        sliding = layer_idx % 2 == 0
-    if not sliding:
-        return None
-    width = validation.positive_int("config['sliding_window']", _required(config, "sliding_window"))
-    return (width - 1, 0)
-
-
-# -- RoPE ---------------------------------------------------------------------------------------
-
-
-def _rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``rope_parameters`` (transformers 5), or the same built from a transformers 4 config's
-    ``rope_theta`` and ``rope_scaling``; its ``rope_type`` checked."""
-    params = config.get("rope_parameters")
-    if params is None:
-        params = dict(config.get("rope_scaling") or {})
-        params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
-        params["rope_theta"] = config.get("rope_theta")
-    params = dict(params)
-    if "full_attention" in params or "sliding_attention" in params:
-        raise ValueError(
-            "rope_parameters per layer type is not supported; these models have one RoPE"
-        )
-    rope_type = params.get("rope_type", "default")
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}")
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(
-            f"partial_rotary_factor is {partial}; the layer rotates the whole head (1.0)"
-        )
-    if params.get("rope_theta") is None:
-        raise ValueError("the config has no rope_theta (in rope_parameters or at the top level)")
-    params["rope_type"] = rope_type
-    return params
-
-
-def _head_dim(config: Mapping[str, Any]) -> int:
-    return int(
-        config.get("head_dim")
-        or _required(config, "hidden_size") // _required(config, "num_attention_heads")
-    )
-
-
-def hf_rope_attention_factor(config: Mapping[str, Any] | Any) -> float:
-    """The factor Hugging Face multiplies RoPE's cos and sin by: YaRN's (``attention_factor``,
-    else from ``factor``, ``mscale`` and ``mscale_all_dim``), 1 for the other RoPE types."""
-    config = _as_mapping(config)
-    params = _rope_parameters(config)
-    if params["rope_type"] != "yarn":
-        return 1.0
-    if params.get("attention_factor") is not None:
-        return float(params["attention_factor"])
-    factor = _yarn_factor(config, params)
-    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-    if mscale and mscale_all_dim:
-        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-    return _yarn_mscale(factor)
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn_factor(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
-    if params.get("factor") is not None:
-        return float(params["factor"])
-    return float(_required(config, "max_position_embeddings")) / _yarn_original_length(
-        config, params
-    )
-
-
-def _yarn_original_length(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
-    length = params.get("original_max_position_embeddings")
-    return float(length if length is not None else _required(config, "max_position_embeddings"))
-
-
-def hf_inv_freq(config: Mapping[str, Any] | Any) -> np.ndarray:
-    """RoPE's (head_dim / 2,) frequencies as Hugging Face's rotary embedding computes them: in
-    float32, in its order of operations, for ``default``, ``linear``, ``llama3`` and ``yarn``.
-
-    Within a float32 ulp or two of the model's own ``inv_freq`` (torch's vectorized ``pow``
-    rounds the last bit differently); pass the model's to ``grouped_from_hf`` for exactly its
-    frequencies.
+    Args:
+        config: the model's config (as for ``grouped_from_hf``).
+        state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
+            and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
+            has (biases, norms, sinks), passed through.
 
     Returns:
-        float32 (head_dim / 2,).
+        the model's names -> fresh NumPy arrays (copies).
+
+    Raises:
+        KeyError: a projection missing, or a bias on some of q, k, v only where they are fused.
+        ValueError: projections of other shapes than the config's.
     """
+    fn = "hf_attention_state_from_grouped"
     config = _as_mapping(config)
-    params = _rope_parameters(config)
-    dim = _head_dim(config)
-    base = np.float32(params["rope_theta"])
-    # Python floats below are weak scalars: every step stays float32, as in torch.
-    exponents = np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)  # (D/2,)
-    powers = base**exponents  # base^(2i/D)
-    rope_type = params["rope_type"]
-    if rope_type == "default":
-        return np.float32(1.0) / powers
-    if rope_type == "linear":
-        return np.float32(1.0) / powers / np.float32(params["factor"])
-    if rope_type == "llama3":
-        return _llama3_inv_freq(np.float32(1.0) / powers, params)
-    return _yarn_inv_freq(powers, config, params, dim)
-
-
-def _llama3_inv_freq(inv_freq: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
-    """Llama 3.1: long wavelengths divided by ``factor``, short ones kept, a smooth blend
-    between ``original_max_position_embeddings / low_freq_factor`` and ``/ high_freq_factor``."""
-    factor = float(params["factor"])
-    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
-    old_context = float(params["original_max_position_embeddings"])
-    low_wavelen, high_wavelen = old_context / low, old_context / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def _yarn_inv_freq(
-    powers: np.ndarray, config: Mapping[str, Any], params: Mapping[str, Any], dim: int
-) -> np.ndarray:
-    """YaRN: interpolation (``/ factor``) for slow frequencies, extrapolation (unchanged) for
-    fast ones, a linear ramp between the dimensions that turn ``beta_slow`` and ``beta_fast``
-    times over ``original_max_position_embeddings``."""
-    base = float(params["rope_theta"])
-    factor = _yarn_factor(config, params)
-    original = _yarn_original_length(config, params)
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
-
-    def correction_dim(rotations: float) -> float:
-        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # as Hugging Face: no zero-width ramp
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
-    extrapolation = 1 - ramp  # weight of the unchanged frequency, per pair
-    inv_extrapolation = 1.0 / powers
-    inv_interpolation = 1.0 / (factor * powers)
-    blended = inv_interpolation * (1 - extrapolation) + inv_extrapolation * extrapolation
-    return blended.astype(np.float32)
+    name = model_type(config)
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
+    family = FAMILIES[name]
+    shape = sizes(config, family)
+    arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
+    h, h_kv, d, c = (
+        shape["num_heads"],
+        shape["num_kv_heads"],
+        shape["head_dim"],
+        shape["hidden_size"],
+    )
+    expected = {
+        "q_proj.weight": (h * d, c),
+        "k_proj.weight": (h_kv * d, c),
+        "v_proj.weight": (h_kv * d, c),
+        "o_proj.weight": (c, h * d),
+    }
+    missing = [key for key in expected if key not in arrays]
+    if family.layout != "separate":  # fused: the q, k and v biases are one entry
+        biases = [f"{proj}.bias" for proj in ("q_proj", "k_proj", "v_proj")]
+        if any(key in arrays for key in biases):
+            missing += [key for key in biases if key not in arrays]
+    if missing:
+        raise KeyError(
+            f"{fn}: missing keys {missing} of a {name} layer's state dict (where q, k and v are "
+            "fused, their biases go together)"
+        )
+    for key, want in expected.items():
+        if arrays[key].shape != want:
+            raise ValueError(
+                f"{fn}: {key} has shape {arrays[key].shape}, but the config "
+                f"({_sizes({**shape})}) gives {want}"
+            )
+    return join(family.layout, arrays, h, h_kv)
 
 
 # -- padding ------------------------------------------------------------------------------------
@@ -492,10 +342,20 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     if options["out_bias"]:
         shapes["o_proj.bias"] = (c,)
     if options.get("qk_norm"):
-        shapes |= {"q_norm.weight": (d,), "k_norm.weight": (d,)}
+        shapes |= {
+            "q_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h, d),
+            "k_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h_kv, d),
+        }
     if options.get("sinks"):
         shapes["sinks"] = (h,)
     return shapes
+
+
+def _norm_shape(shape: str, heads: int, head_dim: int) -> tuple[int, ...]:
+    """The QK-norm weight's shape, as ``GroupedQueryAttention`` makes it."""
+    if shape == "per_head":
+        return (heads, head_dim)
+    return (heads * head_dim,) if shape == "all" else (head_dim,)
 
 
 def _sizes(options: Mapping[str, Any]) -> str:
@@ -506,7 +366,10 @@ def _sizes(options: Mapping[str, Any]) -> str:
 
 
 def _check_keys(
-    attention: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], prefix: str
+    attention: Mapping[str, Any],
+    expected: Mapping[str, tuple[int, ...]],
+    prefix: str,
+    layout: str,
 ) -> None:
     missing = [prefix + name for name in expected if name not in attention]
     unexpected = sorted(prefix + name for name in attention if name not in expected)
@@ -514,5 +377,5 @@ def _check_keys(
         raise KeyError(
             f"grouped_from_hf: missing keys {missing}, unexpected keys {unexpected} for this "
             f"config's attention ({sorted(expected)} under the prefix '{prefix}'); "
-            f"{_EXPECTED_FORM}"
+            f"{expected_form(layout)}"
         )

@@ -412,14 +412,16 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
         (
             {**BASE, "model_type": "gpt2"},
             ValueError,
-            r"model_type 'gpt2' is not supported; supported: \['gemma2', 'gpt_oss', 'llama', "
-            r"'mistral', 'qwen2', 'qwen3'\]",
+            r"model_type 'gpt2' is not supported; supported: \['cohere', 'cohere2', 'falcon', "
+            r"'gemma2', 'gemma3_text', 'glm', 'glm4', 'gpt_oss', 'granite', 'llama', 'mistral', "
+            r"'olmo2', 'phi3', 'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'smollm3', "
+            r"'starcoder2'\]",
         ),
         (
             config("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}),
             ValueError,
             r"rope_type 'dynamic' is not supported; supported: \['default', 'linear', "
-            r"'llama3', 'yarn'\]",
+            r"'llama3', 'yarn', 'longrope'\]",
         ),
         (
             config("llama", partial_rotary_factor=0.5),

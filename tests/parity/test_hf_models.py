@@ -53,14 +53,21 @@ from torch.overrides import TorchFunctionMode
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.grouped import KVCache
-from numpy_attention.hf import hf_inv_freq, hf_rope_attention_factor, padding_from_hf
+from numpy_attention.hf import (
+    hf_attention_state_from_grouped,
+    hf_inv_freq,
+    hf_rope_attention_factor,
+    padding_from_hf,
+)
 
 from ..conftest import assert_close, to_numpy, to_torch
 
 transformers = pytest.importorskip("transformers")
-from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.cache_utils import Cache, DynamicCache  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
 B, N, PREFILL, PAD = 2, 11, 6, 3  # batch, tokens, prefill length, left padding of element 1
+ABSENT = object()  # a SIZES key a model's config must not be given
 WINDOW = 4  # Hugging Face's sliding_window: 4 keys, the query included
 SIZES = {
     "hidden_size": 32,
@@ -70,6 +77,7 @@ SIZES = {
     "num_hidden_layers": 2,
     "intermediate_size": 16,
     "vocab_size": 11,
+    "pad_token_id": None,  # some configs' default is past this vocabulary
 }
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -96,45 +104,54 @@ class Float64Math(TorchFunctionMode):
 
 @dataclass(frozen=True)
 class ModelCase:
-    """One layer of one model: its config class, base model class, config keywords, the layer."""
+    """One layer of one model: its config class, base model class, config keywords, the layer.
+
+    ``config`` is merged over SIZES; the value ABSENT leaves that SIZES key out (Falcon's
+    head_dim is a property, its kv heads ``num_kv_heads``)."""
 
     name: str
     model: str  # the transformers class prefix: "Llama", "Qwen2", ...
     layer_idx: int
     sliding: bool  # what the model's code makes of this layer (checked against its module)
     config: dict[str, Any] = field(default_factory=dict)
+    unpadded: bool = False  # also a batch without padding (Hugging Face may skip its mask)
 
     def build(self) -> tuple[Any, Any]:
         """The config and the base model in float64, eager, attention weights redrawn."""
         torch.manual_seed(sum(map(ord, self.name)))
-        config = getattr(transformers, f"{self.model}Config")(**SIZES, **self.config)
+        merged = {key: value for key, value in (SIZES | self.config).items() if value is not ABSENT}
+        config = getattr(transformers, f"{self.model}Config")(**merged)
         config._attn_implementation = "eager"
-        config._experts_implementation = "eager"  # GPT-OSS's grouped_mm has no float64
+        config._experts_implementation = "eager"  # the MoE's grouped_mm has no float64
         model = getattr(transformers, f"{self.model}Model")(config).double().eval()
         with torch.no_grad():
-            for name, param in model.named_parameters():
-                if ".self_attn." in name:
-                    scale = 1.5 / param.shape[1] ** 0.5 if param.ndim == 2 else 0.5
+            for layer_idx in range(config.num_hidden_layers):
+                for param in attention_of(model, layer_idx).parameters():
+                    scale = 1.5 / param.shape[-1] ** 0.5 if param.ndim == 2 else 0.5
                     param.normal_(0.0, scale)
         return config, model
 
 
+def attention_of(model, layer_idx):
+    """The attention module of a decoder layer (Falcon's names differ)."""
+    if hasattr(model, "h"):
+        return model.h[layer_idx].self_attention
+    return model.layers[layer_idx].self_attn
+
+
+QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
 CASES = [
-    ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}),
-    ModelCase("llama-llama3-rope", "Llama", 1, False, {"rope_parameters": LLAMA3_ROPE}),
-    ModelCase("mistral-sliding", "Mistral", 1, True, {"sliding_window": WINDOW}),
+    ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
+    ModelCase("llama-llama3-rope", "Llama", 1, False, {"rope_parameters": LLAMA3_ROPE}, True),
+    ModelCase("mistral-sliding", "Mistral", 1, True, {"sliding_window": WINDOW}, unpadded=True),
     *(
         ModelCase(
             f"{model.lower()}-{kind}",
             model,
             layer,
             layer == 1,
-            {
-                "use_sliding_window": True,
-                "sliding_window": WINDOW,
-                "max_window_layers": 1,
-                "rms_norm_eps": 1e-5,  # Qwen3's QK-norm eps, not the layer's default
-            },
+            QWEN_SLIDING | {"rms_norm_eps": 1e-5},  # Qwen3's QK-norm eps, not the layer's default
+            unpadded=True,
         )
         for model in ("Qwen2", "Qwen3")
         for layer, kind in ((0, "full"), (1, "sliding"))
@@ -146,6 +163,7 @@ CASES = [
             layer,
             layer == 0,
             {"sliding_window": WINDOW, "attn_logit_softcapping": 5.0, "query_pre_attn_scalar": 24},
+            unpadded=True,
         )
         for layer, kind in ((0, "sliding"), (1, "full"))
     ),
@@ -156,11 +174,115 @@ CASES = [
             layer,
             layer == 0,
             {"sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1},
+            unpadded=True,
         )
         for layer, kind in ((0, "sliding"), (1, "full"))
     ),
+    # -- the families of issue 20: a left-padded batch (its first element has no padding) -------
+    *(
+        ModelCase(
+            f"gemma3-{kind}",
+            "Gemma3Text",
+            layer,
+            layer == 0,
+            {
+                "sliding_window": WINDOW,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "query_pre_attn_scalar": 24,
+                "rms_norm_eps": 1e-5,
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                },
+            },
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # LongRoPE past its original length of 8, on half of each head, sliding
+        "phi3-longrope-partial-sliding",
+        "Phi3",
+        1,
+        True,
+        {
+            "sliding_window": WINDOW,
+            "max_position_embeddings": 32,
+            "original_max_position_embeddings": 8,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.5],
+                "long_factor": [3.0, 7.0],
+            },
+        },
+    ),
+    ModelCase("olmo2", "Olmo2", 0, False, {"rms_norm_eps": 1e-5}),
+    ModelCase("cohere-qk-norm", "Cohere", 0, False, {"use_qk_norm": True, "layer_norm_eps": 0.1}),
+    *(
+        ModelCase(
+            f"cohere2-{kind}",
+            "Cohere2",
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+        )
+        for layer, kind in ((0, "sliding-rope"), (1, "full-nope"))
+    ),
+    ModelCase("starcoder2-bias-sliding", "Starcoder2", 0, True, {"sliding_window": WINDOW}),
+    ModelCase("granite-multiplier", "Granite", 0, False, {"attention_multiplier": 0.3}),
+    *(
+        ModelCase(
+            f"smollm3-{kind}",
+            "SmolLM3",
+            layer,
+            layer == 1,
+            {"no_rope_layers": [1, 0], "use_sliding_window": True, "sliding_window": WINDOW},
+        )
+        for layer, kind in ((0, "rope-full"), (1, "nope-sliding"))
+    ),
+    ModelCase(  # Qwen2-MoE's rule: even layers below max_window_layers slide
+        "qwen2_moe-sliding",
+        "Qwen2Moe",
+        0,
+        True,
+        QWEN_SLIDING
+        | {"max_window_layers": 2, "num_experts": 2, "num_experts_per_tok": 1}
+        | {"moe_intermediate_size": 8, "shared_expert_intermediate_size": 8},
+    ),
+    ModelCase(  # every layer slides, layer 0 too (Qwen3's rule would not slide it)
+        "qwen3_moe-sliding",
+        "Qwen3Moe",
+        0,
+        True,
+        QWEN_SLIDING
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+        | {"rms_norm_eps": 1e-5},
+    ),
+    ModelCase("glm-partial", "Glm", 0, False),
+    ModelCase("glm4-partial", "Glm4", 1, False),
+    ModelCase(
+        "falcon-new-decoder",
+        "Falcon",
+        0,
+        False,
+        {"new_decoder_architecture": True, "num_kv_heads": 2, "bias": True, "head_dim": ABSENT}
+        | {"num_key_value_heads": ABSENT},
+    ),
+    ModelCase(
+        "falcon-multi-query",
+        "Falcon",
+        1,
+        False,
+        {"multi_query": True, "head_dim": ABSENT, "num_key_value_heads": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
+CASES_BY_NAME = {case.name: case for case in CASES}
+RUNS = [
+    pytest.param(case, padded, id=f"{case.name}-{'left-padded' if padded else 'unpadded'}")
+    for case in CASES
+    for padded in ((False, True) if case.unpadded else (True,))
+]
 
 
 def inputs(rng, padded):
@@ -174,12 +296,13 @@ def inputs(rng, padded):
 
 
 def record_attention_call(model, layer_idx, **model_kwargs):
-    """Run the model; return the keywords and output of layer ``layer_idx``'s attention call."""
+    """Run the model; return the arguments (positional, keywords) and the output of layer
+    ``layer_idx``'s attention call."""
     seen = {}
-    attention = model.layers[layer_idx].self_attn
+    attention = attention_of(model, layer_idx)
 
     def before(module, args, kwargs):
-        seen["kwargs"] = dict(kwargs)
+        seen["args"], seen["kwargs"] = tuple(args), dict(kwargs)
 
     def after(module, args, kwargs, output):
         seen["out"] = output[0]
@@ -194,22 +317,54 @@ def record_attention_call(model, layer_idx, **model_kwargs):
     finally:
         for hook in hooks:
             hook.remove()
-    return seen["kwargs"], seen["out"]
+    return seen["args"], seen["kwargs"], seen["out"]
 
 
-def convert_layer(case, config, model, package):
-    """The converted layer from the whole model's state dict, with the model's inv_freq; for
-    "torch", the twin built from the NumPy layer's arguments and state."""
+def attention_input(args, kwargs):
+    """The hidden states an attention call got (Falcon's decoder layer passes them by position)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def call_attention(attention, args, kwargs, x):
+    """The attention module called as the model called it, on x instead, without its cache."""
+    kwargs = {
+        name: None if isinstance(value, Cache) else value
+        for name, value in kwargs.items()
+        if name != "hidden_states"
+    }
+    with Float64Math():
+        return attention(x, *args[1:], **kwargs)[0]
+
+
+def model_frequencies(case, config, model):
+    """The model's own frequencies for the layer: its rotary buffer (Gemma 3: the layer type's;
+    float32 values, as computed when the model was built), and LongRoPE's long set as the model
+    computes it on its first long call, here inside the float64 mode (and copied into its
+    buffer, float64 since ``model.double()``)."""
+    rotary = model.rotary_emb
+    if hasattr(rotary, "layer_types"):  # one rotary embedding per layer type
+        kind = config.layer_types[case.layer_idx]
+        return {"inv_freq": getattr(rotary, f"{kind}_original_inv_freq")}
+    frequencies = {"inv_freq": rotary.original_inv_freq}
+    if rotary.rope_type == "longrope":
+        original = config.rope_parameters["original_max_position_embeddings"]
+        with Float64Math():
+            long, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=original + 1)
+        frequencies["long_inv_freq"] = long
+    return frequencies
+
+
+def convert_layers(case, config, model):
+    """The converted NumPy layer from the whole model's state dict, with the model's own
+    frequencies, and its torch twin built from its arguments and state."""
     layer = convert.grouped_from_hf(
         config.to_dict(),
         model.state_dict(),
         layer_idx=case.layer_idx,
-        inv_freq=model.rotary_emb.inv_freq,
+        **model_frequencies(case, config, model),
     )
-    if package == "numpy":
-        return layer
     twin = torch_attention.GroupedQueryAttention(**layer.constructor_args()).double().eval()
-    return torch_attention.from_numpy(twin, layer)
+    return {"numpy": layer, "torch": torch_attention.from_numpy(twin, layer)}
 
 
 def forward_backward(layer, x, dout, positions, padding):
@@ -243,59 +398,57 @@ def new_cache(layer):
     return KVCache(B, layer.num_kv_heads, N, layer.head_dim, np.float64)
 
 
-@pytest.mark.parametrize("package", ["numpy", "torch"])
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_forward_and_every_gradient_match_transformers(rng, case, padded, package):
+@pytest.mark.parametrize(("case", "padded"), RUNS)
+def test_forward_and_every_gradient_match_transformers(rng, case, padded):
+    """Output, dx and every parameter's gradient, by the model's own names (fused projections
+    joined back by ``hf_attention_state_from_grouped``), for the NumPy layer and its twin."""
     config, model = case.build()
     embeds, attention_mask, positions = inputs(rng, padded)
-    kwargs, _ = record_attention_call(
+    args, kwargs, _ = record_attention_call(
         model,
         case.layer_idx,
         inputs_embeds=embeds,
         attention_mask=attention_mask,
         position_ids=positions,
     )
-    attention = model.layers[case.layer_idx].self_attn
-    layer = convert_layer(case, config, model, package)
+    attention = attention_of(model, case.layer_idx)
+    layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
     x = rng.standard_normal((B, N, SIZES["hidden_size"]))
     dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
 
     x_t = to_torch(x, requires_grad=True)
-    with Float64Math():
-        expected, _ = attention(
-            hidden_states=x_t,
-            position_embeddings=kwargs["position_embeddings"],
-            attention_mask=kwargs["attention_mask"],
-        )
+    expected = call_attention(attention, args, kwargs, x_t)
     expected.backward(to_torch(dout))
-    out, dx, grads = forward_backward(layer, x, dout, ours, padding)
 
-    assert layer.window == ((WINDOW - 1, 0) if case.sliding else None)
     hf_window = getattr(attention, "sliding_window", getattr(config, "sliding_window", None))
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
-    assert_close(out[real], to_numpy(expected)[real], name="out")
-    assert_close(dx, x_t.grad, name="dx")
-    assert set(grads) == {name for name, _ in attention.named_parameters()}
-    for name, param in attention.named_parameters():
-        assert_close(grads[name], param.grad, name=name)
+    for package, layer in layers.items():
+        out, dx, grads = forward_backward(layer, x, dout, ours, padding)
+        grads = hf_attention_state_from_grouped(config.to_dict(), grads)  # the model's names
+        assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
+        assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
+        assert_close(dx, x_t.grad, name=f"{package} dx")
+        assert set(grads) == {name for name, _ in attention.named_parameters()}, package
+        for name, param in attention.named_parameters():
+            assert_close(grads[name], param.grad, name=f"{package} {name}")
 
 
-@pytest.mark.parametrize("package", ["numpy", "torch"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case, package):
+def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     """A left-padded batch: prefill 6 tokens, then one at a time, Hugging Face with its own
-    DynamicCache, the layer with a KVCache fed the very input Hugging Face's attention got."""
+    DynamicCache, each layer (NumPy and torch) with a KVCache fed the very input Hugging Face's
+    attention got."""
     config, model = case.build()
     embeds, attention_mask, positions = inputs(rng, padded=True)
-    layer = convert_layer(case, config, model, package)
-    hf_cache, cache = DynamicCache(config=config), new_cache(layer)
+    layers = convert_layers(case, config, model)
+    hf_cache = DynamicCache(config=config)
+    caches = {package: new_cache(layer) for package, layer in layers.items()}
     real = attention_mask.numpy() == 1
 
     for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
-        kwargs, expected = record_attention_call(
+        args, kwargs, expected = record_attention_call(
             model,
             case.layer_idx,
             inputs_embeds=embeds[:, start:stop],
@@ -305,11 +458,12 @@ def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case, p
             use_cache=True,
         )
         padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
-        out = decode_step(layer, to_numpy(kwargs["hidden_states"]), ours, padding, cache)
-
+        x = to_numpy(attention_input(args, kwargs))
         rows = real[:, start:stop]
-        assert_close(out[rows], to_numpy(expected)[rows], name=f"tokens {start}:{stop}")
-    assert cache.length == N
+        for package, layer in layers.items():
+            out = decode_step(layer, x, ours, padding, caches[package])
+            assert_close(out[rows], to_numpy(expected)[rows], name=f"{package} {start}:{stop}")
+    assert all(cache.length == N for cache in caches.values())
 
 
 # -- the frequencies and the attention factor the converter computes itself ---------------------
@@ -357,6 +511,11 @@ ROPES = {
         "factor": None,
         "original_max_position_embeddings": 1024,
     },
+    "longrope": {  # factor None: max_position_embeddings / original, as Phi-3's configs have it
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 4096,
+    },
 }
 
 
@@ -367,6 +526,9 @@ def test_frequencies_and_attention_factor_match_the_models(rope, head_dim):
     float32 rounding of the model's buffer (torch's vectorized pow may round the last bit
     differently; pass the buffer as ``inv_freq=`` for exactly the model's), and the attention
     factor the model multiplies cos and sin by, which is Python float arithmetic on both sides."""
+    if rope["rope_type"] == "longrope":  # LongRoPE's two sets of head_dim / 2 factors each
+        factors = np.linspace(1.0, 9.0, head_dim // 2)
+        rope = rope | {"short_factor": factors.tolist(), "long_factor": (2 * factors).tolist()}
     config = transformers.LlamaConfig(
         **(SIZES | {"head_dim": head_dim, "max_position_embeddings": 32768}),
         rope_parameters=rope,
@@ -379,6 +541,29 @@ def test_frequencies_and_attention_factor_match_the_models(rope, head_dim):
     assert freqs.dtype == np.float32 and expected.dtype == np.float32
     assert_close(freqs / expected, np.ones_like(expected), name="inv_freq / model's")
     assert_close(hf_rope_attention_factor(config.to_dict()), rotary.attention_scaling)
+    if rope["rope_type"] == "longrope":  # the set the model swaps in past the original length
+        original = rope["original_max_position_embeddings"]
+        long, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=original + 1)
+        ratio = hf_inv_freq(config.to_dict(), long=True) / to_numpy(long)
+        assert_close(ratio, np.ones_like(ratio), name="long inv_freq / model's")
+
+
+def test_partial_and_per_layer_type_frequencies_match_the_models():
+    """GLM rotates a part of each head (partial_rotary_factor 0.5: 64 of 128); Gemma 3 has one
+    rotary embedding per layer type (local and global bases, the global one scaled)."""
+    glm = transformers.GlmConfig(**(SIZES | {"head_dim": 128}))
+    gemma = transformers.Gemma3TextConfig(**CASES_BY_NAME["gemma3-full"].config, **SIZES)
+    glm_rotary = transformers.models.glm.modeling_glm.GlmRotaryEmbedding(glm)
+    gemma_rotary = transformers.models.gemma3.modeling_gemma3.Gemma3RotaryEmbedding(gemma)
+
+    glm_freqs = hf_inv_freq(glm.to_dict())
+    gemma_freqs = [hf_inv_freq(gemma.to_dict(), layer_idx=i) for i in (0, 1)]
+
+    assert glm_freqs.shape == (32,)
+    assert_close(glm_freqs / to_numpy(glm_rotary.inv_freq), np.ones(32, np.float32), name="GLM's")
+    for freqs, kind in zip(gemma_freqs, gemma.layer_types, strict=True):
+        expected = to_numpy(getattr(gemma_rotary, f"{kind}_inv_freq"))
+        assert_close(freqs / expected, np.ones_like(expected), name=f"Gemma 3's {kind}")
 
 
 def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
