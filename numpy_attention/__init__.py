@@ -36,7 +36,7 @@ from .grouped import GroupedQueryAttention, KVCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
-from .norms import RMSNorm
+from .norms import LayerNorm, RMSNorm
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .state import load_module, save_module
@@ -87,6 +87,7 @@ __all__ = [
     "rope",
     "GroupedQueryAttention",
     "KVCache",
+    "LayerNorm",
     "RMSNorm",
     "rope_backward",
     "rope_forward",

@@ -117,6 +117,8 @@ class Family:
         interleaved: RoPE pairs (x_2i, x_2i+1).
         partial_rotary: the model honours ``partial_rotary_factor`` (else it must be 1).
         rope_per_layer_type: ``rope_parameters`` may hold one dict per layer type.
+        rope_renames: rope types the config class renames (Phi-3: ``su`` and ``yarn`` are its
+            old names of ``longrope``).
         rotates: whether layer i uses RoPE (None: every layer).
         layout: ``"separate"``, ``"qkv_proj"`` (Phi-3) or ``"falcon"``.
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
@@ -138,6 +140,7 @@ class Family:
     interleaved: bool = False
     partial_rotary: bool = False
     rope_per_layer_type: bool = False
+    rope_renames: tuple[tuple[str, str], ...] = ()
     rotates: Callable[[Mapping[str, Any], int], bool] | None = None
     layout: str = "separate"
     head_dim_from_config: bool = True
@@ -181,8 +184,13 @@ FAMILIES: dict[str, Family] = {
     ),
     "gpt_oss": Family(bias_default=True, sliding="layer_types", fallback=_even_layers, sinks=True),
     "phi3": Family(
-        bias=None, out_bias=None, sliding="every_layer", partial_rotary=True, layout="qkv_proj"
-    ),  # fmt: skip
+        bias=None,
+        out_bias=None,
+        sliding="every_layer",
+        partial_rotary=True,
+        rope_renames=(("su", "longrope"), ("yarn", "longrope")),
+        layout="qkv_proj",
+    ),
     "olmo2": Family(qk_norm=("rms", "all", 0.0)),
     "cohere": Family(
         qk_norm=("layer", "per_head", 0.0),
@@ -199,7 +207,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "starcoder2": Family(
         bias="use_bias", bias_default=True, out_bias="use_bias", sliding="every_layer"
-    ),  # fmt: skip
+    ),
     "granite": Family(scaling="attention_multiplier"),
     "smollm3": Family(sliding="smollm3", rotates=_smollm3_rotates),
     "glm": Family(bias_default=True, out_bias=None, interleaved=True, partial_rotary=True),
@@ -211,7 +219,7 @@ FAMILIES: dict[str, Family] = {
         layout="falcon",
         head_dim_from_config=False,
         attention_dropout=False,
-    ),  # fmt: skip
+    ),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 # model types whose attention is one of the above, but whose config needs another reading first

@@ -49,7 +49,8 @@ def _rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) ->
                 "the config's rope_parameters differ per layer type: give layer_idx to choose"
             )
         params = dict(params.get(layer_kind(config, family, layer_idx)) or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    rope_type = dict(family.rope_renames).get(rope_type, rope_type)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}")
     if params.get("rope_theta") is None:

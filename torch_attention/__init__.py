@@ -25,7 +25,7 @@ from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, 
 from .grouped import GroupedQueryAttention, KVCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
-from .norms import RMSNorm
+from .norms import LayerNorm, RMSNorm
 from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
 from .varlen import varlen_attention
@@ -41,6 +41,7 @@ __all__ = [
     "Linear",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
+    "LayerNorm",
     "RMSNorm",
     "SelfAttentionV1",
     "SelfAttentionV2",

@@ -486,6 +486,8 @@ def test_long_rope_reads_both_sets_and_the_models_original_length(rng):
     assert_close(layer.long_inv_freq, plain / np.array([2.0, 8.0, 32.0]), dtype=np.float32)
     assert layer.rope_attention_factor == hf_rope_attention_factor(cfg)
     assert layer.rope_attention_factor == np.sqrt(1 + np.log(4) / np.log(64))
+    renamed = config("phi3", rope_parameters=rope | {"rope_type": "su"})  # its old name
+    assert np.array_equal(hf_inv_freq(renamed, long=True), hf_inv_freq(cfg, long=True))
     with pytest.raises(ValueError, match="long_factor has 2 entries; the rotated width 6 needs 3"):
         hf_inv_freq(config("phi3", rope_parameters=rope | {"long_factor": [1.0, 2.0]}), long=True)
 
