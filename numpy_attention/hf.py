@@ -65,9 +65,6 @@ __all__ = [
     "padding_from_hf",
 ]
 
-_EXPECTED_FORM = expected_form("separate")
-
-
 # -- the attention weights of one layer -------------------------------------------------------
 
 
@@ -281,7 +278,7 @@ def hf_attention_state_from_grouped(
         if arrays[key].shape != want:
             raise ValueError(
                 f"{fn}: {key} has shape {arrays[key].shape}, but the config "
-                f"({_sizes({**shape})}) gives {want}"
+                f"({_sizes(shape)}) gives {want}"
             )
     return join(family.layout, arrays, h, h_kv)
 

@@ -294,6 +294,11 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             num_kv_heads = 1 if _flag(config, "multi_query", True) else num_heads
     else:
         num_kv_heads = config.get("num_key_value_heads") or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"the config's {num_heads} attention heads are not a multiple of its "
+            f"{num_kv_heads} key/value heads"
+        )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
     return {
         "hidden_size": hidden_size,

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-LAYOUTS = ("separate", "qkv_proj", "falcon")
 ANCHORS = {  # the one key every layout's attention has, after which nothing is named
     "separate": "q_proj.weight",
     "qkv_proj": "qkv_proj.weight",

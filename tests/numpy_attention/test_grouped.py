@@ -507,6 +507,7 @@ def test_parameters_are_named_like_hugging_face(rng):
 
 def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
     options = {"inv_freq": MODEL_INV_FREQ, "window": (3, 0), "qk_norm": True, "sinks": True}
+    options |= {**OPTIONS["long_rope"], "qk_norm_shape": "all", "norm_weight_offset": 1.0}
     layer = make_layer(rng, 2, **options)
     path = tmp_path / "gqa.npz"
     x = rng.standard_normal((B, N, C))

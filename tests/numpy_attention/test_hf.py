@@ -837,6 +837,7 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
             r"layer_types\[0\] is 'sliding_attention' but use_sliding_window is false",
         ),
         (config("phi3", partial_rotary_factor=0.5), ValueError, "rotates 3 coordinates"),
+        (config("falcon", num_kv_heads=3), ValueError, "4 attention heads are not a multiple"),
     ],
     ids=[
         "model-type",
@@ -853,6 +854,7 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
         "gemma3-bidirectional",
         "smollm3-inconsistent",
         "phi3-odd-partial",
+        "falcon-kv-heads",
     ],
 )
 def test_configs_the_layer_cannot_express_are_refused(rng, cfg, error, message):
