@@ -10,6 +10,7 @@ plain ``` blocks are not run.
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ def test_block_runs(path: Path, index: int, tmp_path_factory, monkeypatch) -> No
     run = _RUNS.get(name)
     if run is None:
         run = _RUNS[name] = _FileRun(tmp_path_factory.mktemp(re.sub(r"\W", "_", name)))
+        _forget_compiled_code()
     blocks = python_blocks(path.read_text())
     monkeypatch.chdir(run.workdir)
     while run.done <= index:  # blocks before this one first (also when it is selected alone)
@@ -84,6 +86,16 @@ def test_block_runs(path: Path, index: int, tmp_path_factory, monkeypatch) -> No
         except BaseException:
             run.failed_at = current
             raise
+
+
+def _forget_compiled_code() -> None:
+    """Start a file's examples with torch's compiler caches empty, as a reader's fresh interpreter
+    has them: FlexAttention's eager call goes through torch.compile, and after other tests compiled
+    it in this process (under pytest's log capture, which turns on torch's recompilation logging)
+    torch 2.13 crashes while explaining the recompilation."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch._dynamo.reset()
 
 
 def test_the_examples_are_collected() -> None:
