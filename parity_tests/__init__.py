@@ -14,7 +14,7 @@ beside another copy that is) has no version it can prove: ``__version__`` is the
 ``UNKNOWN_VERSION``, "0+unknown", a PEP 440 version below every release
 (docs/kernel-verification.md, "The JSON report").
 
-Tests: tests/parity/ (the version: tests/parity/test_cli.py), tests/checker/
+Tests: tests/parity/ (the version: tests/parity/test_version.py), tests/checker/
 """
 
 from __future__ import annotations
