@@ -528,8 +528,8 @@ def _run(
     errors = sum(len(check["errors"]) for check in checks + findings)
     if errors and not args.verbose:
         print(
-            f"{errors} distinct exceptions or crashes of kernels (expected failures' too): "
-            "their tracebacks and output with --verbose, or in the JSON report (--json)"
+            f"{errors} distinct exceptions or crashes of kernels, expected failures' included: "
+            "tracebacks and output with --verbose, or in the JSON report (--json)"
         )
     print("== totals ==")
     for line in totals:
