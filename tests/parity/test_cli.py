@@ -76,7 +76,9 @@ def test_json_names_the_versions_and_the_device(tmp_path):
 
 
 def _hf_sdpa_targets(device, dtypes):
-    return [t for t in BUILTIN_TARGETS(device, dtypes) if t.name.startswith("hf.sdpa")]
+    from parity_tests.checker import third_party
+
+    return [targets.Target("hf.sdpa_attention_forward", third_party.hf_sdpa, dtypes)]
 
 
 def test_json_names_transformers_when_its_targets_ran(monkeypatch, tmp_path):
