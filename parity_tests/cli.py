@@ -3,23 +3,33 @@ kernel checker, as one report.
 
 By default it runs, on CPU and on CUDA when present, the layer registry (NumPy vs torch, float64
 and float32) and the built-in kernel targets (``parity_tests.checker.targets``) on the default
-battery in float32, float16 and bfloat16. It prints one table per part, the failing rows again at
-the end, and a verdict line.
+battery in float32, float16 and bfloat16. It prints a compact table per part: one line per layer
+and per kernel target (its verdict, and its groups judged, failing, expected failures, skipped,
+not run), each expected failure on one line with its reason; then every failing row, the totals
+over the layers and over the kernel targets, and a verdict line. ``--verbose`` also prints every
+group's row (each tensor's error / bound) and each exception's traceback, with what isolated
+kernels' processes wrote; ``--json PATH`` writes all of it, whatever ``--verbose`` says.
 
 ``--kernel module:function`` checks a user's kernel instead (no layers, no built-in targets), called
 as ``--spec`` says (sdpa, flash, flash_varlen, flex, ring; ``checker.specs``), with ``--features``
 (comma-separated; the spec's default set otherwise), ``--forward-only``, ``--isolate [SECONDS]``
 (each call in a child process) and ``--world-size`` (ring). ``--case NAME`` (repeatable) runs only
-the named cases; ``--list-cases`` prints the cases of ``--spec``'s battery and exits.
-``--stress`` adds the stress battery, whose results are findings, never part of the exit status.
-``--calibrate SEEDS`` measures the tolerance policy over seeds (docs/kernel-verification.md).
+the named cases; ``--list-cases`` prints the cases of ``--spec``'s battery (with ``--case``, only
+those) and exits. ``--stress`` adds the stress battery, whose results are findings, never part
+of the exit status. ``--calibrate SEEDS`` measures the tolerance policy over seeds
+(docs/kernel-verification.md). ``--version`` prints the project's version
+(``parity_tests.__version__``).
 
-Exit status: 0 when everything checked passed; 1 on a failure (a failing row, an expected failure
-that passed, a kernel whose skips outnumber its passes); 2 on bad usage or nothing to check,
-decided before any work (an unwritable ``--json``, a ``--kernel`` that cannot be imported, a seed
-outside [0, 2**64), an unknown spec, feature or case, a case the spec cannot express); 130 when
-interrupted. A run of the stress battery alone judges nothing: it prints its findings and exits 0
-with "no verdict".
+Exit status, the same for every option: 0 when everything checked passed; 1 on a failure (a
+failing row, an expected failure that passed, a kernel whose skips outnumber its passes, a
+calibration whose constants do not hold); 2 on bad usage or an environment that cannot run the
+checks, decided before any work, with one line on stderr: an unknown or misplaced option, an
+option that the others would ignore, an unwritable ``--json``, a ``--kernel`` that cannot be
+imported, a seed outside [0, 2**64), an unknown spec, feature or case, a case the spec cannot
+express, nothing to check, a device that is not there, torch not installed (the line names what
+to install); also 2 when the reader of the output goes away (``| head``), since the report could
+not be written. 130 when interrupted (Ctrl-C), as shells report it. A run of the stress battery
+alone judges nothing: it prints its findings and exits 0 with "no verdict".
 
 Tests: tests/parity/test_cli.py
 """
@@ -34,37 +44,33 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from .checker import specs
-from .checker.battery import DEFAULT, QUICK, RING, STRESS
-from .checker.kernels import DEFAULT_DTYPES, DTYPES, battery_for, check_seed
-from .checker.render import (
-    SCHEMA_VERSION,
-    check_entry,
-    environment,
-    failing_lines,
-    jsonable,
-    print_checks,
-    row_dict,
-)
-from .checker.ring import check_world_size
-from .checker.targets import Target, builtin_targets
+from . import __version__
 
 PROG = "python -m parity_tests"
 LAYER_DTYPES = ("float64", "float32")
+INSTALL_TORCH = 'pip install ".[torch]"'
+VERSION = f"attention-parity {__version__}"
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
     """Entry point of ``python -m parity_tests``; ``prog`` names the program in its messages."""
     try:
-        return _main(argv, prog)
+        return _main(list(sys.argv[1:] if argv is None else argv), prog)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-        return 1
+        return 2
 
 
-def _main(argv: Sequence[str] | None, prog: str) -> int:
+def _main(argv: list[str], prog: str) -> int:
+    missing = _torch_missing()
+    if missing is not None:  # nothing but --version works without torch
+        if "--version" in argv:
+            print(VERSION)
+            return 0
+        print(f"{prog}: error: {missing}", file=sys.stderr)
+        return 2
     parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.list_cases:
@@ -74,7 +80,9 @@ def _main(argv: Sequence[str] | None, prog: str) -> int:
     _check_kernel_options(parser, args)
     if args.json:
         _check_writable(parser, args.json)
-    dtypes = tuple(args.dtype or DEFAULT_DTYPES)
+    args.spec = args.spec or "sdpa"
+    args.seed = 0 if args.seed is None else args.seed
+    dtypes = tuple(args.dtype or _kernels().DEFAULT_DTYPES)
     kernels = [_load_kernel(parser, spec, dtypes, args) for spec in args.kernel or []]
     progress = _Progress(sys.stderr)
     try:
@@ -83,18 +91,49 @@ def _main(argv: Sequence[str] | None, prog: str) -> int:
 
             battery = "quick" if args.quick else "default"
             return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)
-        return _run(args, list(sys.argv[1:] if argv is None else argv), devices, kernels, progress)
+        return _run(args, argv, devices, kernels, progress)
     except KeyboardInterrupt:
         progress.done()
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 
+def _torch_missing() -> str | None:
+    """Why torch cannot be imported here (one line naming what to install), or None."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        if exc.name == "torch":
+            return f"torch is not installed, and this command needs it: {INSTALL_TORCH}"
+        return f"torch cannot be imported ({_first_line(str(exc))}): {INSTALL_TORCH}"
+    return None
+
+
+def _kernels() -> Any:
+    """``checker.kernels`` (imports torch: loaded once torch is known to be there)."""
+    return importlib.import_module(".checker.kernels", __package__)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line: ``prog: error: message``, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_first_line(message)} (--help: usage)\n")
+
+
+def _first_line(message: str) -> str:
+    return next((line.strip() for line in message.splitlines() if line.strip()), message)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .checker import specs
+
+    dtypes = _kernels().DTYPES
+    parser = _Parser(
         prog=prog,
         description="NumPy vs torch layer parity and attention kernel checks.",
     )
+    parser.add_argument("--version", action="version", version=VERSION)
     parser.add_argument(
         "--device",
         action="append",
@@ -110,7 +149,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--spec",
         choices=specs.SPECS,
-        default="sdpa",
         help="how --kernel is called: the signature and layout of SDPA (default), flash-attn's "
         "flash_attn_func or flash_attn_varlen_func, FlexAttention, or ring_attention",
     )
@@ -146,12 +184,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--list-cases",
         action="store_true",
-        help="print the cases of --spec's battery (--quick, --stress: that battery) and exit",
+        help="print the cases of --spec's battery (--quick, --stress: that battery; --case: "
+        "those cases) and exit",
     )
     parser.add_argument(
         "--dtype",
         action="append",
-        choices=sorted(DTYPES),
+        choices=sorted(dtypes),
         help="kernel dtypes (repeatable; default: float32, float16, bfloat16)",
     )
     parser.add_argument(
@@ -168,13 +207,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--no-kernels", action="store_true", help="skip the kernel checks of the default battery"
     )
     parser.add_argument(
-        "--seed", type=_seed, default=0, help="seed of the kernel battery, in [0, 2**64)"
+        "--seed", type=_seed, help="seed of the kernel battery, in [0, 2**64) (default 0)"
     )
     parser.add_argument(
         "--calibrate",
         type=int,
         metavar="SEEDS",
         help="measure the tolerance policy over SEEDS seeds and exit",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print every group's row, each exception's traceback and what isolated "
+        "kernels' processes wrote (--json holds them either way)",
     )
     return parser
 
@@ -191,7 +237,7 @@ def _seconds(text: str) -> float:
 
 def _seed(text: str) -> int:
     try:
-        return check_seed(int(text))
+        return _kernels().check_seed(int(text))
     except (TypeError, ValueError) as exc:
         message = str(exc) if "2**64" in str(exc) else f"not an integer: {text!r}"
         raise argparse.ArgumentTypeError(message) from exc
@@ -213,8 +259,41 @@ def _devices(parser: argparse.ArgumentParser, asked: list[str] | None) -> list[s
     return devices
 
 
+def _given(args: argparse.Namespace) -> set[str]:
+    """The options given on the command line (before any default is filled in)."""
+    values = {
+        "--device": args.device,
+        "--kernel": args.kernel,
+        "--spec": args.spec,
+        "--features": args.features,
+        "--forward-only": args.forward_only,
+        "--isolate": args.isolate,
+        "--world-size": args.world_size,
+        "--case": args.case,
+        "--dtype": args.dtype,
+        "--json": args.json,
+        "--quick": args.quick,
+        "--stress": args.stress,
+        "--no-layers": args.no_layers,
+        "--no-kernels": args.no_kernels,
+        "--seed": args.seed,
+        "--calibrate": args.calibrate,
+        "--verbose": args.verbose,
+        "--list-cases": args.list_cases,
+    }
+    return {name for name, value in values.items() if value is not None and value is not False}
+
+
+def _refuse(parser: argparse.ArgumentParser, options: set[str], why: str) -> None:
+    """Bad usage if any of ``options`` was given: ``why`` says what ignores them."""
+    if options:
+        verb = "does" if len(options) == 1 else "do"
+        parser.error(f"{why}: {', '.join(sorted(options))} {verb} not apply")
+
+
 def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse combinations that would check nothing, or ignore an option silently."""
+    given = _given(args)
     if args.calibrate is not None:
         if args.calibrate < 1 or args.kernel:
             parser.error("--calibrate takes a number of seeds >= 1 and measures built-in targets")
@@ -222,46 +301,52 @@ def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error("--calibrate prints Markdown tables; it writes no --json")
         if args.case:
             parser.error("--calibrate measures a whole battery (--quick or the default), no --case")
+        if args.device is not None and len(args.device) > 1:
+            parser.error("--calibrate measures one --device")
+        why = "--calibrate measures the built-in targets over its own seeds"
+        _refuse(parser, given - {"--calibrate", "--quick", "--dtype", "--device"}, why)
         return
     if args.no_kernels and not args.stress:
         if args.kernel:
             parser.error("nothing to check: --no-kernels with --kernel (add --stress for findings)")
         if args.no_layers:
             parser.error("nothing to check: --no-layers and --no-kernels")
+        why = "--no-kernels runs the layer registry alone (its own dtypes and inputs)"
+        _refuse(parser, given & {"--dtype", "--seed", "--case"}, why)
+    if args.no_kernels and args.case:
+        parser.error("--case names kernel cases; --no-kernels --stress runs the stress battery")
+    layers_run = not (args.kernel or args.no_layers)
+    if args.quick and args.case and not layers_run:
+        parser.error("--quick chooses a battery and --case names the cases: give one of them")
 
 
 def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Options of ``--kernel`` need one; features and cases must exist and fit the spec."""
     given = [
         name
-        for name, value in (
-            ("--spec", args.spec != "sdpa"),
-            ("--features", args.features is not None),
-            ("--forward-only", args.forward_only),
-            ("--isolate", args.isolate is not None),
-            ("--world-size", args.world_size is not None),
-        )
-        if value
+        for name in ("--spec", "--features", "--forward-only", "--isolate", "--world-size")
+        if name in _given(args)
     ]
     if given and not args.kernel:
         verb = "applies" if len(given) == 1 else "apply"
         parser.error(f"{', '.join(given)} {verb} to --kernel; the built-in targets have their own")
-    if args.world_size is not None and args.spec != "ring":
+    spec = args.spec or "sdpa"
+    if args.world_size is not None and spec != "ring":
         parser.error("--world-size is for --spec ring")
     if args.world_size is not None and args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    battery_for = _kernels().battery_for
     try:
-        args.feature_set = _features(args)
+        args.feature_set = _features(spec, args.features)
         if args.case:
-            known = {case.name for case in DEFAULT + STRESS + RING}
-            unknown = [name for name in args.case if name not in known]
-            if unknown:
-                raise ValueError(f"unknown case {unknown[0]!r}; --list-cases names them")
+            _named_cases(args.case)
             if args.kernel:
-                battery_for(args.spec, args.case)
+                battery_for(spec, args.case)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
-    if args.kernel and args.spec == "ring":
+    if args.kernel and spec == "ring":
+        from .checker.ring import check_world_size
+
         world = 2 if args.world_size is None else args.world_size
         try:
             check_world_size(battery_for("ring", args.case or None), world)
@@ -269,23 +354,53 @@ def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(f"--world-size {world}: {exc}")
 
 
-def _features(args: argparse.Namespace) -> frozenset[str] | None:
-    if args.features is None:
+def _features(spec: str, features: str | None) -> frozenset[str] | None:
+    from .checker import specs
+
+    if features is None:
         return None
-    names = [name.strip() for name in args.features.split(",") if name.strip()]
-    return specs.resolve_features(args.spec, names)
+    names = [name.strip() for name in features.split(",") if name.strip()]
+    return specs.resolve_features(spec, names)
+
+
+def _named_cases(names: list[str]) -> tuple[Any, ...]:
+    """The cases of every battery with these names, in this order; a ValueError for an unknown
+    name."""
+    from .checker.battery import DEFAULT, RING, STRESS
+
+    known = {case.name: case for case in DEFAULT + STRESS + RING}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown case {unknown[0]!r}; --list-cases names them")
+    return tuple(known[name] for name in names)
 
 
 def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Print the cases of the spec's battery: name, shape, options it needs, whether the spec's
-    default battery runs it."""
-    name = "stress" if args.stress else "quick" if args.quick else "default"
-    battery = {"default": DEFAULT, "quick": QUICK, "stress": STRESS}[name]
-    if args.spec == "ring":
-        battery, name = RING, "ring"
-    print(f"{name} battery, {args.spec} spec: case, B H N M D Dv, what it needs")
+    """Print the cases of the spec's battery, or the cases ``--case`` names: name, shape,
+    options it needs, whether the spec can run it. Only --spec, --quick, --stress and --case
+    apply."""
+    from .checker import specs
+    from .checker.battery import DEFAULT, QUICK, RING, STRESS
+
+    allowed = {"--list-cases", "--spec", "--quick", "--stress", "--case"}
+    _refuse(parser, _given(args) - allowed, "--list-cases prints the cases and exits")
+    spec = args.spec or "sdpa"
+    if args.case:
+        _refuse(parser, _given(args) & {"--quick", "--stress"}, "--case names the cases to list")
+        try:
+            battery = _named_cases(args.case)
+        except ValueError as exc:
+            parser.error(str(exc))
+        name = "named cases"
+    else:
+        name = "stress" if args.stress else "quick" if args.quick else "default"
+        battery = {"default": DEFAULT, "quick": QUICK, "stress": STRESS}[name]
+        if spec == "ring":
+            battery, name = RING, "ring"
+        name += " battery"
+    print(f"{name}, {spec} spec: case, B H N M D Dv, what it needs")
     for case in battery:
-        reason = specs.cannot_express(args.spec, case)
+        reason = specs.cannot_express(spec, case)
         shape = " ".join(f"{value:>4}" for value in case.shape.values())
         needs = ", ".join(sorted(case.needs)) or "-"
         note = f"  (not in this spec: {reason})" if reason else ""
@@ -308,10 +423,12 @@ def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:
 
 def _load_kernel(
     parser: argparse.ArgumentParser, spec: str, dtypes: tuple[str, ...], args: argparse.Namespace
-) -> Target:
+) -> Any:
     """``module:function`` (dots allowed in both parts) as a target in ``dtypes``, called as the
     options say. Whatever the import raises (a syntax error, an exception, ``sys.exit``) is bad
     usage: its message, no traceback."""
+    from .checker.targets import Target
+
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         parser.error(f"--kernel {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.attn:my_sdpa")
@@ -322,7 +439,8 @@ def _load_kernel(
     except (Exception, SystemExit) as exc:  # not KeyboardInterrupt: Ctrl-C stops the run
         parser.error(f"--kernel {spec!r}: {type(exc).__name__}: {exc}")
     if not callable(kernel):
-        parser.error(f"--kernel {spec!r} is a {type(kernel).__name__}, not a function")
+        what = type(kernel).__name__
+        parser.error(f"--kernel {spec!r}: {attribute} is not callable (its type is {what})")
     return Target(
         spec,
         kernel,
@@ -339,18 +457,22 @@ def _run(
     args: argparse.Namespace,
     argv: list[str],
     devices: list[str],
-    kernels: list[Target],
+    kernels: list[Any],
     progress: _Progress,
 ) -> int:
-    """Run the parts asked for, print the tables and the verdict, write the JSON."""
+    """Run the parts asked for, print the tables (``--verbose``: every group too), the failing
+    rows, the totals and the verdict; write the JSON."""
+    from .checker import render
+
     result: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": render.SCHEMA_VERSION,
         "tool": "parity_tests",
+        "project": render.project(),
         "argv": argv,
-        "environment": environment(devices),
+        "environment": render.environment(devices),
         "settings": {
             "devices": devices,
-            "dtypes": list(args.dtype or DEFAULT_DTYPES),
+            "dtypes": list(args.dtype or _kernels().DEFAULT_DTYPES),
             "seed": args.seed,
             "quick": args.quick,
             "stress": args.stress,
@@ -365,29 +487,53 @@ def _run(
         "kernels": None,
         "stress": None,
     }
-    verdicts, failing = [], []
+    verdicts, failing, totals = [], [], []
+    checks: list[dict[str, Any]] = []
+    findings: list[dict[str, Any]] = []
     battery: str | list[str] = args.case or ("quick" if args.quick else "default")
     if not args.no_layers and not kernels:
         rows = _run_layers(devices, args.quick, progress)
-        layer_failures = _print_layers(rows)
+        progress.done()
+        if args.verbose:
+            _print_layers(rows)
+        layer_failures = _layer_failures(rows)
+        totals.append("layers: " + _print_layer_summary(rows))
         failing += layer_failures
         result["layers"] = {"verdict": "fail" if layer_failures else "pass", "rows": rows}
         verdicts.append(result["layers"]["verdict"])
     if not args.no_kernels:
         checks = _run_kernels(args, devices, kernels, battery, progress, judged=True)
-        print_checks(checks, "kernels", print)
-        failing += failing_lines(checks)
+        progress.done()
+        if args.verbose:
+            render.print_checks(checks, "kernels: error / bound per tensor (above 1 fails)", print)
+        render.print_summary(checks, "kernels: each target against the float64 golden", print)
+        totals.append("kernels: " + render.total_line(checks))
+        failing += render.failing_lines(checks)
         result["kernels"] = checks
         verdicts += [check["verdict"] for check in checks]
     if args.stress:
         findings = _run_kernels(args, devices, kernels, "stress", progress, judged=False)
-        print_checks(findings, "stress battery (findings, not part of the verdict)", print)
+        progress.done()
+        title = "stress battery (findings, not part of the verdict)"
+        if args.verbose:
+            render.print_checks(findings, f"{title}: error / bound per tensor", print)
+        render.print_summary(findings, title, print)
+        totals.append("stress battery: " + render.total_line(findings))
         result["stress"] = findings
-    progress.done()
     if failing:
         print(f"== failing rows ({len(failing)}) ==")
         for line in failing:
             print(line)
+        print()
+    errors = sum(len(check["errors"]) for check in checks + findings)
+    if errors and not args.verbose:
+        print(
+            f"{errors} distinct exceptions or crashes of kernels, expected failures' included: "
+            "tracebacks and output with --verbose, or in the JSON report (--json)"
+        )
+    print("== totals ==")
+    for line in totals:
+        print(line)
     if verdicts:
         result["verdict"] = "pass" if all(v == "pass" for v in verdicts) else "fail"
     if result["verdict"] is None:
@@ -396,12 +542,14 @@ def _run(
         failed = f"{verdicts.count('fail')} of {len(verdicts)} parts failed"
         print("\nOK" if result["verdict"] == "pass" else f"\nFAILED ({failed})")
     if args.json:
+        result["environment"]["packages"] = render.packages()
         with open(args.json, "w", encoding="utf-8") as stream:
-            json.dump(jsonable(result), stream, indent=1, allow_nan=False)
+            json.dump(render.jsonable(result), stream, indent=1, allow_nan=False)
     return 1 if result["verdict"] == "fail" else 0
 
 
 def _run_layers(devices: list[str], quick: bool, progress: _Progress) -> list[dict[str, Any]]:
+    from .checker.render import row_dict
     from .registry import run_registry
 
     rows = []
@@ -417,7 +565,7 @@ def _run_layers(devices: list[str], quick: bool, progress: _Progress) -> list[di
 def _run_kernels(
     args: argparse.Namespace,
     devices: list[str],
-    kernels: list[Target],
+    kernels: list[Any],
     battery: str | list[str],
     progress: _Progress,
     *,
@@ -425,10 +573,14 @@ def _run_kernels(
 ) -> list[dict[str, Any]]:
     """One check per (device, target): the user's kernels, or every built-in target (those that
     run none of the cases asked for are left out)."""
+    from .checker.render import check_entry
+    from .checker.targets import builtin_targets
+
     checks = []
     name = battery if isinstance(battery, str) else "cases"
+    dtypes = tuple(args.dtype or _kernels().DEFAULT_DTYPES)
     for device in devices:
-        for target in kernels or builtin_targets(device, tuple(args.dtype or DEFAULT_DTYPES)):
+        for target in kernels or builtin_targets(device, dtypes):
             progress.start(f"{target.name} on {device} ({name} battery)")
             report = target.check(device, battery, args.seed, progress.update)
             if report is not None:
@@ -440,28 +592,81 @@ def _run_kernels(
     return checks
 
 
-def _print_layers(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per (device, layer case, dtype, backend): its worst tensor. Returns one line
-    per failing row, for the summary at the end."""
+def _layer_groups(rows: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """The rows of each (device, layer case, dtype, backend), in the order run."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row in rows:
         key = (row["device"], row["case"], row["dtype"], row["backend"])
         groups.setdefault(key, []).append(row)
+    return groups
+
+
+def _ratio(row: dict[str, Any]) -> float:
+    return math.inf if not row["bound"] else row["error"] / row["bound"]
+
+
+def _print_layers(rows: list[dict[str, Any]]) -> None:
+    """One line per (device, layer case, dtype, backend): its worst tensor (``--verbose``)."""
     print("== layers: NumPy vs torch (norm-wise relative error, bound) ==")
     print(
         f"{'device':7} {'case':44} {'dtype':8} {'backend':8} {'worst':18} "
         f"{'error':>9} {'bound':>9}  verdict"
     )
-    failing = 0
+    groups = _layer_groups(rows)
     for (device, case, dtype, backend), members in groups.items():
-        worst = max(members, key=lambda r: math.inf if not r["bound"] else r["error"] / r["bound"])
+        worst = max(members, key=_ratio)
         verdict = "pass" if all(r["verdict"] == "pass" for r in members) else "fail"
-        failing += verdict == "fail"
         print(
             f"{device:7} {case:44} {dtype:8} {backend:8} {worst['tensor']:18} "
             f"{worst['error']:9.2e} {worst['bound']:9.2e}  {verdict}"
         )
-    print(f"layers: {len(groups)} groups, {failing} failing\n")
+    print()
+
+
+def _print_layer_summary(rows: list[dict[str, Any]]) -> str:
+    """One line per (device, layer): its verdict, its (case, dtype, backend) groups judged and
+    failing, its largest error / bound. Returns the line of the total."""
+    from .checker.render import SUMMARY_HEADER, summary_line
+
+    layers: dict[tuple[str, str], list[bool]] = {}  # (device, layer) -> each group failed
+    worst: dict[tuple[str, str], float] = {}
+    for (device, *_), members in _layer_groups(rows).items():
+        key = (device, members[0]["layer"])
+        layers.setdefault(key, []).append(any(row["verdict"] != "pass" for row in members))
+        worst[key] = max([worst.get(key, 0.0)] + [_ratio(row) for row in members])
+    print("== layers: NumPy layer vs torch twin, output and every gradient, per layer ==")
+    print(SUMMARY_HEADER.replace("target", "layer ", 1))
+    for (device, layer), failed in layers.items():
+        verdict = "fail" if any(failed) else "pass"
+        counts = _layer_counts(len(failed), sum(failed))
+        print(summary_line(device, layer, verdict, counts, worst[(device, layer)]))
+    print()
+    passed = sum(not any(failed) for failed in layers.values())
+    groups = sum(len(failed) for failed in layers.values())
+    failing = sum(sum(failed) for failed in layers.values())
+    devices = ", ".join(dict.fromkeys(device for device, _ in layers)) or "no device"
+    verdict = "fail" if failing else "pass"
+    return (
+        f"{verdict}, {passed} of {len(layers)} layers on {devices} pass; {groups} groups "
+        f"(case, dtype, backend) judged, {failing} failing"
+    )
+
+
+def _layer_counts(groups: int, failing: int) -> dict[str, int]:
+    """A layer's groups counted as a kernel check's are: every group is judged (the registry has
+    no expected failures, skips or features)."""
+    return {
+        "judged": groups,
+        "failing": failing,
+        "expected_failures": 0,
+        "skipped": 0,
+        "not_run": 0,
+        "total": groups,
+    }
+
+
+def _layer_failures(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per failing layer row, for the summary at the end."""
     return [
         f"layers on {row['device']}: {row['case']} {row['dtype']} {row['backend']}: "
         f"{row['tensor']} {tuple(row['shape'])} {row['verdict']}: error {row['error']:.2e}, "

@@ -109,19 +109,36 @@ def _sdpa_has_gqa() -> bool:
     return torch.torch_version.TorchVersion(torch.__version__) >= "2.5"
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with our masks, and 0 on rows with nothing to attend to.
+def sdpa_is_causal(rules: ScoreRules) -> bool:
+    """Whether ``sdpa`` hands the call's band to SDPA's own ``is_causal``: top-left causal alone
+    (no window, mask or ALiBi), with a scale that is positive in the compute dtype.
 
-    Top-left causal alone uses SDPA's own ``is_causal`` (never a fully masked row); any other
-    band (bottom-right, windows) and mask becomes one SDPA ``attn_mask``, ALiBi is added to its
-    float part. Called with finite inputs only: non-finite ones take the plain path, which
-    keeps the edge rules (SDPA's fused CPU kernel turns a NaN query row into 0, adds its mask to
-    a hidden NaN score, and a fused kernel may skip the hidden values that the reference
-    multiplies by exact zeros).
+    A scale that is 0 or negative there (0.0, -1.0, or 1e-300 in float32) takes the mask
+    route instead. Measured on CPU (torch 2.13): SDPA with ``is_causal=True`` and such a scale
+    returns NaN in out (and in dv; in dq and dk too for a negative scale or half inputs), in
+    float32, float64, float16 and bfloat16 alike, with the scale rounded to float32 for all but
+    float64 (7e-46 fails in float32, 7.1e-46 does not); a positive scale, however tiny, is
+    right, and so is the same call with an explicit causal mask, or with no mask. That is what a
+    kernel that scales its hidden -inf scores gives (-inf * 0 is NaN, -inf * -1 is +inf). CUDA's
+    kernels were not measured; the rule holds on every device (docs/torch-backends.md).
     """
     is_causal = rules.left is None and rules.right == 0 and rules.offset == 0
     is_causal = is_causal and rules.allowed is None and rules.bias is None
     is_causal = is_causal and rules.slopes is None
+    return is_causal and torch.tensor(rules.scale, dtype=rules.compute).item() > 0
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with our masks, and 0 on rows with nothing to attend to.
+
+    Top-left causal alone uses SDPA's own ``is_causal`` (never a fully masked row) where the
+    scale allows it (``sdpa_is_causal``); any other band (bottom-right, windows) and mask becomes
+    one SDPA ``attn_mask``, ALiBi is added to its float part. Called with finite inputs only:
+    non-finite ones take the plain path, which keeps the edge rules (SDPA's fused CPU kernel
+    turns a NaN query row into 0, adds its mask to a hidden NaN score, and a fused kernel may
+    skip the hidden values that the reference multiplies by exact zeros).
+    """
+    is_causal = sdpa_is_causal(rules)
     sdpa_mask, row_valid = None, None
     if not is_causal:
         bias = rules.bias

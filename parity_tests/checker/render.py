@@ -5,8 +5,12 @@ summary of failing rows, and the JSON form of ``--json`` (schema: docs/kernel-ve
 A *check* is one target checked on one device and battery, as a plain dict: the report's rows
 grouped by (case, dtype), each group with its shape and its status ("pass", "fail", "skip", or,
 against ``targets.EXPECTED_FAILURES``, "xfail" / "xpass"), the distinct exceptions once each, and
-the verdict with the fraction of the battery it covers. Verdicts and statuses are the same
-lowercase strings in the tables and in the JSON.
+the verdict with the fraction of the battery it covers (expected failures counted apart). Verdicts
+and statuses are the same lowercase strings in the tables and in the JSON.
+
+Two views for people: ``print_summary`` (the main job's table: one line per target with its
+verdict and counts, one line per expected failure with its reason) and ``print_checks`` (every
+group with each tensor's error / bound, and each exception's traceback: ``--verbose``).
 
 Tests: tests/checker/test_render.py
 """
@@ -17,20 +21,26 @@ import dataclasses
 import functools
 import math
 import platform
+import sys
 from collections.abc import Callable, Iterable
+from importlib import metadata
 from typing import Any
 
+from .. import DISTRIBUTION, __version__
 from .report import (
     FAILING,
     FAILING_GROUPS,
     KernelReport,
+    coverage_counts,
     coverage_summary,
     group_status,
     statuses_pass,
 )
 from .targets import expected_failure
 
-SCHEMA_VERSION = 1
+# 2: a check's coverage counts expected failures apart ("judged" no longer includes them);
+# the project's version and the packages the run imported are recorded.
+SCHEMA_VERSION = 2
 TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "lse", "keep")
 SHAPE_KEYS = ("B", "H", "N", "M", "D", "Dv")
 _WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4}
@@ -62,8 +72,6 @@ def check_entry(
             }
         )
     statuses = [group["status"] for group in groups]
-    skipped, not_run = statuses.count("skip"), statuses.count("not-run")
-    judged_groups = len(statuses) - skipped - not_run
     return {
         "target": target,
         "spec": spec,
@@ -73,13 +81,7 @@ def check_entry(
         "judged": judged,
         "verdict": ("pass" if statuses_pass(statuses) else "fail") if judged else None,
         "summary": coverage_summary(statuses),
-        "coverage": {
-            "judged": judged_groups,
-            "skipped": skipped,
-            "not_run": not_run,
-            "total": len(statuses),
-            "fraction": judged_groups / len(statuses) if statuses else 0.0,
-        },
+        "coverage": coverage_counts(statuses),
         "groups": groups,
         "errors": [
             {
@@ -176,6 +178,73 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
     emit("")
 
 
+# The columns of the main job's summary tables, layers and kernels alike.
+SUMMARY_HEADER = (
+    f"{'device':7} {'target':40} {'verdict':7} {'judged':>6} {'failing':>7} {'xfail':>5} "
+    f"{'skipped':>7} {'not-run':>7} {'total':>5}  worst error / bound"
+)
+
+
+def summary_line(device: str, name: str, verdict: str | None, counts: dict, worst: float) -> str:
+    """One line of a summary table: a target (or a layer) on a device, its verdict ("-" for
+    findings that are not judged), its groups counted by ``report.coverage_counts``, and its
+    largest error / bound among the judged rows."""
+    return (
+        f"{device:7} {name:40} {verdict or '-':7} {counts['judged']:>6} {counts['failing']:>7} "
+        f"{counts['expected_failures']:>5} {counts['skipped']:>7} {counts['not_run']:>7} "
+        f"{counts['total']:>5}  {_number(worst, '.2g') if not math.isnan(worst) else '-'}"
+    )
+
+
+def print_summary(checks: list[dict], title: str, emit: Emit) -> None:
+    """The main job's table of ``checks``: one line per check (``summary_line``), and each
+    expected failure (and each unexpected pass) on one line with its cases and reason. The
+    total over the checks is ``total_line``."""
+    emit(f"== {title} ==")
+    emit(SUMMARY_HEADER)
+    for check in checks:
+        judged = [g for g in check["groups"] if g["status"] not in ("skip", "not-run", "xfail")]
+        rows = [row for group in judged for row in group["rows"]]
+        emit(summary_line(check["device"], check["target"], check["verdict"],
+                          check["coverage"], _worst_ratio(rows)))  # fmt: skip
+        reasons: dict[tuple[str, str], dict[str, None]] = {}  # (status, why) -> its cases
+        for group in check["groups"]:
+            if group["status"] in ("xfail", "xpass") and check["judged"]:
+                reasons.setdefault((group["status"], group["note"]), {})[group["case"]] = None
+        for (status, why), cases in reasons.items():
+            emit(f"{'':8}{status} {', '.join(cases)}: {why}")
+    emit("")
+
+
+def total_line(checks: list[dict]) -> str:
+    """The total over ``checks``: how many targets passed, and their groups counted as each
+    check counts them."""
+    devices = ", ".join(dict.fromkeys(check["device"] for check in checks)) or "no device"
+    counts = {key: sum(check["coverage"][key] for check in checks) for key in _COUNTED}
+    groups = (
+        f"{counts['judged']} of {counts['total']} case-dtype groups judged, "
+        f"{counts['failing']} failing, {counts['expected_failures']} expected failures, "
+        f"{counts['skipped']} skipped, {counts['not_run']} not run"
+    )
+    verdicts = [check["verdict"] for check in checks]
+    if checks and verdicts[0] is None:  # the stress battery: findings, no verdict
+        return f"findings (no verdict), {len(checks)} targets on {devices}; {groups}"
+    passed = verdicts.count("pass")
+    verdict = "pass" if checks and passed == len(checks) else "fail"
+    return f"{verdict}, {passed} of {len(checks)} targets on {devices} pass; {groups}"
+
+
+_COUNTED = ("judged", "failing", "expected_failures", "skipped", "not_run", "total")
+
+
+def _worst_ratio(rows: list[dict]) -> float:
+    """The largest error / bound (a bias row: its rms ratio, when larger) of ``rows``; NaN when
+    none was measured."""
+    ratios = [row["ratio"] for row in rows if not math.isnan(row["ratio"])]
+    ratios += [row["bias_ratio"] for row in rows if row.get("verdict") == "bias"]
+    return max(ratios, default=math.nan)
+
+
 def _cell(row: dict) -> str:
     """error / bound; for a "bias" row "rms" and rms error / rms bound."""
     text = "NaN/inf" if row["verdict"] == "nonfinite" else _number(row["ratio"], ".2g")
@@ -223,7 +292,8 @@ def failing_lines(checks: Iterable[dict]) -> list[str]:
 
 def _row_summary(row: dict) -> str:
     if row["verdict"] == "error":
-        return "error, " + (f"exception #{row['exception']}" if row["exception"] else row["detail"])
+        number = f" (exception #{row['exception']})" if row["exception"] else ""
+        return f"error, {row['detail']}{number}"
     numbers = f"error {_number(row['error'], '.2e')}, bound {_number(row['bound'], '.2e')}"
     detail = f"; {row['detail']}" if row["detail"] else ""
     return f"{row['tensor']} {row['verdict']}: {numbers}{detail}"
@@ -250,18 +320,42 @@ def jsonable(value: Any) -> Any:
 
 
 def environment(devices: Iterable[str]) -> dict:
-    """The versions and devices a result depends on: Python, NumPy, torch, and each device's
-    name."""
-    import numpy as np
-    import torch
-
+    """What a result depends on, besides the packages (``packages``): Python, the platform, and
+    each device's name."""
     return {
         "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
         "platform": platform.platform(),
         "devices": {device: device_name(device) for device in devices},
     }
+
+
+def packages() -> dict[str, str]:
+    """The version of every installed distribution (this project's aside: ``__version__``) that
+    provides a module imported in this process so far, by distribution name, sorted: the
+    third-party code a run has executed (numpy and torch always; transformers only where its
+    targets ran). Modules of no installed distribution (the standard library, a kernel module
+    in the current directory) are left out, and so are modules that only child processes
+    (isolated kernels, ring ranks) imported: this process cannot see them."""
+    providers = metadata.packages_distributions()
+    names = {
+        dist
+        for module in list(sys.modules)
+        if "." not in module and module not in sys.stdlib_module_names
+        for dist in providers.get(module, ())
+        if dist != DISTRIBUTION
+    }
+    found = {}
+    for name in sorted(names, key=str.lower):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # a stale entry of packages_distributions
+            continue
+    return found
+
+
+def project() -> dict[str, str]:
+    """This project's distribution and version (``parity_tests.__version__``)."""
+    return {"name": DISTRIBUTION, "version": __version__}
 
 
 @functools.lru_cache(maxsize=8)

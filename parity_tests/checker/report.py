@@ -20,7 +20,9 @@ else "not-run" when it was not run, else "pass". A report has passed when no row
 one group passed, and skipped groups do not outnumber passed ones: a kernel that refuses most of
 the battery has not shown that it is correct, whatever it did on the rest. Groups not run for an
 undeclared feature are neither: the summary states the fraction of the battery the verdict
-covers.
+covers. Against a list of documented failures (the CLI's built-in targets) a failing group it
+explains is "xfail" and a passing one "xpass" (a failure); expected failures are counted apart in
+every summary, never as judged (``coverage_counts``).
 
 Tests: tests/checker/test_report.py
 """
@@ -165,33 +167,57 @@ def group_status(rows: list[KernelRow]) -> str:
     return "pass"
 
 
-# Group statuses as the CLI extends them: an expected failure that fails is "xfail" (judged, as
-# documented), one that passes is "xpass" (a failure: the list of expected failures is stale).
+# Group statuses as the CLI extends them: an expected failure that fails is "xfail" (documented,
+# counted apart: neither judged nor a refusal), one that passes is "xpass" (a failure: the list of
+# expected failures is stale).
 PASSING_GROUPS = ("pass", "xfail")
 FAILING_GROUPS = ("fail", "xpass")
 
 
 def statuses_pass(statuses: list[str]) -> bool:
     """The verdict of a run whose (case, dtype) groups got ``statuses``: no failing group, at
-    least one passing group, and no more skipped groups than passing ones."""
+    least one passing group (a pass or an expected failure), and no more skipped groups than
+    passing ones."""
     passes = sum(status in PASSING_GROUPS for status in statuses)
     failing = sum(status in FAILING_GROUPS for status in statuses)
     return failing == 0 and passes > 0 and statuses.count("skip") <= passes
 
 
+def coverage_counts(statuses: list[str]) -> dict[str, int | float]:
+    """How many groups of ``statuses`` were judged (compared and given a pass or a failure:
+    "pass", "fail", "xpass"), failed ("fail", "xpass"), were expected failures ("xfail"),
+    skipped, not run, in all; and the fraction judged (0 for none). The keys are the JSON
+    report's ``coverage``."""
+    total, skipped, not_run = len(statuses), statuses.count("skip"), statuses.count("not-run")
+    expected = statuses.count("xfail")
+    judged = total - skipped - not_run - expected
+    return {
+        "judged": judged,
+        "failing": sum(status in FAILING_GROUPS for status in statuses),
+        "expected_failures": expected,
+        "skipped": skipped,
+        "not_run": not_run,
+        "total": total,
+        "fraction": judged / total if total else 0.0,
+    }
+
+
 def coverage_summary(statuses: list[str]) -> str:
-    """One line: "pass" or "fail", why, and how many groups were judged (neither skipped nor
-    not run)."""
-    total, skips, not_run = len(statuses), statuses.count("skip"), statuses.count("not-run")
-    failing = sum(status in FAILING_GROUPS for status in statuses)
-    judged = total - skips - not_run
+    """One line: "pass" or "fail", why, how many groups were judged, and apart from them the
+    expected failures, the skipped groups and those not run."""
+    counts = coverage_counts(statuses)
+    total, judged, failing = counts["total"], counts["judged"], counts["failing"]
     share = f"{judged} of {total} case-dtype groups judged ({judged / max(total, 1):.0%})"
-    skipped = f", {skips} skipped" if skips else ""
-    skipped += f", {not_run} not run (features not declared)" if not_run else ""
+    apart = ""
+    if counts["expected_failures"]:
+        xfails = counts["expected_failures"]
+        apart += f", {xfails} expected failure{'s' if xfails != 1 else ''}"
+    apart += f", {counts['skipped']} skipped" if counts["skipped"] else ""
+    apart += f", {counts['not_run']} not run (features not declared)" if counts["not_run"] else ""
     if statuses_pass(statuses):
-        return f"pass: {share}{skipped}"
+        return f"pass: {share}{apart}"
     if failing:
-        return f"fail: {failing} failing groups; {share}{skipped}"
+        return f"fail: {failing} failing groups; {share}{apart}"
     if total == 0:
         return "fail: nothing was checked"
-    return f"fail: only {share}; skips outnumber passes, so this is not a pass"
+    return f"fail: only {share}{apart}; skips outnumber passes, so this is not a pass"

@@ -18,9 +18,13 @@ features (options) it can express.
   (B, H, N, D); top-left, N = M.
 
 The checker keeps every case in one canonical layout, (B, H, N, D) (a packed case: (T, H, D)
-and lse (H, T)); a spec moves the inputs into its layout, calls the kernel with only the
-arguments that differ from the signature's defaults (so that a kernel without, say, a softcap
-argument still runs the cases that need none), and moves the results back. Flash-attn's ALiBi
+and lse (H, T)); a spec moves the inputs into its layout, calls the kernel, and moves the results
+back. The "flash", "flash_varlen", "flex" and "ring" specs pass only the keywords that differ
+from the signature's defaults (so that a kernel without, say, a softcap argument still runs the
+cases that need none); the "sdpa" spec always passes ``attn_mask``, ``dropout_p``,
+``is_causal`` and ``scale`` (None, 0.0, False and None where the case has none: the arguments
+every SDPA-compatible kernel takes), and ``enable_gqa=True`` only to cases with fewer key/value
+heads. Flash-attn's ALiBi
 slopes are float32, its ``cu_seqlens`` int32, as the library requires. For "flex" the checker
 builds ``score_mod`` (softcap, ALiBi, the finite part of a float mask) and ``block_mask``
 (causal, the window, a bool mask, the -inf entries of a float mask) with the installed torch's

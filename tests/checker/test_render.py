@@ -1,15 +1,22 @@
 """The checker's tables and JSON: statuses against the expected failures, each exception printed
-once with its traceback, the failing rows summed up, and strict JSON with non-finite numbers
-flagged."""
+once with its traceback, the failing rows summed up, the main job's summary (one line per
+target and per expected failure, expected failures counted apart), the versions the report
+records, and strict JSON with non-finite numbers flagged."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
+import platform
+import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
+import torch
 
+import parity_tests
 from parity_tests import check_kernel
 from parity_tests.checker import targets
 from parity_tests.checker.battery import DEFAULT
@@ -18,8 +25,12 @@ from parity_tests.checker.render import (
     environment,
     failing_lines,
     jsonable,
+    packages,
     print_checks,
+    print_summary,
+    project,
     row_dict,
+    total_line,
 )
 from parity_tests.checker.report import KernelReport, KernelRow
 
@@ -95,12 +106,27 @@ def test_coverage_is_reported_per_check():
 
     assert check["coverage"] == {
         "judged": 1,
+        "failing": 0,
+        "expected_failures": 0,
         "skipped": 1,
         "not_run": 0,
         "total": 2,
         "fraction": 0.5,
     }
     assert check["summary"] == "pass: 1 of 2 case-dtype groups judged (50%), 1 skipped"
+
+
+def test_an_expected_failure_is_not_counted_as_judged(monkeypatch):
+    entry = targets.ExpectedFailure("k", "plain", "a documented deviation")
+    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+    report = _report(
+        _row("plain", "error", "-", "RuntimeError: never compared"), _row("dv>d", "pass")
+    )
+
+    check = check_entry(report, target="k", battery="b", judged=True)
+
+    assert check["coverage"]["judged"] == 1 and check["coverage"]["expected_failures"] == 1
+    assert check["summary"] == "pass: 1 of 2 case-dtype groups judged (50%), 1 expected failure"
 
 
 def test_each_exception_is_printed_once_with_its_traceback():
@@ -170,10 +196,66 @@ def test_json_has_numbers_as_numbers_and_non_finite_as_null_with_a_flag():
     }
 
 
-def test_environment_names_versions_and_devices():
+def test_environment_names_python_the_platform_and_the_devices():
     env = environment(["cpu"])
 
-    assert {"python", "numpy", "torch"} <= set(env) and env["devices"]["cpu"]
+    assert env["python"] == platform.python_version() and env["platform"]
+    assert env["devices"]["cpu"]
+
+
+def test_packages_are_the_installed_distributions_of_the_modules_imported():
+    found = packages()
+
+    assert found["numpy"] == np.__version__ and found["torch"] == torch.__version__
+    assert found == {name: importlib.metadata.version(name) for name in found}
+    assert parity_tests.DISTRIBUTION not in found  # the project is named apart: project()
+    assert project() == {"name": "attention-parity", "version": parity_tests.__version__}
+
+
+def test_a_package_not_imported_is_not_listed(monkeypatch):
+    imported = dict(sys.modules)
+    monkeypatch.setattr(sys, "modules", {k: v for k, v in imported.items() if k != "numpy"})
+
+    assert "numpy" not in packages()
+
+
+def _summary(checks: list[dict]) -> list[str]:
+    lines: list[str] = []
+    print_summary(checks, "kernels", lines.append)
+    return lines
+
+
+def test_the_summary_has_one_line_per_check_and_per_expected_failure(monkeypatch):
+    log = "\n".join(f"warning: line {i} of a compiler log" for i in range(3000))
+    entry = targets.ExpectedFailure("k", "plain", "a documented crash")
+    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+
+    def raises(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        if not is_causal:
+            raise RuntimeError(f"compilation failed\n{log}")
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+
+    report = check_kernel(raises, dtypes=["float32"], cases=["plain", "causal-n<m"])
+    check = check_entry(report, target="k", battery="cases", judged=True)
+
+    lines = _summary([check])
+
+    assert lines[2].split()[:9] == ["cpu", "k", "pass", "1", "0", "1", "0", "0", "2"]
+    assert lines[3:] == ["        xfail plain: a documented crash", ""]
+    assert "compiler log" in check["errors"][0]["traceback"]  # the JSON keeps it all
+    assert total_line([check]) == (
+        "pass, 1 of 1 targets on cpu pass; 1 of 2 case-dtype groups judged, 0 failing, "
+        "1 expected failures, 0 skipped, 0 not run"
+    )
+
+
+def test_findings_have_no_verdict_in_the_summary():
+    check = check_entry(_report(_row("plain", "fail")), target="k", battery="stress", judged=False)
+
+    (line,) = [line for line in _summary([check]) if line.startswith("cpu")]
+
+    assert line.split()[:4] == ["cpu", "k", "-", "1"]
+    assert total_line([check]).startswith("findings (no verdict), 1 targets on cpu;")
 
 
 def test_a_bias_row_shows_its_rms_ratio_and_why():

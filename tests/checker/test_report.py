@@ -12,6 +12,7 @@ from parity_tests.checker.report import (
     VERDICTS,
     KernelReport,
     KernelRow,
+    coverage_counts,
     coverage_summary,
     group_status,
     statuses_pass,
@@ -97,15 +98,38 @@ def test_the_summary_says_how_much_of_the_battery_the_verdict_covers():
         "pass: 3 of 4 case-dtype groups judged (75%), 1 skipped"
     )
     assert _report(["pass", "skip", "skip"]).summary == (
-        "fail: only 1 of 3 case-dtype groups judged (33%); skips outnumber passes, "
+        "fail: only 1 of 3 case-dtype groups judged (33%), 2 skipped; skips outnumber passes, "
         "so this is not a pass"
     )
 
 
-def test_expected_failures_count_as_judged_and_unexpected_passes_as_failing():
+def test_expected_failures_pass_the_verdict_and_unexpected_passes_fail_it():
     assert statuses_pass(["pass", "xfail", "skip"])
     assert not statuses_pass(["pass", "xpass"])
     assert coverage_summary(["xpass", "pass"]).startswith("fail: 1 failing groups")
+
+
+def test_expected_failures_are_counted_apart_never_as_judged():
+    """A documented failure (a case that raised and was never compared, say) is neither a judged
+    group nor a skip: every count and summary says how many there were."""
+    statuses = ["pass", "pass", "pass", "xfail"]
+
+    assert coverage_counts(statuses) == {
+        "judged": 3,
+        "failing": 0,
+        "expected_failures": 1,
+        "skipped": 0,
+        "not_run": 0,
+        "total": 4,
+        "fraction": 0.75,
+    }
+    assert coverage_summary(statuses) == (
+        "pass: 3 of 4 case-dtype groups judged (75%), 1 expected failure"
+    )
+    assert coverage_summary(["pass", "xfail", "xfail", "skip", "not-run", "xpass"]) == (
+        "fail: 1 failing groups; 2 of 6 case-dtype groups judged (33%), 2 expected failures, "
+        "1 skipped, 1 not run (features not declared)"
+    )
 
 
 def test_an_empty_report_has_not_passed():

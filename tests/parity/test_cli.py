@@ -1,27 +1,32 @@
-"""``python -m parity_tests`` and ``parity-tests``: exit codes, the tables, the JSON schema,
---kernel, and bad usage refused before any work."""
+"""``python -m parity_tests`` and ``parity-tests``: exit codes, the tables (compact, and every
+group with --verbose), the JSON schema and its versions, --kernel, --version, the CLI without
+torch, and bad usage refused in one line before any work."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+import parity_tests
 from parity_tests import check_kernel, registry
 from parity_tests.checker import calibration, pitfalls, targets
 from parity_tests.checker.render import SCHEMA_VERSION
-from parity_tests.cli import main
+from parity_tests.cli import VERSION, main
 from parity_tests.registry import ParityRow
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
 FLASH = "parity_tests.checker.adapters:flash_attn_func"
 BROKEN = "parity_tests.checker.pitfalls:scale_by_d"
 QUICK_F32 = ["--quick", "--dtype", "float32", "--device", "cpu"]
+BUILTIN_TARGETS = targets.builtin_targets  # before any test replaces it
 
 
 def _module(tmp_path, monkeypatch, name: str, source: str) -> None:
@@ -54,7 +59,7 @@ def test_user_kernel_passes_with_json(tmp_path, capsys):
     )
     assert check["groups"][0]["rows"][0]["error"] == direct.rows[0].error
     assert check["groups"][0]["shape"] == direct.cases["plain"].shape
-    assert "plain" in out and out.rstrip().endswith("OK")
+    assert f"cpu     {SDPA:40} pass" in out and out.rstrip().endswith("OK")
 
 
 def test_json_names_the_versions_and_the_device(tmp_path):
@@ -63,9 +68,31 @@ def test_json_names_the_versions_and_the_device(tmp_path):
     main(["--kernel", SDPA, *QUICK_F32, "--json", str(path)])
 
     report = json.loads(path.read_text())
-    assert report["environment"]["torch"] == torch.__version__
-    assert {"python", "numpy", "platform"} <= set(report["environment"])
+    assert report["project"] == {"name": "attention-parity", "version": parity_tests.__version__}
+    packages = report["environment"]["packages"]
+    assert packages["torch"] == torch.__version__ and packages["numpy"] == np.__version__
+    assert {"python", "platform"} <= set(report["environment"])
     assert report["kernels"][0]["device_name"] == report["environment"]["devices"]["cpu"]
+
+
+def _hf_sdpa_targets(device, dtypes):
+    from parity_tests.checker import third_party
+
+    return [targets.Target("hf.sdpa_attention_forward", third_party.hf_sdpa, dtypes)]
+
+
+def test_json_names_transformers_when_its_targets_ran(monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(targets, "builtin_targets", _hf_sdpa_targets)
+    path = tmp_path / "report.json"
+
+    main(["--no-layers", "--case", "plain", "--dtype", "float32", "--json", str(path)])
+
+    report = json.loads(path.read_text())
+    assert report["kernels"][0]["target"] == "hf.sdpa_attention_forward"
+    assert report["environment"]["packages"]["transformers"] == (
+        importlib.metadata.version("transformers")
+    )
 
 
 def test_json_is_strict_with_non_finite_numbers_as_null_and_a_flag(tmp_path):
@@ -89,20 +116,20 @@ def test_broken_kernel_exits_1_and_names_the_failure(capsys):
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "fail (out fail" in out and "FAILED" in out
+    assert f"cpu     {BROKEN:40} fail" in out and "FAILED" in out
     assert "float32" in out and "float16" not in out
     summary = out[out.index("== failing rows") :]
     assert f"{BROKEN} on cpu: plain float32 (B=2 H=3 N=37 M=113 D=64 Dv=64): out fail" in summary
 
 
 def _mha_targets(device, dtypes):
-    return [t for t in targets.builtin_targets(device, dtypes) if t.name.startswith("mha")]
+    return [t for t in BUILTIN_TARGETS(device, dtypes) if t.name.startswith("mha")]
 
 
 def test_builtin_targets_show_expected_failures_as_xfail(monkeypatch, capsys):
-    monkeypatch.setattr("parity_tests.cli.builtin_targets", _mha_targets)
+    monkeypatch.setattr(targets, "builtin_targets", _mha_targets)
 
-    code = main(["--no-layers", *QUICK_F32])
+    code = main(["--no-layers", *QUICK_F32, "--verbose"])
 
     out = capsys.readouterr().out
     assert code == 0
@@ -110,9 +137,60 @@ def test_builtin_targets_show_expected_failures_as_xfail(monkeypatch, capsys):
     assert "xfail dead-rows-bool: nn.MultiheadAttention with need_weights=True" in out
     assert "not-run gqa-2of4: needs gqa, not in the kernel's features" in out
     assert (
-        "pass: 8 of 10 case-dtype groups judged (80%), 1 skipped, 1 not run (features not declared)"
-        in out
+        "pass: 7 of 10 case-dtype groups judged (70%), 1 expected failure, 1 skipped, "
+        "1 not run (features not declared)" in out
     )
+
+
+def _raises_with_a_compiler_log(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                scale=None):  # fmt: skip
+    """Raises on causal cases with a message as long as compiled FlexAttention's gcc log."""
+    if is_causal:
+        log = "\n".join(f"file.h:{i}: warning: comparison of integers" for i in range(3000))
+        raise RuntimeError(f"CppCompileError: C++ compile error\n{log}")
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                          scale=scale)  # fmt: skip
+
+
+def _compiled_like_targets(device, dtypes):
+    return [targets.Target("compiled-like", _raises_with_a_compiler_log, ("float32",))]
+
+
+@pytest.fixture
+def compiled_like(monkeypatch):
+    """One built-in target whose causal cases fail as documented, with a 3000-line message."""
+    entry = targets.ExpectedFailure("compiled-like", "causal-n<m", "the compiler fails, as known",
+                                    detail="CppCompileError")  # fmt: skip
+    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+    monkeypatch.setattr(targets, "builtin_targets", _compiled_like_targets)
+    monkeypatch.setattr(registry, "run_registry", _fake_rows_passing)
+
+
+def test_a_passing_run_prints_a_table_not_a_compiler_log(compiled_like, tmp_path, capsys):
+    path = tmp_path / "report.json"
+    argv = ["--case", "plain", "--case", "causal-n<m", "--device", "cpu", "--json", str(path)]
+
+    code = main(argv)
+
+    out = capsys.readouterr().out
+    assert code == 0 and len(out.splitlines()) < 30
+    assert "warning" not in out and "Traceback" not in out
+    assert "        xfail causal-n<m: the compiler fails, as known" in out
+    assert "cpu     compiled-like                            pass         1       0     1" in out
+    assert "kernels: pass, 1 of 1 targets on cpu pass; 1 of 2 case-dtype groups judged, " in out
+    assert "layers: pass, 1 of 1 layers on cpu pass; 1 groups" in out
+    assert out.rstrip().endswith("OK")
+    (error,) = json.loads(path.read_text())["kernels"][0]["errors"]
+    assert error["traceback"].count("warning: comparison") == 3000
+
+
+def test_verbose_prints_every_group_and_each_traceback(compiled_like, capsys):
+    code = main(["--case", "plain", "--case", "causal-n<m", "--device", "cpu", "--verbose"])
+
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("warning: comparison") == 3000
+    assert "== layers: NumPy vs torch (norm-wise relative error, bound) ==" in out
+    assert "-- compiled-like on cpu (cases battery) --" in out
 
 
 def test_an_expected_failure_that_passes_is_an_xpass_and_fails_the_run(monkeypatch, capsys):
@@ -149,6 +227,10 @@ def _fake_rows(*, device, dtypes, quick, progress):
     ]
 
 
+def _fake_rows_passing(*, device, dtypes, quick, progress):
+    return _fake_rows(device=device, dtypes=dtypes, quick=quick, progress=progress)[:1]
+
+
 def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(registry, "run_registry", _fake_rows)
     path = tmp_path / "report.json"
@@ -157,7 +239,11 @@ def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tm
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "Layer/bad" in out and "layers: 2 groups, 1 failing" in out
+    assert "cpu     Layer                                    fail         2       1" in out
+    assert (
+        "layers: fail, 0 of 1 layers on cpu pass; 2 groups (case, dtype, backend) judged, 1 "
+        "failing" in out
+    )
     assert "layers on cpu: Layer/bad float32 math: dx (2, 5) fail: error 1.00e-03" in out
     layers = json.loads(path.read_text())["layers"]
     assert layers["verdict"] == "fail"
@@ -221,9 +307,23 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", SDPA, "--no-kernels"],
         ["--kernel", SDPA, "--json", "/no/such/directory/report.json"],
         ["--no-such-flag"],
+        # options that the others would ignore
+        ["--list-cases", "--json", "cases.json"],
+        ["--list-cases", "--kernel", SDPA],
+        ["--list-cases", "--dtype", "float32"],
+        ["--list-cases", "--case", "plain", "--quick"],
+        ["--list-cases", "--case", "no-such-case"],
+        ["--calibrate", "1", "--seed", "3"],
+        ["--calibrate", "1", "--stress"],
+        ["--calibrate", "1", "--device", "cpu", "--device", "cpu"],
+        ["--no-kernels", "--dtype", "float32"],
+        ["--no-kernels", "--seed", "1"],
+        ["--no-kernels", "--stress", "--case", "plain"],
+        ["--kernel", SDPA, "--quick", "--case", "plain"],
+        ["--spec", "sdpa"],
     ],
 )
-def test_bad_usage_exits_2_before_any_work(argv, monkeypatch, capsys):
+def test_bad_usage_exits_2_in_one_line_before_any_work(argv, monkeypatch, capsys):
     monkeypatch.setattr(registry, "run_registry", None)  # any work would crash, not exit 2
     monkeypatch.setattr("parity_tests.checker.targets.check_kernel", None)
 
@@ -232,8 +332,18 @@ def test_bad_usage_exits_2_before_any_work(argv, monkeypatch, capsys):
 
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
-    assert "error" in captured.err and "Traceback" not in captured.err
+    (line,) = captured.err.splitlines()
+    assert line.startswith("python -m parity_tests: error: ") and "Traceback" not in line
     assert captured.out == ""
+
+
+def test_a_kernel_that_is_not_callable_is_named_with_its_type(capsys):
+    with pytest.raises(SystemExit):
+        main(["--kernel", "parity_tests.checker.pitfalls:PITFALLS"])
+
+    assert "--kernel 'parity_tests.checker.pitfalls:PITFALLS': PITFALLS is not callable (its " in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_json_path_that_is_a_directory_is_bad_usage(tmp_path, capsys):
@@ -308,8 +418,9 @@ def test_cuda_without_cuda_is_bad_usage():
     assert exit_info.value.code == 2
 
 
-def test_python_dash_m_runs_the_cli():
-    argv = ["--kernel", SDPA, *QUICK_F32]
+def test_python_dash_m_runs_the_cli(tmp_path):
+    path = tmp_path / "report.json"
+    argv = ["--kernel", SDPA, *QUICK_F32, "--json", str(path)]
 
     result = subprocess.run(
         [sys.executable, "-m", "parity_tests", *argv], capture_output=True, text=True, timeout=300
@@ -317,6 +428,8 @@ def test_python_dash_m_runs_the_cli():
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("OK")
+    packages = json.loads(path.read_text())["environment"]["packages"]
+    assert {"numpy", "torch"} <= set(packages) and "transformers" not in packages  # not run
 
 
 # What pip writes for the ``parity-tests`` entry point of setup.cfg.
@@ -358,8 +471,7 @@ def test_the_console_script_names_itself(tmp_path):
     result = _console_script(tmp_path, "--seed", "-1")
 
     assert result.returncode == 2
-    assert result.stderr.startswith("usage: parity-tests ")
-    assert "parity-tests: error: argument --seed" in result.stderr
+    assert result.stderr.startswith("parity-tests: error: argument --seed")
 
 
 def test_list_cases_names_each_case_its_shape_and_needs(capsys):
@@ -370,6 +482,61 @@ def test_list_cases_names_each_case_its_shape_and_needs(capsys):
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "alibi, causal" in lines["alibi-bh-causal"]
     assert "not in this spec" in lines["causal-n<m"] and "not in this spec" not in lines["softcap"]
+
+
+def test_list_cases_lists_only_the_cases_named(capsys):
+    code = main(["--list-cases", "--spec", "flash", "--case", "softcap", "--case", "causal-n<m"])
+
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[0] == "named cases, flash spec: case, B H N M D Dv, what it needs"
+    assert [line.split()[0] for line in out[1:]] == ["softcap", "causal-n<m"]
+    assert "not in this spec" in out[2]
+
+
+def test_version_names_the_project_and_its_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+
+    assert exit_info.value.code == 0
+    assert (
+        capsys.readouterr().out
+        == f"attention-parity {parity_tests.__version__}\n"
+        == (VERSION + "\n")
+    )
+
+
+# torch made missing, as in a NumPy-only install: the import fails as Python fails it.
+WITHOUT_TORCH = r"""
+import runpy, sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Missing())
+sys.argv = ["parity_tests", *sys.argv[1:]]
+runpy.run_module("parity_tests", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [([], 2), (["--kernel", SDPA], 2), (["--list-cases"], 2), (["--version"], 0)],
+)
+def test_without_torch_the_cli_says_what_to_install_in_one_line(argv, code):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *argv],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    assert result.returncode == code, result.stderr
+    if code == 2:
+        assert result.stdout == ""
+        assert result.stderr.splitlines() == [
+            "python -m parity_tests: error: torch is not installed, and this command needs it: "
+            'pip install ".[torch]"'
+        ]
+    else:
+        assert result.stdout == f"attention-parity {parity_tests.__version__}\n"
 
 
 @pytest.mark.parametrize(
@@ -385,12 +552,12 @@ def test_list_cases_names_each_case_its_shape_and_needs(capsys):
         (["--kernel", FLASH, "--spec", "flash", "--features", "causal,lse",
           "--case", "causal-br-n<m", "--case", "softcap"], 0,
          ["1 not run (features not declared)", "needs softcap"]),
-        (["--kernel", SDPA, "--dtype", "float64", "--case", "gqa-2of4"], 0, ["float64", "OK"]),
+        (["--kernel", SDPA, "--dtype", "float64", "--case", "gqa-2of4"], 0, ["float64 ", "OK"]),
     ],
     ids=["flash", "flash-pitfall", "flex-library-function", "features", "float64"],
 )  # fmt: skip
 def test_kernels_of_every_spec_from_the_command_line(argv, code, words, capsys):
-    assert main([*argv, "--dtype", "float32", "--device", "cpu"]) == code
+    assert main([*argv, "--dtype", "float32", "--device", "cpu", "--verbose"]) == code
 
     out = capsys.readouterr().out
     assert all(word in out for word in words), out
@@ -435,5 +602,5 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
 
     stderr = process.communicate(timeout=120)[1].decode()
 
-    assert process.returncode == 1
+    assert process.returncode == 2  # the report could not be written: not a failed check
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr

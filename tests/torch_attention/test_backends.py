@@ -1,6 +1,7 @@
 """torch_attention.backends: what "sdpa" and "flex" refuse (a clear ValueError naming the option
-and the backend, before any work), and "auto", which never picks a backend that would refuse and
-computes what "math" computes. (The results of each backend, option by option, are tested in
+and the backend, before any work), "auto", which never picks a backend that would refuse and
+computes what "math" computes, and the route "sdpa" takes for a causal call whose scale is not
+positive. (The results of each backend, option by option, are tested in
 test_functional_options.py.)"""
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from numpy_attention import functional as reference
 from torch_attention import backends, scores
-from torch_attention.functional import attention
+from torch_attention.functional import BACKENDS, attention
 
 from ..conftest import assert_close, to_torch
 
@@ -160,6 +162,9 @@ def recording_sdpa(calls):
         ({"causal": True, "align": "bottom-right"}, False),
         ({"causal": True, "window": (2, None)}, False),
         ({"causal": True, "alibi_slopes": "slopes"}, False),
+        ({"causal": True, "scale": 0.0}, False),  # SDPA's is_causal gives NaN here
+        ({"causal": True, "scale": -1.0}, False),
+        ({"causal": True, "scale": 1e-300}, True),  # positive in float64
     ],
 )
 def test_sdpa_uses_its_own_causal_mask_for_top_left_causal_alone(
@@ -173,6 +178,29 @@ def test_sdpa_uses_its_own_causal_mask_for_top_left_causal_alone(
 
     assert calls[0]["is_causal"] is is_causal
     assert (calls[0]["attn_mask"] is None) is is_causal
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, 1e-300])  # 1e-300 is 0 in float32
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_causal_call_with_a_scale_of_zero_or_below_is_right_on_every_backend(rng, backend, scale):
+    """The one disagreement of 10,400 fuzzed cases: causal with scale 0 gave NaN in out and every
+    gradient on "sdpa" and "auto" (torch's fused CPU kernel with is_causal); each backend must
+    give the NumPy core's result, out and dq/dk/dv (out only on flex: no CPU backward). NumPy
+    computes in float32 too, so that a scale of 1e-300 is 0 on both sides."""
+    q, k, v = (rng.standard_normal((1, 2, n, 8)).astype(np.float32) for n in (5, 7, 7))
+    dout = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    backward = backend != "flex"
+    tensors = [to_torch(t, requires_grad=backward) for t in (q, k, v)]
+
+    out = attention(*tensors, causal=True, scale=scale, backend=backend)
+
+    golden, _, ctx = reference.attention_forward(q, k, v, causal=True, scale=scale)
+    assert_close(out, golden, name="out")
+    if backward:
+        out.backward(to_torch(dout))
+        grads = reference.attention_backward(dout, ctx)
+        for name, tensor, expected in zip("qkv", tensors, grads, strict=False):
+            assert_close(tensor.grad, expected, name=f"d{name}")
 
 
 def test_sdpa_passes_gqa_to_the_kernel_without_repeating_k_and_v(rng, monkeypatch):
