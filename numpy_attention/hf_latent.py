@@ -32,13 +32,14 @@ Models (``config["model_type"]``), each read from its transformers 5.23 model fi
 Shared by all of them: ``q_a_layernorm`` and ``kv_a_layernorm`` keep RMSNorm's default eps 1e-6
 (``rms_norm_eps`` is not passed to them); biases (``attention_bias``) on q_a_proj,
 kv_a_proj_with_mqa and o_proj, never on q_proj, q_b_proj or kv_b_proj; ``num_key_value_heads``
-must equal ``num_attention_heads`` (every head reads the one latent; eager attention repeats the
-keys H / H_kv times and fails otherwise); the scale is (P + R)^-0.5, times mscale^2 with
-``mscale = 0.1 * mscale_all_dim * log(factor) + 1`` whenever the RoPE type is not ``default``,
-``mscale_all_dim`` is set and ``factor`` > 1 (``yarn_apply_mscale``); RoPE's frequencies are
-computed over R dims, float32, as ``hf.hf_inv_freq`` does for the other models (pass the model's
-``rotary_emb.inv_freq`` as ``inv_freq=`` for exactly its own), and YaRN's attention factor
-multiplies cos and sin.
+is vestigial (the expanded keys have H heads whatever it says): below ``num_attention_heads`` the
+model's ``repeat_kv`` repeats them and fails (refused), above it (DeepseekV3Config's default 128
+with fewer heads) gives 0 groups, which SDPA skips and eager attention fails on; the scale is
+(P + R)^-0.5, times mscale^2 with ``mscale = 0.1 * mscale_all_dim * log(factor) + 1`` whenever
+the RoPE type is not ``default``, ``mscale_all_dim`` is set and ``factor`` > 1
+(``yarn_apply_mscale``); RoPE's frequencies are computed over R dims, float32, as
+``hf.hf_inv_freq`` does for the other models (pass the model's ``rotary_emb.inv_freq`` as
+``inv_freq=`` for exactly its own), and YaRN's attention factor multiplies cos and sin.
 
 Models whose attention builds on MLA but is not this layer's are refused by name with the reason
 (``REFUSED``): DeepSeek-V3.2's, GLM-5's and others' sparse attention (a top-k indexer hides keys
@@ -246,11 +247,11 @@ def _layer_options(
     hidden_size = int(_required(config, "hidden_size", model_type))
     num_heads = int(_required(config, "num_attention_heads", model_type))
     kv_heads = config.get("num_key_value_heads")
-    if kv_heads is not None and kv_heads != num_heads:
+    if kv_heads and num_heads // kv_heads > 1:
         raise ValueError(
-            f"num_key_value_heads ({kv_heads}) must equal num_attention_heads ({num_heads}): "
-            "every MLA head reads the one latent, and transformers' eager attention repeats "
-            "the keys num_attention_heads // num_key_value_heads times, which fails otherwise"
+            f"num_key_value_heads ({kv_heads}) is below num_attention_heads ({num_heads}): the "
+            "expanded keys already have num_attention_heads heads, and transformers repeats them "
+            "num_attention_heads // num_key_value_heads times, which fails"
         )
     sizes = {
         key: int(_required(config, key, model_type))
