@@ -18,7 +18,9 @@ The chain (backward by autograd here; the page derives the NumPy twin's):
     out = o_proj(merge_heads(o))
 
 Both forms use the layer's ``scaling`` ((P + R)^-0.5 by default). The attention runs on
-``backend`` (``functional.attention``).
+``backend`` (``functional.attention``); absorbed, its values are the whole rows [c, k_pe] and the
+output's first L columns are kept (the same numbers; torch's CPU SDPA is fast only with V as wide
+as K).
 
 Derivation: docs/derivations/latent.md.
 Tests: tests/torch_attention/test_latent.py; against the NumPy twin in
