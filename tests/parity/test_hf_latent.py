@@ -47,7 +47,7 @@ from numpy_attention.hf import padding_from_hf
 from numpy_attention.hf_latent import REFUSED, SUPPORTED_MODEL_TYPES
 from numpy_attention.latent import LatentCache, deinterleave
 
-from ..conftest import assert_close, to_numpy, to_torch
+from ..conftest import SEED, assert_close, to_numpy, to_torch
 from .test_hf_models import Float64Math
 
 transformers = pytest.importorskip("transformers")
@@ -225,6 +225,79 @@ def record_attention_call(model, attention, **model_kwargs):
     return seen["kwargs"], seen["out"]
 
 
+@dataclass
+class Expected:
+    """Hugging Face's side of the forward test, NumPy arrays: the input and upstream gradient,
+    the layer's keywords, the real tokens (B, N), the output, dx and each parameter's gradient."""
+
+    x: np.ndarray
+    dout: np.ndarray
+    forward: dict[str, np.ndarray]
+    real: np.ndarray
+    out: np.ndarray
+    dx: np.ndarray
+    grads: dict[str, np.ndarray]
+
+
+@functools.cache
+def hf_forward(name: str) -> Expected:
+    """The model's attention module called on a fresh input with the mask and (cos, sin) the
+    model built for it, and differentiated: once per case, for every package and form."""
+    case = next(case for case in CASES if case.name == name)
+    _, model, _ = built(name)
+    rng = np.random.default_rng(SEED)
+    embeds, attention_mask, positions = inputs(rng)
+    attention = attention_of(case, model)
+    kwargs, _ = record_attention_call(
+        model, attention, inputs_embeds=embeds, attention_mask=attention_mask,
+        position_ids=positions, use_cache=False,
+    )  # fmt: skip
+    padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
+    real = attention_mask.numpy() == 1  # (B, N)
+    x = rng.standard_normal((B, N, C))
+    dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
+    x_t = to_torch(x, requires_grad=True)
+    call = {key: kwargs[key] for key in ("position_embeddings", "attention_mask", "position_ids")
+            if key in kwargs}  # fmt: skip
+    attention.zero_grad()
+    with float64_math():
+        out = attention(hidden_states=x_t, **call)[0]
+    out.backward(to_torch(dout))
+    grads = {key: to_numpy(param.grad) for key, param in attention.named_parameters()}
+    forward = {"positions": ours, "key_padding_mask": padding}
+    return Expected(x, dout, forward, real, to_numpy(out), to_numpy(x_t.grad), grads)
+
+
+@functools.cache
+def hf_decode(name: str) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray, np.ndarray]:
+    """The model decoding with its DynamicCache, prefill then one token at a time, once per
+    case: per call (the attention's input, its output, the layer's keywords, the real rows), the
+    real tokens (B, N), and the cache's keys and values at the end (DeepSeek-V2's k_pe gathered
+    into halves as the layer lays it out)."""
+    case = next(case for case in CASES if case.name == name)
+    _, model, _ = built(name)
+    embeds, attention_mask, positions = inputs(np.random.default_rng(SEED))
+    attention = attention_of(case, model)
+    hf_cache = DynamicCache(config=model.config)
+    real = attention_mask.numpy() == 1
+    steps = []
+    for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
+        kwargs, expected = record_attention_call(
+            model, attention, inputs_embeds=embeds[:, start:stop],
+            attention_mask=attention_mask[:, :stop], position_ids=positions[:, start:stop],
+            past_key_values=hf_cache, use_cache=True,
+        )  # fmt: skip
+        padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
+        forward = {"positions": ours, "key_padding_mask": padding}
+        steps.append((to_numpy(kwargs["hidden_states"]), to_numpy(expected), forward,
+                      real[:, start:stop]))  # fmt: skip
+    hf_layer = hf_cache.layers[attention.layer_idx]
+    c_kv, k_pe = to_numpy(hf_layer.keys), to_numpy(hf_layer.values)
+    if case.model == "DeepseekV2":  # pairs in place -> gathered into halves
+        k_pe = deinterleave(k_pe)
+    return steps, real, c_kv, k_pe
+
+
 def run_layer(layer, x, *, dout=None, cache=None, **forward):
     """Output (and with ``dout`` dx and every parameter's gradient by name) as NumPy arrays."""
     if isinstance(layer, torch.nn.Module):
@@ -242,73 +315,48 @@ def run_layer(layer, x, *, dout=None, cache=None, **forward):
     return out, layer.backward(dout), layer.named_grads()
 
 
+def new_cache(package):
+    if package == "torch":
+        return torch_attention.LatentCache(B, N, L, R, torch.float64)
+    return LatentCache(B, N, L, R, np.float64)
+
+
 # NumPy's both forms; the torch twin's absorbed one (the registry holds it to NumPy's in both).
 RUNS = [("numpy", "expanded"), ("numpy", "absorbed"), ("torch", "absorbed")]
 
 
 @pytest.mark.parametrize(("package", "form"), RUNS, ids=["-".join(run) for run in RUNS])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_forward_and_every_gradient_match_transformers(rng, case, package, form):
-    config, model, _ = built(case.name)
-    embeds, attention_mask, positions = inputs(rng)
-    attention = attention_of(case, model)
-    kwargs, _ = record_attention_call(
-        model, attention, inputs_embeds=embeds, attention_mask=attention_mask,
-        position_ids=positions, use_cache=False,
-    )  # fmt: skip
+def test_forward_and_every_gradient_match_transformers(case, package, form):
+    expected = hf_forward(case.name)
     layer = convert_layer(case, package)
-    padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
-    real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, C))
-    dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
 
-    x_t = to_torch(x, requires_grad=True)
-    call = {key: kwargs[key] for key in ("position_embeddings", "attention_mask", "position_ids")
-            if key in kwargs}  # fmt: skip
-    attention.zero_grad()
-    with float64_math():
-        expected = attention(hidden_states=x_t, **call)[0]
-    expected.backward(to_torch(dout))
-    forward = {"positions": ours, "key_padding_mask": padding, "absorb": FORMS[form]}
-    out, dx, grads = run_layer(layer, x, dout=dout, **forward)
+    out, dx, grads = run_layer(
+        layer, expected.x, dout=expected.dout, absorb=FORMS[form], **expected.forward
+    )
 
-    assert_close(out[real], to_numpy(expected)[real], name="out")
-    assert_close(dx, x_t.grad, name="dx")
-    assert set(grads) == {name for name, _ in attention.named_parameters()}
-    for name, param in attention.named_parameters():
-        assert_close(grads[name], param.grad, name=name)
+    real = expected.real
+    assert_close(out[real], expected.out[real], name="out")
+    assert_close(dx, expected.dx, name="dx")
+    assert set(grads) == set(expected.grads)
+    for name, grad in expected.grads.items():
+        assert_close(grads[name], grad, name=name)
 
 
 @pytest.mark.parametrize("package", ["numpy", "torch"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_decoding_matches_dynamic_cache_and_caches_what_it_caches(rng, case, package):
+def test_decoding_matches_dynamic_cache_and_caches_what_it_caches(case, package):
     """A left-padded batch: prefill 6 tokens, then one at a time (``absorb=None``: the prefill
     expanded, the steps absorbed); then the caches themselves, on the real tokens."""
-    config, model, _ = built(case.name)
-    embeds, attention_mask, positions = inputs(rng)
-    attention = attention_of(case, model)
+    steps, real, c_kv, k_pe = hf_decode(case.name)
     layer = convert_layer(case, package)
-    hf_cache = DynamicCache(config=model.config)
-    cache_class = torch_attention.LatentCache if package == "torch" else LatentCache
-    cache = cache_class(B, N, L, R, torch.float64 if package == "torch" else np.float64)
-    real = attention_mask.numpy() == 1
+    cache = new_cache(package)
 
-    for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
-        kwargs, expected = record_attention_call(
-            model, attention, inputs_embeds=embeds[:, start:stop],
-            attention_mask=attention_mask[:, :stop], position_ids=positions[:, start:stop],
-            past_key_values=hf_cache, use_cache=True,
-        )  # fmt: skip
-        padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
-        x = to_numpy(kwargs["hidden_states"])
-        out = run_layer(layer, x, cache=cache, positions=ours, key_padding_mask=padding)
+    outs = [run_layer(layer, x, cache=cache, **forward) for x, _, forward, _ in steps]
 
-        rows = real[:, start:stop]
-        assert_close(out[rows], to_numpy(expected)[rows], name=f"tokens {start}:{stop}")
-    hf_layer = hf_cache.layers[attention.layer_idx]
-    c_kv, k_pe = to_numpy(hf_layer.keys), to_numpy(hf_layer.values)
-    if case.model == "DeepseekV2":  # pairs in place -> gathered into halves
-        k_pe = deinterleave(k_pe)
+    for out, (_, expected, _, rows) in zip(outs, steps, strict=True):
+        assert_close(out[rows], expected[rows], name=f"decode step of {out.shape[1]} tokens")
+    assert cache.length == N
     assert c_kv.shape == (B, 1, N, L) and k_pe.shape == (B, 1, N, R)
     assert_close(np.asarray(cache.c_kv)[real], c_kv[:, 0][real], name="c_kv")
     assert_close(np.asarray(cache.k_rope)[real], k_pe[:, 0][real], name="k_pe")
