@@ -10,6 +10,8 @@ from . import (
     fused,
     grouped,
     hf,
+    hf_latent,
+    latent,
     masks,
     merge,
     norms,
@@ -33,6 +35,7 @@ from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, 
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
 from .grouped import GroupedQueryAttention, KVCache
+from .latent import LatentCache, MultiHeadLatentAttention
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
@@ -88,6 +91,10 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "LayerNorm",
+    "latent",
+    "hf_latent",
+    "LatentCache",
+    "MultiHeadLatentAttention",
     "RMSNorm",
     "rope_backward",
     "rope_forward",

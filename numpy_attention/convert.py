@@ -58,6 +58,7 @@ from . import masks, validation
 # in numpy_attention.hf; importable from here with the other layouts.
 from .hf import grouped_from_hf as grouped_from_hf
 from .hf import hf_attention_state as hf_attention_state
+from .hf_latent import latent_from_hf as latent_from_hf  # DeepSeek's MLA, numpy_attention.hf_latent
 from .module import _to_numpy
 
 # The .npz state files moved to numpy_attention.state; they stay importable from here.

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from . import attention, fused, grouped, layers, norms
+from . import attention, fused, grouped, latent, layers, norms
 from .module import Module, _to_numpy
 
 MODULE_MEMBER = "module.json"  # the module description; not an .npy member, so never a key
@@ -40,7 +40,7 @@ MODULE_MEMBER = "module.json"  # the module description; not an .npy member, so 
 # layer files, and nothing else (a file names a class; it must not be able to name any callable).
 LAYERS: dict[str, type[Module]] = {
     name: cls
-    for source in (layers, norms, attention, fused, grouped)
+    for source in (layers, norms, attention, fused, grouped, latent)
     for name, cls in vars(source).items()
     if isinstance(cls, type)
     and issubclass(cls, Module)

@@ -15,7 +15,9 @@ the tiled path's block sizes; ``profile``, the tiled path's products alone again
 ``gpt2``, the GPT-2 layer (x (10, 512, 768), 12 heads) forward in NumPy against the torch mirror
 on SDPA; ``options`` and ``window``, the cost of today's options on the tiled path
 (``parity_tests/bench_options.py``); ``decode``, a Llama-8B-shaped layer's decode step and
-prefill, NumPy against the torch twin (``parity_tests/bench_decode.py``). The issues' targets
+prefill, NumPy against the torch twin (``parity_tests/bench_decode.py``); ``latent``, a
+DeepSeek-V2-Lite-shaped MLA layer's decode step, absorbed and expanded, NumPy against the torch
+twin, and its cache bytes per token (``parity_tests/bench_latent.py``). The issues' targets
 are reported where the parts they need
 ran.
 
@@ -51,7 +53,7 @@ from numpy_attention.functional import merge_heads_forward
 from numpy_attention.fused import CausalSelfAttention, split_projection_forward
 from torch_attention.fused import CausalSelfAttention as TorchCausalSelfAttention
 
-from . import bench_decode, bench_options
+from . import bench_decode, bench_latent, bench_options
 
 # (B, H, N, D), causal, float32; the last one is the long sequence.
 SHAPES = [
@@ -332,6 +334,7 @@ def targets(
     options: dict | None = None,
     window: dict | None = None,
     decode: dict | None = None,
+    latent: dict | None = None,
 ) -> list[str]:
     """The issues' targets, as ratios from this run: those whose measurements ran."""
     checks = []
@@ -392,6 +395,7 @@ def targets(
         ]
         + bench_options.targets(options, window)
         + bench_decode.targets(decode)
+        + bench_latent.targets(latent)
     )
     if not lines:
         return []
@@ -525,6 +529,7 @@ def report(
     options: dict | None = None,
     window: dict | None = None,
     decode: dict | None = None,
+    latent: dict | None = None,
 ) -> str:
     """The Markdown report of the parts that ran (None: the part did not run)."""
     lines = [
@@ -533,7 +538,7 @@ def report(
         f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s. "
         f"Times: the best of {repeats} runs after one warm-up (one run from N = 16384 on).",
         "",
-        *targets(rows or {}, layer, options, window, decode),
+        *targets(rows or {}, layer, options, window, decode, latent),
     ]
     if rows:
         lines += shape_tables(rows, rate)
@@ -551,6 +556,8 @@ def report(
         lines += bench_options.window_lines(window, seconds)
     if decode is not None:
         lines += bench_decode.decode_lines(decode, seconds, mib)
+    if latent is not None:
+        lines += bench_latent.latent_lines(latent, seconds, mib)
     return "\n".join(lines).rstrip("\n")
 
 
@@ -595,7 +602,17 @@ def plot(rows: dict) -> Path | None:
     return path
 
 
-PARTS = ("shapes", "crossover", "blocks", "profile", "gpt2", "options", "window", "decode")
+PARTS = (
+    "shapes",
+    "crossover",
+    "blocks",
+    "profile",
+    "gpt2",
+    "options",
+    "window",
+    "decode",
+    "latent",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -678,7 +695,10 @@ def main(argv: list[str] | None = None) -> int:
     options_rows = bench_options.option_rows(best_time, repeats) if "options" in parts else None
     window = bench_options.window_rows(best_time) if "window" in parts else None
     decode = bench_decode.decode_rows(repeats, traced_peak) if "decode" in parts else None
-    text = report(rate, repeats, rows, sweep, cross, floor, layer, options_rows, window, decode)
+    latent = bench_latent.latent_rows(repeats, traced_peak) if "latent" in parts else None
+    text = report(
+        rate, repeats, rows, sweep, cross, floor, layer, options_rows, window, decode, latent
+    )
     print(text)
     if options.write_docs:
         write_doc(text)

@@ -4,12 +4,14 @@ A case is a layer and a set of options that change the math (causal, key padding
 batch element, train mode with shared dropout keep-masks, eval mode, cross attention with N != M,
 odd lengths, B = H = 1, rank-2 input; for GroupedQueryAttention GQA/MQA/MHA head counts, biases,
 QK-norm, sliding windows, softcap, sinks, a custom scale, RoPE's layouts and attention factor, and
-left padding with per-batch RoPE positions). ``run_case`` builds the NumPy layer from a seeded
-generator, moves its state dict into the torch layer unchanged, feeds both the same inputs, masks
-and upstream gradient, and compares the output, the input gradient(s) and the gradient of every
-parameter by name, each tensor on its own scale; only a structurally zero gradient is judged on a
-floor, the scale of a named tensor (``tolerances.structural_floors``, docs/parity.md "Error
-measure"). pytest and the CLI (``python -m parity_tests``) both iterate over ``CASES``.
+left padding with per-batch RoPE positions; for MultiHeadLatentAttention the query LoRA, biases,
+RoPE's layouts, its scales and left padding, each run by both its expanded and its absorbed
+computation). ``run_case`` builds the NumPy layer from a seeded generator, moves its state dict
+into the torch layer unchanged, feeds both the same inputs, masks and upstream gradient, and
+compares the output, the input gradient(s) and the gradient of every parameter by name, each
+tensor on its own scale; only a structurally zero gradient is judged on a floor, the scale of a
+named tensor (``tolerances.structural_floors``, docs/parity.md "Error measure"). pytest and the
+CLI (``python -m parity_tests``) both iterate over ``CASES``.
 
 Tests: tests/parity/test_registry.py, tests/parity/test_properties.py,
 tests/parity/test_tolerances.py.
@@ -37,7 +39,7 @@ DTYPES = ("float64", "float32")
 class LayerSpec:
     """How to call a layer: which file, which forward keywords, which mask shapes."""
 
-    module: str  # "attention" (book family), "fused" or "grouped"
+    module: str  # "attention" (book family), "fused", "grouped" or "latent"
     attn_dropout: str = "none"  # "none", "single" (B, N, N) or "multi" (B, H, N, M)
     out_dropout: bool = False  # output dropout, mask (B, N, C)
     padding: bool = False  # takes a key padding mask (as ``padding_keyword=``)
@@ -71,6 +73,15 @@ LAYERS = {
         left_padding=True,
         random_parameters=("q_norm.weight", "k_norm.weight", "sinks"),
     ),
+    "MultiHeadLatentAttention": LayerSpec(
+        "latent",
+        "multi",
+        padding=True,
+        causal=True,
+        padding_keyword="key_padding_mask",
+        left_padding=True,
+        random_parameters=("q_a_layernorm.weight", "kv_a_layernorm.weight"),
+    ),
 }
 
 
@@ -90,6 +101,8 @@ class LayerCase:
         padded: pass a key padding mask whose last batch element is fully padded.
         train: train mode with explicit keep-masks shared by both sides.
         kwargs: constructor keywords.
+        call: forward keywords that are no arrays, given to both sides as they are (the latent
+            layer's ``absorb``).
     """
 
     name: str
@@ -103,6 +116,7 @@ class LayerCase:
     padded: bool = False
     train: bool = False
     kwargs: tuple[tuple[str, Any], ...] = field(default=())
+    call: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
     def spec(self) -> LayerSpec:
@@ -321,7 +335,46 @@ def _grouped_cases() -> list[LayerCase]:
     ]
 
 
-CASES: tuple[LayerCase, ...] = tuple(_book_cases() + _fused_cases() + _grouped_cases())
+def _latent_cases() -> list[LayerCase]:
+    """Multi-head latent attention: each set of options run expanded and absorbed (the forward's
+    ``absorb``), the two computations of the same numbers."""
+    layer = "MultiHeadLatentAttention"
+    sizes = {"kv_lora_rank": 6, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 5}
+    options: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("eval-N5", {}, {}),
+        ("q_lora-bias-padded-N7", {"q_lora_rank": 5, "bias": True}, {"n": 7, "padded": True}),
+        ("train-dropout-padded-N7", {"dropout": 0.25}, {"n": 7, "padded": True, "train": True}),
+        (
+            "scales-rotate_half-B1-N37",
+            {
+                "rope_interleave": False,
+                "rope_attention_factor": 1.2,
+                "scaling": 0.3,
+                "latent_scale": 1.5,
+                "query_temperature": (0.2, 8),
+            },
+            {"n": 37, "batch": 1},
+        ),
+    ]
+    return [
+        LayerCase(
+            f"{layer}/{form}-{name}",
+            layer,
+            (16, 3),
+            16,
+            3,
+            kwargs=tuple((sizes | extra).items()),
+            call=(("absorb", form == "absorbed"),),
+            **case,
+        )
+        for name, extra, case in options
+        for form in ("expanded", "absorbed")
+    ]
+
+
+CASES: tuple[LayerCase, ...] = tuple(
+    _book_cases() + _fused_cases() + _grouped_cases() + _latent_cases()
+)
 
 # The smaller set behind ``--quick``: every layer once in eval mode and once in train mode.
 QUICK_CASES: tuple[LayerCase, ...] = tuple(
@@ -329,7 +382,12 @@ QUICK_CASES: tuple[LayerCase, ...] = tuple(
     for case in CASES
     if case.name.split("/")[1]
     in {"B2-N5", "eval-N5", "train-dropout-N7", "train-dropout-padded-N7", "N5-M7"}
-    or case.name in {"CrossAttention/causal-train-dropout-N5-M7"}
+    or case.name
+    in {
+        "CrossAttention/causal-train-dropout-N5-M7",
+        "MultiHeadLatentAttention/absorbed-eval-N5",
+        "MultiHeadLatentAttention/absorbed-train-dropout-padded-N7",
+    }
 )
 
 
@@ -402,7 +460,7 @@ def make_data(case: LayerCase, dtype: str) -> CaseData:
 
 def _dropout_prob(case: LayerCase, which: str) -> float:
     """The dropout probability a train case's constructor sets (used to draw keep-masks)."""
-    if case.spec.module == "grouped":
+    if case.spec.module in ("grouped", "latent"):
         return float(dict(case.kwargs)["dropout"])
     if case.spec.module == "attention":
         return float(case.args[3])
@@ -460,7 +518,8 @@ def case_tensors(
     import torch
 
     np_layer, torch_layer = build_layers(case, dtype, device, backend)
-    np_out = np_layer(*data.inputs, **data.forward_kwargs)
+    call = dict(case.call)
+    np_out = np_layer(*data.inputs, **data.forward_kwargs, **call)
     np_input_grads = np_layer.backward(data.dout)
     if not isinstance(np_input_grads, tuple):
         np_input_grads = (np_input_grads,)
@@ -473,7 +532,7 @@ def case_tensors(
 
     torch_inputs = [tensor(x, grad=True) for x in data.inputs]
     torch_kwargs = {name: tensor(value) for name, value in data.forward_kwargs.items()}
-    torch_out = torch_layer(*torch_inputs, **torch_kwargs)
+    torch_out = torch_layer(*torch_inputs, **torch_kwargs, **call)
     torch_out.backward(tensor(data.dout))
 
     tensors = {"out": (np_out, numpy(torch_out, np_out))}

@@ -12,7 +12,7 @@ width, D head width, Dv value head width.
 Tests: tests/torch_attention/ (one test file per module, test_X.py for X.py).
 """
 
-from . import functional, fused, grouped, masks
+from . import functional, fused, grouped, latent, masks
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -23,6 +23,7 @@ from .attention import (
 )
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .grouped import GroupedQueryAttention, KVCache
+from .latent import LatentCache, MultiHeadLatentAttention
 from .layers import Dropout, Linear
 from .merge import merge_attention
 from .norms import LayerNorm, RMSNorm
@@ -38,10 +39,12 @@ __all__ = [
     "Dropout",
     "GroupedQueryAttention",
     "KVCache",
+    "LatentCache",
     "Linear",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",
     "LayerNorm",
+    "MultiHeadLatentAttention",
     "RMSNorm",
     "SelfAttentionV1",
     "SelfAttentionV2",
@@ -51,6 +54,7 @@ __all__ = [
     "functional",
     "fused",
     "grouped",
+    "latent",
     "masks",
     "merge",
     "merge_attention",

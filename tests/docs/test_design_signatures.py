@@ -87,6 +87,11 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "forward": _both("grouped", "GroupedQueryAttention.forward"),  # the one bare forward(...)
     "KVCache": _both("grouped", "KVCache"),
     "RMSNorm": _both("norms", "RMSNorm"),
+    "MultiHeadLatentAttention": _both("latent", "MultiHeadLatentAttention"),
+    "MultiHeadLatentAttention.forward": _both("latent", "MultiHeadLatentAttention.forward"),
+    "MultiHeadLatentAttention.absorbs": _both("latent", "MultiHeadLatentAttention.absorbs"),
+    "LatentCache": _both("latent", "LatentCache"),
+    "numpy_attention.convert.latent_from_hf": (f"{NA}.convert.latent_from_hf",),
     "append": _both("grouped", "KVCache.append"),
     # the kernel checker
     "check_kernel": ("parity_tests.checker.kernels.check_kernel",),
@@ -101,6 +106,8 @@ LEFT_OUT: dict[str, str] = {
     "flex_attention": "the flex spec's call of FlexAttention: the arguments the checker passes, "
     "not torch's full signature (torch 2.13 adds kernel_options and return_aux)",
     "numpy_module.load_state_dict": "an example call (load_state_dict's signature is written too)",
+    "kv_a_proj_with_mqa": "a projection of the latent layer applied in a formula",
+    "kv_b_proj": "a projection of the latent layer applied in a formula",
     "config.to_dict": "a method of Hugging Face's config classes",
     "x_backward": "a pattern: x stands for any pure function with a backward",
     "exp": "a formula",
@@ -139,6 +146,9 @@ EXTRAS: dict[tuple[str, str], str] = {
        for pkg in (NA, TA) for layer in ("BidirectionalAttention", "CrossAttention")
        for name in ("attn_dropout_mask", "out_dropout_mask")},
     (f"{TA}.grouped.KVCache", "device"): "(the torch one also takes `device=`)",
+    (f"{TA}.latent.LatentCache", "device"): "(the torch one also takes `device=`)",
+    (f"{NA}.latent.MultiHeadLatentAttention", "rng"): "(`rng=` in NumPy, `backend=` in torch.)",
+    (f"{TA}.latent.MultiHeadLatentAttention", "backend"): "(`rng=` in NumPy, `backend=` in torch.)",
 }  # fmt: skip
 
 

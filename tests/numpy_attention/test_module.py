@@ -45,6 +45,13 @@ LAYERS = {
                                "rope_interleaved": True, "qk_norm": True, "norm_eps": 1e-5,
                                "window": (3, 0), "softcap": 2.0, "sinks": True, "scaling": 0.5,
                                "dropout": 0.25}, [(B, N, C)]),
+    "MultiHeadLatentAttention": ((C, 2), {"kv_lora_rank": 3, "qk_nope_head_dim": 2,
+                                  "qk_rope_head_dim": 2, "v_head_dim": 3, "q_lora_rank": 5,
+                                  "bias": True, "rope_theta": 500.0, "inv_freq": None,
+                                  "rope_attention_factor": 1.1, "rope_interleave": False,
+                                  "scaling": 0.5, "latent_scale": 1.5,
+                                  "query_temperature": (0.1, 4.0), "norm_eps": 1e-5,
+                                  "dropout": 0.25}, [(B, N, C)]),
 }  # fmt: skip
 
 

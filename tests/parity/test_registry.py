@@ -62,7 +62,7 @@ def test_every_row_carries_the_shape_of_its_tensor():
 def test_every_layer_is_in_the_registry():
     from parity_tests.registry import LAYERS
 
-    assert {case.layer for case in CASES} == set(LAYERS) and len(LAYERS) == 11
+    assert {case.layer for case in CASES} == set(LAYERS) and len(LAYERS) == 12
 
 
 def test_every_option_is_covered():
@@ -112,6 +112,18 @@ def test_every_option_of_the_grouped_layer_is_covered():
     assert any(option.get("rope_attention_factor", 1.0) != 1.0 for option in options)
     assert any(case.padded for case in GROUPED) and any(case.train for case in GROUPED)
     assert any(case.n == 37 and "window" in dict(case.kwargs) for case in GROUPED)  # N > window
+
+
+def test_every_option_of_the_latent_layer_is_covered():
+    latent = [case for case in CASES if case.layer == "MultiHeadLatentAttention"]
+    options = [dict(case.kwargs) for case in latent]
+    forms = {(case.name.split("-", 1)[1], dict(case.call)["absorb"]) for case in latent}
+
+    assert forms == {(name, absorb) for name, _ in forms for absorb in (False, True)}  # both forms
+    for name in ("q_lora_rank", "bias", "scaling", "latent_scale", "query_temperature", "dropout"):
+        assert any(option.get(name) for option in options), name
+    assert any(option.get("rope_interleave") is False for option in options)
+    assert any(case.padded for case in latent) and any(case.train for case in latent)
 
 
 def test_left_padding_passes_the_positions_a_tokenizer_gives():

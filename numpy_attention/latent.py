@@ -1,0 +1,606 @@
+"""Multi-head latent attention (MLA), DeepSeek-V2/V3's: every head's keys and values come out of
+one small latent per token, which is all a decoding cache holds. Parameters are named like
+Hugging Face's ``DeepseekV3Attention``, so its attention state dicts load without renaming.
+
+Shape legend: B batch, H heads, N tokens of this call, M keys attended (N without a cache; the
+cache's length after this call with one), C model width (``hidden_size``), Lq ``q_lora_rank``,
+L ``kv_lora_rank``, P ``qk_nope_head_dim``, R ``qk_rope_head_dim``, Dv ``v_head_dim``.
+
+The chain, as transformers 5 computes it:
+
+    q = q_b_proj(q_a_layernorm(q_a_proj(x)))  or  q_proj(x)      (B, N, H*(P+R)) -> (B, H, N, P+R)
+    q_nope, q_pe = q[..., :P], q[..., P:]
+    c, k_pe = split(kv_a_proj_with_mqa(x), [L, R])                (B, N, L), (B, N, R)
+    c = kv_a_layernorm(c) * latent_scale                           the latent, cached
+    q_pe, k_pe = rope(q_pe), rope(k_pe)                            k_pe: one head, cached
+    q_nope, q_pe = q_nope * t, q_pe * t                            query_temperature only
+    expanded:  k_nope, v = split_heads(kv_b_proj(c), H)            (B, H, M, P), (B, H, M, Dv)
+               o = attention([q_nope, q_pe], [k_nope, k_pe], v; causal, scaling)
+    absorbed:  q_lat = W_UK^T q_nope per head                      (B, H, N, L)
+               o_lat = attention([q_lat, q_pe], [c, k_pe], c; causal, scaling)  MQA, (B, H, N, L)
+               o = W_UV o_lat per head                             (B, H, N, Dv)
+    out = o_proj(merge_heads(o))                                   (B, N, C)
+
+W_UK (H, P, L) and W_UV (H, Dv, L) are the rows of ``kv_b_proj.weight`` (H*(P+Dv), L) that make
+k_nope and v. Both forms compute the same scores, q_nope . (W_UK c) = (W_UK^T q_nope) . c, so the
+scale stays the layer's ``scaling`` ((P + R)^-0.5 by default), not (L + R)^-0.5. With
+``rope_interleave`` the rope dims are DeepSeek's interleaved pairs (x_2i, x_2i+1), gathered into
+halves before the rotation as transformers does, so a cached k_pe reads like Hugging Face's.
+
+The backward walks the chain in reverse through the parts' own backwards (Linear, RMSNorm, RoPE,
+the core's); k_pe is shared by every head, so its gradient sums over heads, and c feeds the
+keys and (absorbed) the values, so its gradient is the sum of both.
+
+Derivation: docs/derivations/latent.md (the absorption, the scale, both backwards),
+docs/derivations/rope.md, docs/derivations/rmsnorm.md, docs/derivations/linear.md.
+Tests: tests/numpy_attention/test_latent.py; against transformers in
+tests/parity/test_hf_latent.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import validation
+from .functional import (
+    HeadsCtx,
+    attention_backward,
+    attention_forward,
+    merge_heads_backward,
+    merge_heads_forward,
+    split_heads_backward,
+    split_heads_forward,
+)
+from .grad_mode import no_grad
+from .grouped import _key_padding
+from .layers import Linear, dropout_keep_mask
+from .module import Module
+from .norms import RMSNorm
+from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+
+__all__ = ["LatentCache", "MultiHeadLatentAttention"]
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+class LatentCache:
+    """Preallocated latents of one MLA layer, for decoding: per token the normed latent c (L) and
+    the rotated shared key k_pe (R), what transformers 5 caches for DeepSeek-V3, one head.
+
+    ``latent`` is one (B, max_len, L + R) array, each row [c, k_pe]: the keys of the absorbed
+    attention as they are (its values are the first L columns), and FlashMLA's layout.
+    ``c_kv`` and ``k_rope`` are views of its two parts. L + R numbers a token, against the
+    2 * H_kv * D of a ``KVCache``.
+
+    Args:
+        batch: B.
+        max_len: the most tokens the cache holds.
+        kv_lora_rank: L.
+        qk_rope_head_dim: R.
+        dtype: a floating dtype, that of the layer it serves.
+    """
+
+    def __init__(
+        self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: Any
+    ) -> None:
+        batch = validation.positive_int("batch", batch)
+        self.max_len = validation.positive_int("max_len", max_len)
+        self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
+        self.qk_rope_head_dim = validation.positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        dtype = np.dtype(dtype)
+        if not np.issubdtype(dtype, np.floating):
+            raise TypeError(f"LatentCache needs a floating dtype, got {dtype}")
+        width = self.kv_lora_rank + self.qk_rope_head_dim
+        self.latent = np.zeros((batch, self.max_len, width), dtype=dtype)
+        self._length = 0
+
+    @property
+    def c_kv(self) -> np.ndarray:
+        """The normed latents, (B, max_len, L): a view."""
+        return self.latent[..., : self.kv_lora_rank]
+
+    @property
+    def k_rope(self) -> np.ndarray:
+        """The rotated shared keys, (B, max_len, R): a view."""
+        return self.latent[..., self.kv_lora_rank :]
+
+    @property
+    def length(self) -> int:
+        """How many positions are filled."""
+        return self._length
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.latent.dtype
+
+    def check_append(
+        self, batch: int, n: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: np.dtype
+    ) -> None:
+        """Raise unless n tokens of a layer with this kv_lora_rank and qk_rope_head_dim fit:
+        B, L and R the cache's, ``length + n <= max_len``, the cache's dtype. Writes nothing."""
+        cache_batch = self.latent.shape[0]
+        for name, given, held in (
+            ("batch", batch, cache_batch),
+            ("kv_lora_rank", kv_lora_rank, self.kv_lora_rank),
+            ("qk_rope_head_dim", qk_rope_head_dim, self.qk_rope_head_dim),
+        ):
+            if given != held:
+                raise ValueError(
+                    f"the cache holds (B, max_len, kv_lora_rank + qk_rope_head_dim) = "
+                    f"({cache_batch}, {self.max_len}, {self.kv_lora_rank} + "
+                    f"{self.qk_rope_head_dim}); {name} {given} does not fit its {held}"
+                )
+        if dtype != self.dtype:
+            raise TypeError(f"the cache holds {self.dtype}, got latents of {dtype}")
+        needed = self._length + n
+        if needed > self.max_len:
+            raise ValueError(
+                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
+                f"+ {n} new tokens need a length of {needed}"
+            )
+
+    def append(self, c_kv: np.ndarray, k_rope: np.ndarray) -> np.ndarray:
+        """Write c_kv (B, N, L) and k_rope (B, N, R) after what is cached; nothing is written
+        when they are refused.
+
+        Returns:
+            every cached row so far, (B, length, L + R): a view of ``latent``.
+        """
+        c_kv = validation.float_array("c_kv", c_kv)
+        k_rope = validation.float_array("k_rope", k_rope)
+        if c_kv.ndim != 3 or k_rope.shape[:-1] != c_kv.shape[:-1] or k_rope.ndim != 3:
+            raise ValueError(
+                f"c_kv must be (B, N, L) and k_rope (B, N, R), got c_kv {c_kv.shape} and "
+                f"k_rope {k_rope.shape}"
+            )
+        validation.same_dtype(c_kv=c_kv, k_rope=k_rope)
+        batch, n, rank = c_kv.shape
+        self.check_append(batch, n, rank, k_rope.shape[-1], c_kv.dtype)
+        start, stop = self._length, self._length + n
+        self.latent[:, start:stop, : self.kv_lora_rank] = c_kv
+        self.latent[:, start:stop, self.kv_lora_rank :] = k_rope
+        self._length = stop
+        return self.latent[:, :stop]
+
+    def reset(self) -> None:
+        """Forget every cached position (a new sequence); the array is kept."""
+        self._length = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"LatentCache(shape={self.latent.shape}, kv_lora_rank={self.kv_lora_rank}, "
+            f"dtype={self.dtype}, length={self._length})"
+        )
+
+
+# -- the pure pieces ----------------------------------------------------------------------------
+
+
+class HeadLinearCtx(NamedTuple):
+    x: np.ndarray  # (B, H, N, I)
+    weight: np.ndarray  # (H, O, I)
+
+
+def head_linear_forward(x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, HeadLinearCtx]:
+    """One linear map per head, no bias: y_h = x_h W_h^T, x (B, H, N, I), weight (H, O, I) ->
+    y (B, H, N, O). The absorbed form's W_UK^T and W_UV."""
+    return x @ weight.swapaxes(-1, -2), HeadLinearCtx(x, weight)  # (B,H,N,I) @ (H,I,O)
+
+
+def head_linear_backward(dout: np.ndarray, ctx: HeadLinearCtx) -> tuple[np.ndarray, np.ndarray]:
+    """Linear's backward, head by head: dx_h = dy_h W_h;  dW_h = sum over (B, N) of dy_h^T x_h.
+    Derivation: docs/derivations/linear.md.
+
+    Returns:
+        dx (B, H, N, I) and dweight (H, O, I).
+    """
+    dx = dout @ ctx.weight  # (B, H, N, O) @ (H, O, I) -> (B, H, N, I)
+    dweight = np.einsum("bhno,bhni->hoi", dout, ctx.x)  # sums over B and N
+    return dx, dweight
+
+
+def deinterleave(x: np.ndarray) -> np.ndarray:
+    """(..., R) -> (..., R): the interleaved pairs (x_2i, x_2i+1) gathered into halves,
+    [x_0, x_2, ...; x_1, x_3, ...], as transformers' ``apply_rotary_pos_emb_interleave`` lays
+    them out for the half-split rotation."""
+    return np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
+def deinterleave_backward(dout: np.ndarray) -> np.ndarray:
+    """A permutation's gradient is the inverse permutation: the halves back to their pairs."""
+    half = dout.shape[-1] // 2
+    dx = np.empty_like(dout)
+    dx[..., 0::2], dx[..., 1::2] = dout[..., :half], dout[..., half:]
+    return dx
+
+
+def query_temperature_table(
+    positions: np.ndarray, beta: float, length: float, dtype: np.dtype
+) -> np.ndarray:
+    """t = 1 + beta * log(1 + floor(position / length)), shaped to scale q (B, H, N, W): (N, 1)
+    or (B, 1, N, 1), computed in float64 and cast to ``dtype`` (Mistral 4's
+    ``get_llama_4_attn_scale``)."""
+    t = 1.0 + beta * np.log1p(np.floor(positions.astype(np.float64) / length))
+    t = t.astype(dtype)[..., None]  # (..., N, 1)
+    return t[:, None] if t.ndim == 3 else t  # (B, N, 1) -> (B, 1, N, 1)
+
+
+# -- the layer ----------------------------------------------------------------------------------
+
+
+class _ExpandedCtx(NamedTuple):
+    kv_heads: HeadsCtx  # split of kv_b_proj(c) into H heads
+
+
+class _AbsorbedCtx(NamedTuple):
+    q_lat: HeadLinearCtx  # q_lat = W_UK^T q_nope
+    o_up: HeadLinearCtx  # o = W_UV o_lat
+
+
+class _LatentCtx(NamedTuple):
+    q_heads: HeadsCtx
+    q_rope: RopeCtx
+    k_rope: RopeCtx
+    temperature: np.ndarray | None  # t, (N, 1) or (B, 1, N, 1)
+    form: _ExpandedCtx | _AbsorbedCtx
+    attn: Any  # attention_forward's ctx
+    out_heads: HeadsCtx
+
+
+class _CachedForward(NamedTuple):
+    """What a forward with a cache leaves: nothing to differentiate."""
+
+
+class MultiHeadLatentAttention(Module):
+    """Causal multi-head latent attention with a decoupled shared RoPE key, as in DeepSeek-V2/V3,
+    Kimi K2, GLM-4 MoE Lite, Mistral 4 and LongCat-Flash (module docstring for the chain).
+
+    Parameters, created in this order: ``q_proj`` = Linear(C, H*(P+R), no bias) when
+    ``q_lora_rank`` is None, else ``q_a_proj`` = Linear(C, Lq, bias), ``q_a_layernorm`` =
+    RMSNorm(Lq), ``q_b_proj`` = Linear(Lq, H*(P+R), no bias); ``kv_a_proj_with_mqa`` =
+    Linear(C, L + R, bias), ``kv_a_layernorm`` = RMSNorm(L), ``kv_b_proj`` = Linear(L, H*(P+Dv),
+    no bias); ``o_proj`` = Linear(H*Dv, C, bias).
+
+    Args:
+        hidden_size: C.
+        num_heads: H.
+        kv_lora_rank: L, the latent's width.
+        qk_nope_head_dim: P, the query/key width without RoPE.
+        qk_rope_head_dim: R, the rotated width (even), one key head shared by all.
+        v_head_dim: Dv.
+        q_lora_rank: Lq, the query's low-rank bottleneck, or None for one ``q_proj``.
+        bias: biases on q_a_proj, kv_a_proj_with_mqa and o_proj (Hugging Face's
+            ``attention_bias``).
+        rope_theta: the RoPE base when ``inv_freq`` is None.
+        inv_freq: (R/2,) RoPE frequencies used as given (a model's own).
+        rope_attention_factor: multiplies RoPE's cos and sin (YaRN's attention factor).
+        rope_interleave: the rope dims are interleaved pairs, DeepSeek-V3's layout (gathered into
+            halves, then rotated); False: ``rotate_half``'s halves.
+        scaling: the score scale; None for (P + R)^-0.5 (a converted model passes its own, e.g.
+            times YaRN's mscale^2).
+        latent_scale: multiplies the normed latent before it is used and cached
+            (LongCat-Flash's ``(hidden_size / kv_lora_rank) ** 0.5``); 1 elsewhere.
+        query_temperature: (beta, length) scales each query by 1 + beta * log(1 + floor(
+            position / length)) (Mistral 4's Llama-4 scaling), or None.
+        norm_eps: the eps of q_a_layernorm and kv_a_layernorm.
+        dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
+        rng: generator or seed for the initial weights and the keep-masks drawn in train mode.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int | None = None,
+        bias: bool = False,
+        rope_theta: float = 10000.0,
+        inv_freq: Any = None,
+        rope_attention_factor: float = 1.0,
+        rope_interleave: bool = True,
+        scaling: float | None = None,
+        latent_scale: float = 1.0,
+        query_temperature: tuple[float, float] | None = None,
+        norm_eps: float = 1e-6,
+        dropout: float = 0.0,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.num_heads = validation.positive_int("num_heads", num_heads)
+        self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
+        self.qk_nope_head_dim = validation.positive_int("qk_nope_head_dim", qk_nope_head_dim)
+        self.qk_rope_head_dim = validation.positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of coordinates: qk_rope_head_dim must be even, got "
+                f"{qk_rope_head_dim}"
+            )
+        self.v_head_dim = validation.positive_int("v_head_dim", v_head_dim)
+        self.q_lora_rank = (
+            None if q_lora_rank is None else validation.positive_int("q_lora_rank", q_lora_rank)
+        )
+        self.inv_freq = _check_inv_freq(inv_freq, self.qk_rope_head_dim, rope_theta)
+        self.rope_attention_factor = validation.finite_real(
+            "rope_attention_factor", rope_attention_factor
+        )
+        self.rope_interleave = validation.flag("rope_interleave", rope_interleave)
+        head = self.qk_nope_head_dim + self.qk_rope_head_dim
+        self.scale = head**-0.5 if scaling is None else validation.finite_real("scaling", scaling)
+        self.latent_scale = validation.finite_real("latent_scale", latent_scale)
+        self.query_temperature = _check_temperature(query_temperature)
+        norm_eps = validation.finite_real("norm_eps", norm_eps)
+        if norm_eps <= 0:
+            raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        self.dropout = validation.dropout_p(dropout, "dropout")
+        self.rng = np.random.default_rng(rng)
+
+        bias = validation.flag("bias", bias)
+        c, h = self.hidden_size, self.num_heads
+        if self.q_lora_rank is None:
+            self.q_proj = Linear(c, h * head, bias=False, rng=self.rng)
+        else:
+            self.q_a_proj = Linear(c, self.q_lora_rank, bias=bias, rng=self.rng)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, norm_eps)
+            self.q_b_proj = Linear(self.q_lora_rank, h * head, bias=False, rng=self.rng)
+        latent = self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_a_proj_with_mqa = Linear(c, latent, bias=bias, rng=self.rng)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, norm_eps)
+        per_head = self.qk_nope_head_dim + self.v_head_dim
+        self.kv_b_proj = Linear(self.kv_lora_rank, h * per_head, bias=False, rng=self.rng)
+        self.o_proj = Linear(h * self.v_head_dim, c, bias=bias, rng=self.rng)
+
+    def constructor_args(self) -> dict[str, Any]:
+        """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` as a list
+        of floats, ``query_temperature`` as a tuple whether given as a tuple or a list."""
+        args = super().constructor_args()
+        if args["inv_freq"] is not None:
+            args["inv_freq"] = np.asarray(args["inv_freq"], dtype=np.float64).tolist()
+        if args["query_temperature"] is not None:
+            args["query_temperature"] = tuple(args["query_temperature"])
+        return args
+
+    def absorbs(self, n: int, m: int) -> bool:
+        """What ``absorb=None`` picks for N queries over M keys taken from a cache: absorbed when
+        it needs fewer multiply-adds, H N M (2L + R) + H N L (P + Dv), than expanding the cache,
+        M L H (P + Dv) + H N M (P + R + Dv): decoding steps (few queries, a long cache)."""
+        h, rank = self.num_heads, self.kv_lora_rank
+        p, r, dv = self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        absorbed = h * n * m * (2 * rank + r) + h * n * rank * (p + dv)
+        expanded = m * rank * h * (p + dv) + h * n * m * (p + r + dv)
+        return absorbed < expanded
+
+    def forward(
+        self,
+        x: np.ndarray,
+        *,
+        positions: Any = None,
+        key_padding_mask: np.ndarray | None = None,
+        cache: LatentCache | None = None,
+        absorb: bool | None = None,
+        attn_dropout_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Causal self-attention of x's tokens over the cache's and their own.
+
+        Args:
+            x: (B, N, C).
+            positions: RoPE positions, (N,) or (B, N) (left padding); default
+                ``cache.length + arange(N)`` (``arange(N)`` without a cache).
+            key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
+                or with a cache all ``cache.length + N`` of them.
+            cache: a ``LatentCache`` of this layer's L, R and dtype: this call's latents are
+                appended and the queries attend with ``align="bottom-right"``. No backward
+                follows a forward with a cache.
+            absorb: True for the absorbed computation, False for the expanded one, None to
+                choose: absorbed with a cache when it is cheaper (``absorbs``), else expanded.
+                Both give the same numbers up to rounding.
+            attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+
+        Returns:
+            (B, N, C).
+        """
+        x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
+        b, n, _ = x.shape
+        start = 0
+        if cache is not None:
+            if not isinstance(cache, LatentCache):
+                raise TypeError(f"cache must be a LatentCache, got {type(cache).__name__}")
+            cache.check_append(b, n, self.kv_lora_rank, self.qk_rope_head_dim, x.dtype)
+            start = cache.length
+        m = start + n
+        if absorb is None:
+            absorb = cache is not None and self.absorbs(n, m)
+        absorb = validation.flag("absorb", absorb)
+        if positions is None:
+            positions = start + np.arange(n)
+        positions = check_positions(positions, (b, self.num_heads, n, self.qk_rope_head_dim))
+        padding = _key_padding(key_padding_mask, b, m, cache is not None)
+        keep = dropout_keep_mask(
+            "attn_dropout_mask",
+            self.dropout,
+            (b, self.num_heads, n, m),
+            self.training,
+            attn_dropout_mask,
+            self.rng,
+        )
+
+        # With a cache there is no backward: keep nothing.
+        with no_grad() if cache is not None else contextlib.nullcontext():
+            out, ctx = self._chain(x, positions, padding, keep, cache, absorb)
+        self._save_ctx(_CachedForward() if cache is not None else ctx, out)
+        return out
+
+    def _chain(
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        padding: np.ndarray | None,
+        keep: np.ndarray | None,
+        cache: LatentCache | None,
+        absorb: bool,
+    ) -> tuple[np.ndarray, _LatentCtx]:
+        """The forward chain (module docstring); inputs already checked."""
+        p, rank = self.qk_nope_head_dim, self.kv_lora_rank
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)  # (B, N, C) -> (B, N, H*(P+R))
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # C -> Lq -> H*(P+R)
+        q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, P+R)
+        q_nope, q_pe = q[..., :p], q[..., p:]
+        latent = self.kv_a_proj_with_mqa(x)  # (B, N, C) -> (B, N, L+R)
+        c = self.kv_a_layernorm(latent[..., :rank])  # (B, N, L)
+        if self.latent_scale != 1.0:
+            c = c * self.latent_scale
+        k_pe = latent[:, None, :, rank:]  # (B, 1, N, R): one key head
+        if self.rope_interleave:
+            q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
+        rope: dict[str, Any] = {
+            "inv_freq": self.inv_freq,
+            "attention_factor": self.rope_attention_factor,
+        }
+        q_pe, q_rope = rope_forward(q_pe, positions, **rope)
+        k_pe, k_rope = rope_forward(k_pe, positions, **rope)
+        temperature = None
+        if self.query_temperature is not None:
+            temperature = query_temperature_table(positions, *self.query_temperature, x.dtype)
+            q_nope, q_pe = q_nope * temperature, q_pe * temperature
+        if cache is not None:
+            latents = cache.append(c, k_pe[:, 0])[:, None]  # (B, 1, M, L+R), all cached so far
+            c, k_pe = latents[..., :rank], latents[..., rank:]
+        else:
+            latents = None
+            c = c[:, None]  # (B, 1, N, L)
+
+        options: dict[str, Any] = {
+            "causal": True,
+            "align": "bottom-right",  # query i at key position M - N + i (i without a cache)
+            "key_padding_mask": padding,
+            "scale": self.scale,  # the layer's, also absorbed (not (L + R)^-0.5)
+            "dropout_p": self.dropout if keep is not None else 0.0,
+            "dropout_mask": keep,
+        }
+        form: _ExpandedCtx | _AbsorbedCtx
+        if absorb:
+            w_uk, w_uv = self._up_projections()  # (H, P, L), (H, Dv, L)
+            q_lat, lat_ctx = head_linear_forward(q_nope, w_uk.swapaxes(-1, -2))  # -> (B,H,N,L)
+            if latents is None:
+                latents = np.concatenate([c, k_pe], axis=-1)  # (B, 1, N, L+R)
+            queries = np.concatenate([q_lat, q_pe], axis=-1)  # (B, H, N, L+R)
+            attn = attention_forward(queries, latents, c, enable_gqa=True, **options)
+            o, up_ctx = head_linear_forward(attn.out, w_uv)  # (B, H, N, L) -> (B, H, N, Dv)
+            form = _AbsorbedCtx(lat_ctx, up_ctx)
+        else:
+            kv, kv_heads = split_heads_forward(self.kv_b_proj(c[:, 0]), self.num_heads)
+            k_nope, v = kv[..., :p], kv[..., p:]  # (B, H, M, P), (B, H, M, Dv)
+            k_pe = np.broadcast_to(k_pe, k_nope.shape[:-1] + k_pe.shape[-1:])  # every head
+            queries = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, N, P+R)
+            keys = np.concatenate([k_nope, k_pe], axis=-1)  # (B, H, M, P+R)
+            attn = attention_forward(queries, keys, v, **options)
+            o = attn.out  # (B, H, N, Dv)
+            form = _ExpandedCtx(kv_heads)
+        merged, out_heads = merge_heads_forward(o)  # (B, H, N, Dv) -> (B, N, H*Dv)
+        out = self.o_proj(merged)  # -> (B, N, C)
+        ctx = _LatentCtx(q_heads, q_rope, k_rope, temperature, form, attn.ctx, out_heads)
+        return out, ctx
+
+    def _up_projections(self) -> tuple[np.ndarray, np.ndarray]:
+        """W_UK (H, P, L) and W_UV (H, Dv, L): views of kv_b_proj.weight's per-head rows."""
+        p = self.qk_nope_head_dim
+        weight = self.kv_b_proj.weight.reshape(self.num_heads, p + self.v_head_dim, -1)
+        return weight[:, :p], weight[:, p:]
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Gradient of x; adds the gradients of every parameter.
+
+        dO = split(o_proj^T(dY));
+        expanded: dQ, dK, dV = attention_backward(dO); dk_nope = dK[..., :P];
+            dk_pe = sum over heads of dK[..., P:]; dc = kv_b_proj^T(merge([dk_nope, dV]));
+        absorbed: do_lat = W_UV^T dO, dW_UV = dO^T o_lat; dQ', dK', dV' = attention_backward(
+            do_lat) (dK', dV' summed over the heads sharing them); dc = dK'[..., :L] + dV';
+            dk_pe = dK'[..., L:]; dq_nope = W_UK dq_lat, dW_UK = q_nope^T dq_lat;
+        then dq, dk_pe through the temperature and RoPE (rotate by -angle, re-interleave);
+        dc through latent_scale and kv_a_layernorm; dx = q path^T(dq) +
+        kv_a_proj_with_mqa^T([dc, dk_pe]). Derivation: docs/derivations/latent.md.
+
+        Args:
+            dout: (B, N, C) gradient of the output of the last forward (one without a cache).
+
+        Returns:
+            dx (B, N, C).
+        """
+        saved = self._ctx
+        if saved is not None and isinstance(saved.ctx, _CachedForward):
+            raise RuntimeError(
+                "MultiHeadLatentAttention.backward follows a forward without a cache (the "
+                "training path); the last forward appended to a LatentCache, which is inference "
+                "only"
+            )
+        dout, ctx = self._pop_ctx(dout)
+        p, rank = self.qk_nope_head_dim, self.kv_lora_rank
+        dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
+        do = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
+        if isinstance(ctx.form, _AbsorbedCtx):
+            do_lat, dw_uv = head_linear_backward(do, ctx.form.o_up)  # forward: o = W_UV o_lat
+            grads = attention_backward(do_lat, ctx.attn)  # dk, dv (B, 1, M, .): sums over heads
+            dq_lat, dq_pe = grads.dq[..., :rank], grads.dq[..., rank:]
+            dc = grads.dk[:, 0, :, :rank] + grads.dv[:, 0]  # c is both keys and values
+            dk_pe = grads.dk[:, :, :, rank:]  # (B, 1, M, R)
+            dq_nope, dw_uk_t = head_linear_backward(dq_lat, ctx.form.q_lat)  # q_lat = W_UK^T q
+            dweight = np.concatenate([dw_uk_t.swapaxes(-1, -2), dw_uv], axis=1)  # (H, P+Dv, L)
+            self.kv_b_proj._accumulate("weight", dweight.reshape(self.kv_b_proj.weight.shape))
+        else:
+            grads = attention_backward(do, ctx.attn)  # dq, dk (B, H, ., P+R), dv (B, H, M, Dv)
+            dq_nope, dq_pe = grads.dq[..., :p], grads.dq[..., p:]
+            dk_pe = grads.dk[..., p:].sum(axis=1, keepdims=True)  # k_pe shared by every head
+            dkv = np.concatenate([grads.dk[..., :p], grads.dv], axis=-1)  # (B, H, M, P+Dv)
+            dc = self.kv_b_proj.backward(split_heads_backward(dkv, ctx.form.kv_heads))
+        if ctx.temperature is not None:  # forward: q = q * t
+            dq_nope, dq_pe = dq_nope * ctx.temperature, dq_pe * ctx.temperature
+        dq_pe = rope_backward(dq_pe, ctx.q_rope)
+        dk_pe = rope_backward(dk_pe, ctx.k_rope)[:, 0]  # (B, N, R)
+        if self.rope_interleave:
+            dq_pe, dk_pe = deinterleave_backward(dq_pe), deinterleave_backward(dk_pe)
+        if self.latent_scale != 1.0:
+            dc = dc * self.latent_scale
+        dlatent = np.concatenate([self.kv_a_layernorm.backward(dc), dk_pe], axis=-1)
+        dx_kv = self.kv_a_proj_with_mqa.backward(dlatent)  # (B, N, L+R) -> (B, N, C)
+        dq = split_heads_backward(np.concatenate([dq_nope, dq_pe], axis=-1), ctx.q_heads)
+        if self.q_lora_rank is None:
+            dx_q = self.q_proj.backward(dq)  # (B, N, H*(P+R)) -> (B, N, C)
+        else:
+            dx_q = self.q_a_proj.backward(self.q_a_layernorm.backward(self.q_b_proj.backward(dq)))
+        return dx_q + dx_kv  # x feeds the query path and the latent path
+
+
+def _check_inv_freq(inv_freq: Any, rope_dim: int, rope_theta: Any) -> np.ndarray:
+    """RoPE's (R/2,) frequencies in float64: given (finite, that length), or from rope_theta."""
+    if inv_freq is None:
+        return rope_inv_freq(rope_dim, rope_theta)
+    validation.finite_real("rope_theta", rope_theta)
+    freqs = validation.float_array("inv_freq", inv_freq)
+    if freqs.shape != (rope_dim // 2,) or not np.all(np.isfinite(freqs)):
+        raise ValueError(
+            f"inv_freq must be finite and (qk_rope_head_dim / 2,) = ({rope_dim // 2},), got "
+            f"shape {freqs.shape}"
+        )
+    return freqs.astype(np.float64)
+
+
+def _check_temperature(value: Any) -> tuple[float, float] | None:
+    """``query_temperature`` as (beta, length): beta finite, length > 0; or None."""
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"query_temperature must be (beta, length) or None, got {value!r}")
+    beta = validation.finite_real("query_temperature[0]", value[0])
+    length = validation.finite_real("query_temperature[1]", value[1])
+    if length <= 0:
+        raise ValueError(f"query_temperature[1] (the length) must be > 0, got {length}")
+    return beta, length
