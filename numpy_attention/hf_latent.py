@@ -347,7 +347,10 @@ def _rope_config(
             f"partial_rotary_factor {partial}) but qk_rope_head_dim is {rope_dim}; the model's "
             "attention cannot apply it either"
         )
-    rope_config = {key: value for key, value in config.items() if key != "partial_rotary_factor"}
+    # The rotary embedding reads head_dim only; num_key_value_heads is vestigial in MLA configs
+    # (often above num_attention_heads), so it is left out of the config the RoPE helpers read.
+    dropped = ("partial_rotary_factor", "num_key_value_heads")
+    rope_config = {key: value for key, value in config.items() if key not in dropped}
     return rope_config | {"head_dim": rope_dim, "rope_parameters": params}
 
 
