@@ -1,0 +1,24 @@
+"""The project's own FlashAttention-2 kernel in Triton: forward and backward with today's options.
+
+Importing this package imports Triton (the optional extra ``triton``); set
+``TRITON_INTERPRET=1`` before the first import to run the kernels on CPU tensors under Triton's
+interpreter (how the tests prove them without a GPU). ``torch_attention`` itself never imports
+it: ``functional.attention(..., backend="triton")`` does, on first use.
+
+Tests: tests/torch_attention/triton/.
+"""
+
+from __future__ import annotations
+
+from .flash import flash_attn_func, flash_attn_varlen_func
+from .launch import attention, dropout_mask, interpreted, limit_refusal, varlen_attention
+
+__all__ = [
+    "attention",
+    "dropout_mask",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "interpreted",
+    "limit_refusal",
+    "varlen_attention",
+]
