@@ -11,10 +11,18 @@ Tests: tests/torch_attention/triton/.
 from __future__ import annotations
 
 from .flash import flash_attn_func, flash_attn_varlen_func
-from .launch import attention, dropout_mask, interpreted, limit_refusal, varlen_attention
+from .launch import (
+    attention,
+    draw_seed,
+    dropout_mask,
+    interpreted,
+    limit_refusal,
+    varlen_attention,
+)
 
 __all__ = [
     "attention",
+    "draw_seed",
     "dropout_mask",
     "flash_attn_func",
     "flash_attn_varlen_func",

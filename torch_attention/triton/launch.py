@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -138,7 +137,7 @@ def attention(
         left=rules.left,
         right=rules.right,
         dropout_p=rules.dropout_p,
-        seed=_draw_seed(rules.dropout_p) if n and m else 0,
+        seed=draw_seed(rules.dropout_p) if n and m else 0,
         cu_seqlens_q=None,
         cu_seqlens_k=None,
     )
@@ -179,7 +178,7 @@ def varlen_attention(
         left=rules.left,
         right=rules.right,
         dropout_p=rules.dropout_p,
-        seed=_draw_seed(rules.dropout_p),
+        seed=draw_seed(rules.dropout_p),
         cu_seqlens_q=offsets(cu_seqlens_q),
         cu_seqlens_k=offsets(cu_seqlens_k),
     )
@@ -198,17 +197,17 @@ def dropout_mask(
     *lead, n, m = shape
     rows = n * math.prod(lead)
     keep = torch.empty((rows, m), dtype=torch.int8, device=device)
-    block = INTERPRETER_CONFIG["BLOCK_N"] if interpreted() else 256
     if rows and m:
-        pipeline.dropout_mask_kernel[(rows, triton.cdiv(m, block))](
-            keep, seed, dropout_p, m, BLOCK_N=block
+        pipeline.dropout_mask_kernel[(rows, triton.cdiv(m, 256))](
+            keep, seed, dropout_p, m, BLOCK_N=256
         )
     return keep.bool().reshape(shape)
 
 
-def _draw_seed(dropout_p: float) -> int:
-    """Dropout's Philox key, drawn from torch's global generator (so ``torch.manual_seed``
-    reproduces a call); 0 without dropout."""
+def draw_seed(dropout_p: float) -> int:
+    """Dropout's Philox key, drawn from torch's global (CPU) generator, so that
+    ``torch.manual_seed`` reproduces a call (and ``dropout_mask`` reads its keep-mask back); 0
+    without dropout."""
     return int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
 
 
@@ -377,7 +376,8 @@ def _empty_like_order(t: torch.Tensor, width: int) -> torch.Tensor:
     """An empty tensor shaped like ``t`` with last axis ``width``, its axes laid out in memory in
     the order of ``t``'s strides: a (B, H, N, D) view of (B, N, H, D) memory gives (B, H, N, Dv)
     over (B, N, H, Dv) memory."""
-    order = sorted(range(t.ndim - 1), key=lambda axis: -t.stride(axis))  # outermost first
+    strides = t.stride()
+    order = sorted(range(t.ndim - 1), key=lambda axis: -strides[axis])  # outermost first
     shape = [t.shape[axis] for axis in order] + [width]
     inverse = [order.index(axis) for axis in range(t.ndim - 1)] + [t.ndim - 1]
     return torch.empty(shape, dtype=t.dtype, device=t.device).permute(inverse)
@@ -406,7 +406,7 @@ def _run(
 
 
 @functools.cache
-def _tuned(kernel: Any, configs: tuple[tuple[int, int, int, int], ...]) -> Callable[..., Any]:
+def _tuned(kernel: Any, configs: tuple[tuple[int, int, int, int], ...]) -> Any:
     """``kernel`` autotuned over ``configs`` (built on first use: the autotuner needs a GPU)."""
     return triton.autotune(
         configs=[
