@@ -23,7 +23,7 @@ import torch
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
 from parity_tests.checker.judge import judge_keep, judge_lse, judge_tensor
-from parity_tests.checker.reference import plain_attention_lse
+from parity_tests.checker.reference import attention_scores, plain_attention
 from torch_attention import backends, scores, varlen_attention
 from torch_attention.functional import attention
 from torch_attention.merge import merge_attention
@@ -126,8 +126,10 @@ def _torch_run(
 
 
 def baseline(problem: Problem, dtype: str) -> dict[str, np.ndarray]:
-    """The checker's plain attention in ``dtype`` (``plain_attention_lse``), the sink merged in
-    as a key set of one logit with value 0 (docs/derivations/sinks.md), gradients by autograd."""
+    """The checker's plain attention in ``dtype`` (``plain_attention``) and the log-sum-exp of
+    its scores (``attention_scores``; the checker's own lse is detached, which would hide a
+    wrong dlse term), the sink merged in as a key set of one logit with value 0
+    (docs/derivations/sinks.md), gradients by autograd."""
     torch_dtype = DTYPES[dtype]
     qkv = zip("qkv", problem[:3], strict=True)
     inputs = {name: _tensor(t, torch_dtype, "cpu") for name, t in qkv}
@@ -139,9 +141,13 @@ def baseline(problem: Problem, dtype: str) -> dict[str, np.ndarray]:
     causal = options.pop("causal", False)
     keep = options.pop("dropout_mask", None)
     keep = None if keep is None else torch.from_numpy(keep)
-    out, lse = plain_attention_lse(
-        inputs["q"], inputs["k"], inputs["v"], is_causal=causal, keep=keep, **options
-    )
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    out = plain_attention(q, k, v, is_causal=causal, keep=keep, **options)
+    options.pop("dropout_p", None)
+    scores = attention_scores(q, k, is_causal=causal, **options)  # (B, H, N, M)
+    dead = torch.isneginf(scores).all(dim=-1)  # rows with nothing to see: lse -inf, no gradient
+    lse = torch.logsumexp(scores.masked_fill(dead[..., None], 0.0), dim=-1)
+    lse = lse.masked_fill(dead, float("-inf"))
     if sinks is not None:
         inputs["sinks"] = _tensor(sinks, torch_dtype, "cpu")
         sink_lse = inputs["sinks"][:, None].expand(lse.shape)  # (H,) -> (B, H, N)
