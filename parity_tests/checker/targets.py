@@ -255,7 +255,8 @@ def triton_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[
     is installed. Never on CPU: there it runs only under Triton's interpreter, minutes per
     battery (docs/triton-kernel.md has the opt-in command)."""
     dtypes = tuple(d for d in dtypes if d != "float64")  # the kernel refuses float64
-    if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+    cuda = torch.device(device).type == "cuda"
+    if not cuda or not dtypes or importlib.util.find_spec("triton") is None:
         return []
     return [
         Target("triton:flash_attn_func", "torch_attention.triton:flash_attn_func", dtypes, "flash"),

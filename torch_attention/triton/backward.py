@@ -24,7 +24,8 @@ Shape legend: B batch (or S sequences), H query heads, H_kv key/value heads, N q
 key length, D head width, Dv value head width; BLOCK_D, BLOCK_DV the widths rounded up.
 
 Derivation: docs/derivations/tiled.md (the recomputing backward), lse.md (delta - dlse),
-softcap.md, docs/triton-kernel.md. Tests: tests/torch_attention/triton/test_kernels.py.
+softcap.md, docs/triton-kernel.md.
+Tests: tests/torch_attention/triton/test_launch.py (through the launcher).
 """
 
 from __future__ import annotations

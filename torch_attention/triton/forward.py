@@ -18,7 +18,8 @@ key length, D head width, Dv value head width; BLOCK_D, BLOCK_DV the widths roun
 of two (>= 16, what ``tl.dot`` takes).
 
 Derivation: docs/derivations/tiled.md (the online softmax), sinks.md (the sink as a starting
-state), docs/triton-kernel.md (the schedule). Tests: tests/torch_attention/triton/test_kernels.py.
+state), docs/triton-kernel.md (the schedule).
+Tests: tests/torch_attention/triton/test_launch.py (through the launcher).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ lengths and layouts.
 Shape legend: B batch, S packed sequences, H query heads, H_kv key/value heads, N query length,
 M key length, T_q, T_k packed token counts, D head width, Dv value head width.
 
-Derivation: docs/triton-kernel.md. Tests: tests/torch_attention/triton/test_kernels.py,
-test_flash.py.
+Derivation: docs/triton-kernel.md, and the pages the kernels name. Tests:
+tests/torch_attention/triton/test_launch.py, test_flash.py.
 """
 
 from __future__ import annotations
