@@ -16,6 +16,11 @@ convention); the ratios are triton's throughput over each other kernel's (> 1: t
 The target: forward+backward at least ``TARGET`` of SDPA's throughput, causal. Without CUDA
 or without Triton (or under its interpreter) it prints one line and exits 2.
 
+``--compile-only [--arch 90]`` needs no GPU: it compiles the three kernels to machine code for
+``sm_<arch>`` with the ptxas that Triton bundles (bfloat16, float16 and float32 at D = 128, the
+first autotuning configuration, plain causal and every option at once) and prints each one's
+shared memory, which proves what the interpreter cannot: that the kernels compile for a GPU.
+
 Shape legend: B batch, H heads, N query and key length, D head width.
 
 Tests: tests/parity/test_bench_triton.py.
@@ -173,6 +178,80 @@ def _timed(call: Callable[..., torch.Tensor], kind: str, q: Any, k: Any, v: Any,
     return forward_backward
 
 
+def compile_lines(arch: int) -> list[str]:
+    """Compile every kernel for ``sm_<arch>`` without a GPU; one line per kernel, dtype and set
+    of options, with its shared memory (a failure raises Triton's compilation error)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torch_attention.triton import backward, forward, launch
+
+    d = SHAPE[3]
+    options = {
+        "causal": {"HAS_RIGHT": True},
+        "every option": {"VARLEN": True, "BOTTOM_RIGHT": True, "SOFTCAP": True, "ALIBI": True,
+                         "HAS_LEFT": True, "HAS_RIGHT": True, "DROPOUT": True, "SINKS": True,
+                         "SLOPE_GRAD": True},
+    }  # fmt: skip
+    kernels = {
+        "forward": (forward.attention_forward_kernel, launch.FORWARD_CONFIGS[0]),
+        "dk/dv": (backward.attention_backward_dkdv_kernel, launch.BACKWARD_CONFIGS[0]),
+        "dq": (backward.attention_backward_dq_kernel, launch.BACKWARD_CONFIGS[0]),
+    }
+    lines = []
+    for dtype in ("bf16", "fp16", "fp32"):
+        for name, flags in options.items():
+            for kernel_name, (kernel, (block_m, block_n, warps, stages)) in kernels.items():
+                constexprs = {"BLOCK_D": d, "BLOCK_DV": d, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                              "DOT_PRECISION": "ieee" if dtype == "fp32" else None}  # fmt: skip
+                source = ASTSource(kernel, *kernel_signature(kernel, dtype, flags, constexprs))
+                compiled = triton.compile(
+                    source,
+                    target=GPUTarget("cuda", arch, 32),
+                    options={"num_warps": warps, "num_stages": stages},
+                )
+                lines.append(
+                    f"sm_{arch} {kernel_name:<8} {dtype:<5} {name:<13} compiled, "
+                    f"{compiled.metadata.shared} bytes of shared memory"
+                )
+    return lines
+
+
+def kernel_signature(
+    kernel: Any, dtype: str, flags: dict[str, bool], constexprs: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The argument types of ``kernel`` (pointers to ``dtype`` for q, k, v, out and their
+    gradients, float32 for the statistics, int32 offsets, the int64 seed) and its constexprs;
+    an option that is off passes its tensors as None."""
+    packed = flags.get("VARLEN", False)
+    unused = set()
+    if not packed:
+        unused |= {"cu_seqlens_q", "cu_seqlens_k"}
+    if not flags.get("ALIBI", False):
+        unused |= {"slopes"}
+    if not flags.get("SINKS", False):
+        unused |= {"sinks"}
+    if not flags.get("SLOPE_GRAD", False):
+        unused |= {"dslope_rows"}
+    signature, values = {}, {}
+    for name in kernel.arg_names:
+        if name.isupper() or name in unused:
+            signature[name] = "constexpr"
+            values[name] = constexprs.get(name, flags.get(name, False if name.isupper() else None))
+        elif name in ("q", "k", "v", "out", "dout", "dq", "dk", "dv"):
+            signature[name] = "*" + dtype
+        elif name in ("lse", "delta", "sinks", "slopes", "dslope_rows"):
+            signature[name] = "*fp32"
+        elif name.startswith("cu_seqlens"):
+            signature[name] = "*i32"
+        elif name in ("scale", "softcap", "dropout_p", "rescale"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64" if name == "seed" else "i32"
+    return signature, values
+
+
 def unavailable() -> str | None:
     """Why the benchmark cannot run here, in one line; None when it can."""
     if not torch.cuda.is_available():
@@ -187,10 +266,24 @@ def unavailable() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m parity_tests.bench_triton",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
-    ).parse_args(argv)
+    )
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="compile the kernels for a GPU target (no GPU needed) instead of timing them",
+    )
+    parser.add_argument("--arch", type=int, default=90, help="with --compile-only: sm_ARCH")
+    args = parser.parse_args(argv)
+    if args.compile_only:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            print("--compile-only compiles the kernels: unset TRITON_INTERPRET", file=sys.stderr)
+            return 2
+        for line in compile_lines(args.arch):
+            print(line, flush=True)
+        return 0
     reason = unavailable()
     if reason is not None:
         print(reason, file=sys.stderr)

@@ -41,3 +41,29 @@ def test_the_report_gives_throughput_ratios_and_the_target(sdpa_ms, verdict):
     assert f"{sdpa_ms / 10:.2f}x" in lines[2] and "2.00x" in lines[2]
     assert lines[3].split().count("-") == 2 and "1.50x" in lines[3]  # no SDPA window
     assert lines[-1].endswith(f"{sdpa_ms / 10:.2f}x: {verdict}") and f">= {TARGET}x" in lines[-1]
+
+
+def test_compile_only_refuses_the_interpreter_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    code = bench_triton.main(["--compile-only"])
+
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "unset TRITON_INTERPRET" in err
+
+
+def test_compile_only_types_every_argument_of_every_kernel():
+    pytest.importorskip("triton", reason="the kernels need the optional extra 'triton'")
+    from torch_attention.triton import backward, forward
+
+    for kernel in (
+        forward.attention_forward_kernel,
+        backward.attention_backward_dkdv_kernel,
+        backward.attention_backward_dq_kernel,
+    ):
+        signature, values = bench_triton.kernel_signature(kernel, "bf16", {"HAS_RIGHT": True}, {})
+
+        assert list(signature) == kernel.arg_names
+        assert signature["q"] == "*bf16" and signature["seed"] == "i64"
+        assert values["HAS_RIGHT"] is True and values["VARLEN"] is False
+        assert values["cu_seqlens_q"] is None and values["slopes"] is None
