@@ -11,8 +11,9 @@ At (B, H, N, D) = (4, 16, 4096, 128) in bfloat16, causal, and causal with a wind
 
 Each is timed by ``triton.testing.do_bench`` (median ms, warm-up first, so the autotuner and
 the compiler are done). Throughput is visible scores times the FLOPs of each score (4 D forward,
-10 D forward+backward: the two products of the forward and five of the backward, FlashAttention's
-convention); the ratios are triton's throughput over each other kernel's (> 1: triton faster).
+14 D forward+backward: the two products of the forward and five of the backward, FlashAttention's
+convention, whatever a kernel recomputes); the ratios are triton's throughput over each other
+kernel's (> 1: triton faster).
 The target: forward+backward at least ``TARGET`` of SDPA's throughput, causal. Without CUDA
 or without Triton (or under its interpreter) it prints one line and exits 2.
 
@@ -59,10 +60,10 @@ def visible_scores(n: int, window: tuple[int, int] | None) -> int:
 
 
 def tflops(ms: float, kind: str, window: tuple[int, int] | None) -> float:
-    """TFLOP/s of one call at SHAPE: 4 D FLOPs per visible score forward, 10 D forward+backward
+    """TFLOP/s of one call at SHAPE: 4 D FLOPs per visible score forward, 14 D forward+backward
     (2 FLOPs per multiply-add; Q K^T and P V forward, five products backward)."""
     b, h, n, d = SHAPE
-    per_score = 4 * d if kind == "fwd" else 10 * d
+    per_score = 4 * d if kind == "fwd" else 14 * d
     return b * h * visible_scores(n, window) * per_score / (ms * 1e-3) / 1e12
 
 

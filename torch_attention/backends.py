@@ -14,7 +14,8 @@ width, Dv value head width; "..." any leading axes of q, the last of them the he
 
 Derivation: docs/derivations/sinks.md and merge.md (the sinks folded into FlexAttention's
 result). Tests: tests/torch_attention/test_backends.py, and test_functional_options.py (each
-backend's results, option by option).
+backend's results, option by option); the triton backend's refusals and "auto" rule:
+tests/torch_attention/triton/test_launch.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The twin of ``numpy_attention.functional``. ``attention`` has the semantics of
 ``numpy_attention.functional.attention_forward`` with today's options (GQA, causal alignment,
-windows, softcap, ALiBi, sinks, lse) and its edge rules (docs/design.md), and runs on one of five
+windows, softcap, ALiBi, sinks, lse) and its edge rules (docs/design.md), and runs on one of six
 backends:
 
 - ``"math"``: the score pipeline of ``scores.py`` in plain torch ops, differentiated by autograd.
@@ -30,8 +30,9 @@ accumulators (flash-attn's rounding) and returns lse in float32.
 
 Derivation: docs/derivations/attention.md and the pages it links (softmax.md, softcap.md,
 alibi.md, windows.md, gqa.md, sinks.md, lse.md). Tests: tests/torch_attention/test_functional.py
-(edge rules, the original options, half precision by the kernel checker's policy) and
-test_functional_options.py (today's options, option by option, on every backend).
+(edge rules, the original options, half precision by the kernel checker's policy),
+test_functional_options.py (today's options, option by option, on every backend) and
+tests/torch_attention/triton/ (the "triton" backend).
 """
 
 from __future__ import annotations
