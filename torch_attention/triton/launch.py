@@ -55,7 +55,7 @@ _TUNING_KEY = ["BLOCK_D", "BLOCK_DV", "length_bucket", "HAS_LEFT", "HAS_RIGHT", 
 
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter: ``TRITON_INTERPRET=1`` was set when
-    this package was first imported (Triton reads it when it decorates a kernel)."""
+    Triton and this package were first imported (Triton reads it when it decorates a kernel)."""
     return isinstance(forward.attention_forward_kernel, InterpretedFunction)
 
 
@@ -67,7 +67,7 @@ def limit_refusal(
     if device.type == "cpu" and not interpreted():
         return (
             "CPU tensors (the Triton kernel runs on a GPU, or on CPU under Triton's interpreter: "
-            "TRITON_INTERPRET=1 set before torch_attention.triton is first imported)"
+            "TRITON_INTERPRET=1 set before Triton is first imported)"
         )
     if device.type not in ("cpu", "cuda"):
         return f"tensors on {device} (the Triton kernel runs on CUDA and ROCm GPUs)"
