@@ -32,7 +32,7 @@ from torch_attention.triton import dropout_mask, launch
 from ...conftest import SEED, to_numpy
 
 BR = "bottom-right"
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Problem(NamedTuple):
@@ -180,11 +180,15 @@ def _with_grads(out: torch.Tensor, lse: torch.Tensor, inputs: dict, problem: Pro
     dlse = torch.from_numpy(problem.dlse).to(out.device)
     upstream = (out.double() * dout).sum() + (lse.double() * dlse).nan_to_num(0.0).sum()
     upstream.backward()
-    result = {"out": to_numpy(out).astype(np.float64), "lse": to_numpy(lse).astype(np.float64)}
+    result = {"out": _float64(out), "lse": _float64(lse)}
     names = {"q": "dq", "k": "dk", "v": "dv", "sinks": "dsinks", "slopes": "dslopes"}
     for name, t in inputs.items():
-        result[names[name]] = to_numpy(t.grad).astype(np.float64)
+        result[names[name]] = _float64(t.grad)
     return result
+
+
+def _float64(t: torch.Tensor) -> np.ndarray:
+    return to_numpy(t.double())  # NumPy has no bfloat16
 
 
 def assert_judged(results: dict, gold: dict, base: dict, dtype: str) -> None:
@@ -254,6 +258,13 @@ def test_float16(options, device):
     check(make_problem("float16", **options), "float16", device)
 
 
+@pytest.mark.skipif(launch.interpreted(), reason="the interpreter mishandles bfloat16 (refused)")
+def test_bfloat16_on_a_gpu(device):
+    options = {"causal": True, "align": BR, "softcap": 2.0, "logits": 30.0, "alibi": "H",
+               "sinks": True, "kv_heads": 1}  # fmt: skip
+    check(make_problem("bfloat16", **options), "bfloat16", device)
+
+
 # -- dropout: the kernel's own keep-mask, read back --------------------------------------------
 
 
@@ -270,8 +281,8 @@ def test_dropout_is_the_golden_with_the_kernels_keep_mask(device):
     assert_judged(results, golden(masked), baseline(masked, "float32"), "float32")
 
 
-def test_the_keep_mask_keeps_one_minus_p():
-    keep = dropout_mask(12345, 0.3, (1, 32, 256), "cpu")
+def test_the_keep_mask_keeps_one_minus_p(device):
+    keep = dropout_mask(12345, 0.3, (1, 32, 256), device)
 
     assert judge_keep("triton", "float32", 0.3, to_numpy(keep)).verdict == "pass"
 
@@ -284,6 +295,13 @@ def test_any_strides_and_offsets(device):
     results = kernel(problem, "float32", device, strided=True)
 
     assert_judged(results, golden(problem), baseline(problem, "float32"), "float32")
+
+
+def test_any_leading_axes(device):
+    """q (B1, B2, H, N, D): the leading axes are flattened into the kernel's batch."""
+    problem = make_problem("float32", batch=2, alibi="H", sinks=True, causal=True)
+    q, k, v, dout, dlse = (t.reshape(2, 1, *t.shape[1:]) for t in problem[:5])
+    check(Problem(q, k, v, dout, dlse, problem.options), "float32", device)
 
 
 @pytest.mark.parametrize(("n", "m"), [(0, 5), (5, 0)])
