@@ -11,7 +11,11 @@ import torch
 
 from parity_tests import check_kernel
 from parity_tests.checker.battery import Case
-from torch_attention.triton import flash_attn_func, flash_attn_varlen_func, launch
+
+from .conftest import NEEDS_TRITON
+
+pytest.importorskip("triton", reason=NEEDS_TRITON)
+from torch_attention.triton import flash_attn_func, flash_attn_varlen_func, launch  # noqa: E402
 
 BR = "bottom-right"
 FLASH_CASES = (

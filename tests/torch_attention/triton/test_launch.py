@@ -27,9 +27,12 @@ from parity_tests.checker.reference import attention_scores, plain_attention
 from torch_attention import backends, scores, varlen_attention
 from torch_attention.functional import attention
 from torch_attention.merge import merge_attention
-from torch_attention.triton import dropout_mask, launch
 
 from ...conftest import SEED, to_numpy
+from .conftest import NEEDS_TRITON
+
+pytest.importorskip("triton", reason=NEEDS_TRITON)
+from torch_attention.triton import dropout_mask, launch  # noqa: E402
 
 BR = "bottom-right"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
