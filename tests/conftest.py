@@ -8,10 +8,30 @@ No test invents its own tolerance: each picks one of the constants of
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 
 from parity_tests.tolerances import GRADCHECK_RTOL, rel_error, rtol_for
+
+
+def _interpret_triton_without_a_gpu() -> None:
+    """Switch Triton's interpreter on where Triton is installed and no GPU is, so that
+    tests/torch_attention/triton/ runs the project's kernel on CPU. Triton reads
+    ``TRITON_INTERPRET`` when it is first imported (its own library is decorated then), and
+    test modules import it early (through transformers and torch.compile): so here, before any
+    test module. A value already set is left alone."""
+    if "TRITON_INTERPRET" in os.environ or importlib.util.find_spec("triton") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpret_triton_without_a_gpu()
 
 SEED = 20261121
 

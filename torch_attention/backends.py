@@ -1,7 +1,8 @@
 """The backends that call torch's fused kernels, what each refuses, and the rule of ``"auto"``.
 
 ``"sdpa"`` runs ``F.scaled_dot_product_attention`` and ``"flex"`` FlexAttention
-(``torch.nn.attention.flex_attention``) on a call prepared by ``scores.prepare``; ``"math"`` and
+(``torch.nn.attention.flex_attention``) on a call prepared by ``scores.prepare``; ``"triton"``
+the project's own kernel (``torch_attention.triton``, whose limits it asks); ``"math"`` and
 ``"manual"`` (in ``functional``) take every call. A backend that cannot compute an option
 exactly refuses the call (``refusal``) with a ``ValueError`` that names the option and the
 backend, before any work; ``choose`` ("auto") takes the first backend of ``AUTO_ORDER`` that
@@ -13,7 +14,8 @@ width, Dv value head width; "..." any leading axes of q, the last of them the he
 
 Derivation: docs/derivations/sinks.md and merge.md (the sinks folded into FlexAttention's
 result). Tests: tests/torch_attention/test_backends.py, and test_functional_options.py (each
-backend's results, option by option).
+backend's results, option by option); the triton backend's refusals and "auto" rule:
+tests/torch_attention/triton/test_launch.py.
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ from .scores import ScoreRules
 # (its backward reuses the saved probabilities) was measured faster than autograd's "math";
 # without one the two run the same forward and "math" skips the autograd.Function. FlexAttention
 # runs unfused outside torch.compile (it materializes the scores) and was measured slower than
-# "math" on CPU, so it is never picked (docs/torch-backends.md, "Speed").
-AUTO_ORDER = {True: ("sdpa", "manual"), False: ("sdpa", "math")}
+# "math" on CPU, so it is never picked (docs/torch-backends.md, "Speed"). "triton" is picked on
+# CUDA only, for the calls SDPA refuses (softcap, sinks, lse, ALiBi in half precision): a fused
+# kernel there instead of the (N, M) probabilities of "manual" (docs/triton-kernel.md).
+AUTO_ORDER = {True: ("sdpa", "triton", "manual"), False: ("sdpa", "triton", "math")}
+# Where "auto" may pick each backend; every device if not listed. The Triton kernel runs on CPU
+# only under its interpreter, which is for tests: far too slow to pick.
+AUTO_DEVICES = {"triton": ("cuda",)}
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -49,6 +56,7 @@ class Call(NamedTuple):
     dtype: torch.dtype
     device: torch.device
     needs_grad: bool  # grad mode is on and an input requires grad
+    widths: tuple[int, int] = (0, 0)  # (D, Dv), the head widths of q and v
 
 
 def refusal(backend: str, call: Call) -> str | None:
@@ -57,6 +65,8 @@ def refusal(backend: str, call: Call) -> str | None:
         return _sdpa_refusal(call)
     if backend == "flex":
         return _flex_refusal(call)
+    if backend == "triton":
+        return _triton_refusal(call)
     return None
 
 
@@ -69,9 +79,13 @@ def check(backend: str, call: Call) -> str:
 
 
 def choose(call: Call) -> str:
-    """The backend ``"auto"`` runs: the first of ``AUTO_ORDER[call.needs_grad]`` that refuses
-    nothing."""
-    order = AUTO_ORDER[call.needs_grad]
+    """The backend ``"auto"`` runs: the first of ``AUTO_ORDER[call.needs_grad]`` that may run on
+    the call's device (``AUTO_DEVICES``) and refuses nothing."""
+    order = [
+        backend
+        for backend in AUTO_ORDER[call.needs_grad]
+        if call.device.type in AUTO_DEVICES.get(backend, (call.device.type,))
+    ]
     return next(backend for backend in order if refusal(backend, call) is None)
 
 
@@ -161,6 +175,39 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -
         **gqa,
     )
     return out if row_valid is None else out.masked_fill(~row_valid, 0.0)
+
+
+# -- triton -----------------------------------------------------------------------------------
+
+
+def _triton_refusal(call: Call) -> str | None:
+    rules = call.rules
+    others = "use 'sdpa', 'flex', 'manual' or 'math'"
+    if rules.allowed is not None or rules.bias is not None:
+        return (
+            "attn_mask and key_padding_mask (the Triton kernel reads no mask tensor, as "
+            f"flash-attn's kernels read none); {others}"
+        )
+    if rules.keep is not None:
+        return (
+            "an explicit dropout_mask (the Triton kernel draws its own keep-mask from a seed); "
+            "use 'manual' or 'math'"
+        )
+    launch = _triton_launch()
+    if launch is None:
+        return f"Triton is not installed (pip install 'attention-parity[triton]'); {others}"
+    reason: str | None = launch.limit_refusal(call.device, call.dtype, *call.widths)
+    return None if reason is None else f"{reason}; {others}"
+
+
+@functools.cache
+def _triton_launch() -> Any:
+    """``torch_attention.triton.launch``, or None where Triton is not installed."""
+    try:
+        from .triton import launch
+    except ImportError:
+        return None
+    return launch
 
 
 # -- flex -------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The twin of ``numpy_attention.functional``. ``attention`` has the semantics of
 ``numpy_attention.functional.attention_forward`` with today's options (GQA, causal alignment,
-windows, softcap, ALiBi, sinks, lse) and its edge rules (docs/design.md), and runs on one of five
+windows, softcap, ALiBi, sinks, lse) and its edge rules (docs/design.md), and runs on one of six
 backends:
 
 - ``"math"``: the score pipeline of ``scores.py`` in plain torch ops, differentiated by autograd.
@@ -11,6 +11,8 @@ backends:
 - ``"sdpa"``: ``F.scaled_dot_product_attention`` where the options fit (``backends.py``).
 - ``"flex"``: FlexAttention's ``score_mod`` and ``block_mask`` (``backends.py``); forward-only
   on CPU.
+- ``"triton"``: the project's own FlashAttention-2 kernel (``torch_attention.triton``, the
+  optional extra ``triton``), on a GPU, or on CPU under Triton's interpreter; no masks.
 - ``"auto"``: the fastest backend that supports the call on its device (``backends.choose``).
 
 A backend that cannot compute an option exactly refuses it with a ``ValueError`` naming the
@@ -23,12 +25,14 @@ them the heads axis H.
 
 Dtypes: q, k and v share one float dtype, which the output has. ``"math"`` and ``"manual"``
 compute float16 and bfloat16 in float32 (like NumPy's float16 rule) and return lse in float32;
-``"sdpa"`` and ``"flex"`` follow torch.
+``"sdpa"`` and ``"flex"`` follow torch; ``"triton"`` multiplies in the inputs' dtype with float32
+accumulators (flash-attn's rounding) and returns lse in float32.
 
 Derivation: docs/derivations/attention.md and the pages it links (softmax.md, softcap.md,
 alibi.md, windows.md, gqa.md, sinks.md, lse.md). Tests: tests/torch_attention/test_functional.py
-(edge rules, the original options, half precision by the kernel checker's policy) and
-test_functional_options.py (today's options, option by option, on every backend).
+(edge rules, the original options, half precision by the kernel checker's policy),
+test_functional_options.py (today's options, option by option, on every backend) and
+tests/torch_attention/triton/ (the "triton" backend).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from .scores import AttentionOutput, ScoreRules
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-BACKENDS = ("auto", "sdpa", "flex", "math", "manual")
+BACKENDS = ("auto", "sdpa", "flex", "math", "manual", "triton")
 
 __all__ = [
     "BACKENDS",
@@ -188,8 +192,8 @@ def attention(
         dropout_mask: bool keep-mask (True = kept) broadcasting to (..., H, N, M); needs
             dropout_p > 0. Without it, dropout draws from torch's global generator
             (``rand(..., H, N, M) >= p``; inside SDPA for ``"sdpa"``).
-        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"math"`` or ``"manual"`` (module
-            docstring).
+        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"math"``, ``"manual"`` or ``"triton"``
+            (module docstring).
         return_lse: also return lse, the log-sum-exp of each row of scores (the sink's term
             included), as flash-attention does; differentiable.
 
@@ -220,13 +224,20 @@ def attention(
         dropout_p=dropout_p,
         dropout_mask=dropout_mask,
     )
-    call = backends.Call(rules, return_lse, q.dtype, q.device, _needs_grad(q, k, v, rules))
+    needs_grad = _needs_grad(q, k, v, rules)
+    call = backends.Call(
+        rules, return_lse, q.dtype, q.device, needs_grad, (q.shape[-1], v.shape[-1])
+    )
     backend = backends.choose(call) if backend == "auto" else backends.check(backend, call)
     lse: torch.Tensor | None = None
     if backend == "sdpa" and backends.all_finite(q, k, v, rules.bias, rules.slopes):
         out = backends.sdpa(q, k, v, rules)
     elif backend == "flex":
         out, lse = backends.flex(q, k, v, rules)
+    elif backend == "triton":
+        from .triton import launch  # the optional extra, imported on first use
+
+        out, lse = launch.attention(q, k, v, rules)
     else:  # math, manual, and sdpa's non-finite calls: SDPA's kernels break the edge rules
         keep = rules.keep if rules.keep is not None else _draw_keep(q, rules)
         if backend == "manual":

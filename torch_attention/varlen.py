@@ -5,7 +5,8 @@ lengths are packed along one token axis with cumulative offsets: sequence s hold
 ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and keys ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``. Each
 sequence is one call of ``functional.attention`` on the backend asked for (so every option and
 every backend work as they do there; alignment is per sequence), and no sequence ever sees
-another. An empty sequence is allowed (no queries, or no keys: output 0, lse -inf).
+another. An empty sequence is allowed (no queries, or no keys: output 0, lse -inf). With
+``backend="triton"`` the packed sequences run in one launch of the project's kernel instead.
 
 Shape legend: S sequences, T_q and T_k the packed query and key token counts, H query heads,
 H_kv key/value heads, D head width, Dv value head width.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import validation
+from . import scores, validation
 from .functional import attention
 from .scores import AttentionOutput
 
@@ -103,9 +104,18 @@ def varlen_attention(
     }
     # Every option checked once, before any work, also when there is no sequence: the call on
     # empty sequences (S, H, 0, W) refuses what the backend would refuse.
-    empty = (t.new_empty((sequences, t.shape[1], 0, t.shape[2])) for t in (q, k, v))
+    empty = [t.new_empty((sequences, t.shape[1], 0, t.shape[2])) for t in (q, k, v)]
     with torch.no_grad():
         attention(*empty, alibi_slopes=alibi_slopes, **options)
+    if backend == "triton":  # one launch: the kernel finds each sequence through the offsets
+        from .triton import launch
+
+        del options["backend"]
+        rules = scores.prepare(*empty, alibi_slopes=alibi_slopes, **options).rules
+        out, lse = launch.varlen_attention(
+            q, k, v, cu_q, cu_k, rules, alibi_slopes, align == "bottom-right"
+        )
+        return AttentionOutput(out, lse) if return_lse else out
     outs, lses = [], []
     for s in range(sequences):
         rows, cols = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])

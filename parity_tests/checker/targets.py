@@ -7,7 +7,8 @@ with each backend that runs forward and backward there (forward-only where only 
 FlexAttention on CPU); ``nn.MultiheadAttention`` through an adapter (identity projections), with
 ``need_weights=True`` and ``False``; and, where installed, the real third-party kernels of
 ``checker.third_party``: FlexAttention itself (the "flex" spec; eager, and compiled in a child
-process) and Hugging Face's attention functions. A backend that cannot take a small plain problem
+process) and Hugging Face's attention functions; on CUDA, the project's own Triton kernel behind
+flash-attn's signatures (``triton_targets``). A backend that cannot take a small plain problem
 on the device is left out (found by trying one). Compiled targets compile once per shape and
 dtype (~10-40 s each on a 2-core CPU), so they run a few cases in float32 (``Target.cases``).
 
@@ -26,6 +27,7 @@ Tests: tests/checker/test_targets.py
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import re
 import warnings
@@ -214,7 +216,7 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         available = tuple(d for d in dtypes if _backend_runs(backend, device, d))
         if available:
             targets.append(Target(f"sdpa[{name}]", forced_sdpa(backend), available))
-    for name in BACKENDS:
+    for name in (backend for backend in BACKENDS if backend != "triton"):  # triton_targets
         available = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, True))
         forward = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, False))
         kernel = torch_attention_kernel(name)
@@ -245,7 +247,26 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         targets.append(
             Target("ring_attention", ring_attention, dtypes, "ring", cases=ring_cases, world_size=2)
         )
-    return targets + third_party_targets(device, dtypes)
+    return targets + triton_targets(device, dtypes) + third_party_targets(device, dtypes)
+
+
+def triton_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
+    """The project's Triton kernel behind flash-attn's signatures, on a CUDA device where Triton
+    is installed. Never on CPU: there it runs only under Triton's interpreter, minutes per
+    battery (docs/triton-kernel.md has the opt-in command)."""
+    dtypes = tuple(d for d in dtypes if d != "float64")  # the kernel refuses float64
+    cuda = torch.device(device).type == "cuda"
+    if not cuda or not dtypes or importlib.util.find_spec("triton") is None:
+        return []
+    return [
+        Target("triton:flash_attn_func", "torch_attention.triton:flash_attn_func", dtypes, "flash"),
+        Target(
+            "triton:flash_attn_varlen_func",
+            "torch_attention.triton:flash_attn_varlen_func",
+            dtypes,
+            "flash_varlen",
+        ),
+    ]
 
 
 _CASES = {case.name: case for case in DEFAULT + STRESS + RING}

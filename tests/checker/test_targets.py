@@ -6,6 +6,7 @@ their libraries do."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
@@ -157,3 +158,15 @@ def test_a_backend_that_cannot_run_on_the_device_is_left_out(monkeypatch):
     names = [target.name for target in builtin_targets("cpu", DTYPES)]
 
     assert "torch_attention[math]" in names and "torch_attention[never]" not in names
+
+
+def test_the_triton_kernel_is_a_target_on_cuda_only():
+    on_cuda = targets.triton_targets("cuda", ("float32", "float64"))
+
+    assert targets.triton_targets("cpu", DTYPES) == []
+    assert not any("triton" in target.name for target in builtin_targets("cpu", DTYPES))
+    if importlib.util.find_spec("triton") is not None:
+        assert [(t.spec, t.dtypes) for t in on_cuda] == [
+            ("flash", ("float32",)),
+            ("flash_varlen", ("float32",)),
+        ]
