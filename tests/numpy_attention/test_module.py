@@ -40,6 +40,7 @@ LAYERS = {
     "CrossAttention": ((C, 2), {"attn_drop": 0.2, "out_drop": 0.3, "bias": False,
                                 "causal": True}, [(B, N, C), (B, M, C)]),
     "RMSNorm": ((C,), {"eps": 1e-5}, [(B, N, C)]),
+    "LayerNorm": ((C,), {"eps": 1e-5, "weight_offset": 1.0}, [(B, N, C)]),
     "GroupedQueryAttention": ((C, 2, 1), {"head_dim": 2, "bias": True, "out_bias": True,
                                "rope_theta": 500.0, "inv_freq": None, "rope_attention_factor": 1.1,
                                "rope_interleaved": True, "qk_norm": True, "norm_eps": 1e-5,
