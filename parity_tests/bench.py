@@ -34,6 +34,11 @@ Tests: tests/parity/test_bench.py.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # one line and exit 2, not a traceback, where torch is missing
+    from parity_tests.cli import exit_without_torch
+
+    exit_without_torch("python -m parity_tests.bench")
+
 import argparse
 import math
 import os

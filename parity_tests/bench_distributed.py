@@ -33,6 +33,11 @@ tests/torch_attention/test_distributed.py.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # one line and exit 2, not a traceback, where torch is missing
+    from parity_tests.cli import exit_without_torch
+
+    exit_without_torch("python -m parity_tests.bench_distributed")
+
 import argparse
 import math
 import os

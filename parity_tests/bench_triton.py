@@ -29,6 +29,11 @@ Tests: tests/parity/test_bench_triton.py.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # one line and exit 2, not a traceback, where torch is missing
+    from parity_tests.cli import exit_without_torch
+
+    exit_without_torch("python -m parity_tests.bench_triton")
+
 import argparse
 import os
 import sys

@@ -98,6 +98,15 @@ def _main(argv: list[str], prog: str) -> int:
         return 130
 
 
+def exit_without_torch(prog: str) -> None:
+    """Exit with status 2 and one line naming what to install when torch cannot be imported: the
+    guard of the ``python -m parity_tests.bench*`` entry points, run before they import torch."""
+    missing = _torch_missing()
+    if missing is not None:
+        print(f"{prog}: error: {missing}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _torch_missing() -> str | None:
     """Why torch cannot be imported here (one line naming what to install), or None."""
     try:

@@ -515,8 +515,9 @@ class Missing:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 sys.meta_path.insert(0, Missing())
-sys.argv = ["parity_tests", *sys.argv[1:]]
-runpy.run_module("parity_tests", run_name="__main__", alter_sys=True)
+module = sys.argv[1]
+sys.argv = [module, *sys.argv[2:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
@@ -525,7 +526,7 @@ runpy.run_module("parity_tests", run_name="__main__", alter_sys=True)
     [([], 2), (["--kernel", SDPA], 2), (["--list-cases"], 2), (["--version"], 0)],
 )
 def test_without_torch_the_cli_says_what_to_install_in_one_line(argv, code):
-    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *argv],
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, "parity_tests", *argv],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
 
     assert result.returncode == code, result.stderr
@@ -537,6 +538,19 @@ def test_without_torch_the_cli_says_what_to_install_in_one_line(argv, code):
         ]
     else:
         assert result.stdout == f"attention-parity {parity_tests.__version__}\n"
+
+
+@pytest.mark.parametrize("module", ["bench", "bench_distributed", "bench_triton"])
+def test_without_torch_the_benchmarks_say_what_to_install_in_one_line(module):
+    name = f"parity_tests.{module}"
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, name],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"python -m {name}: error: torch is not installed, and this command needs it: "
+        'pip install ".[torch]"'
+    ]
 
 
 @pytest.mark.parametrize(
