@@ -34,6 +34,7 @@ import numpy as np
 
 from . import validation
 from .functional import (
+    AttentionOutput,
     HeadsCtx,
     attention_backward,
     attention_forward,
@@ -46,6 +47,7 @@ from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import RMSNorm
+from .paged import PagedKVCache
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
 
 __all__ = [
@@ -134,6 +136,15 @@ class KVCache:
         self.v[:, :, start:stop] = v
         self._length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
+    ) -> AttentionOutput:
+        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
+        ``attention_forward(q, keys, values, **options)``. The cache's side of the layer's
+        protocol, shared with ``paged.PagedKVCache.attend`` (which reads its keys from pages)."""
+        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
+        return attention_forward(q, keys, values, **options)
 
     def reset(self) -> None:
         """Forget every cached position (a new sequence); the arrays are kept."""
@@ -285,7 +296,7 @@ class GroupedQueryAttention(Module):
         *,
         positions: Any = None,
         key_padding_mask: np.ndarray | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         attn_dropout_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         """Causal self-attention of x's tokens over the cache's and their own.
@@ -296,10 +307,11 @@ class GroupedQueryAttention(Module):
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype: this call's keys and
-                values are appended and the queries attend with ``align="bottom-right"`` (token
-                i of x sits at position ``cache.length + i`` of the key axis). No backward
-                follows a forward with a cache.
+            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype, or a
+                ``PagedKVCache`` of its (H_kv, D) and dtype (equal results): this call's keys
+                and values are appended and the queries attend with ``align="bottom-right"``
+                (token i of x sits at position ``cache.length + i`` of the key axis). No
+                backward follows a forward with a cache.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
 
         Returns:
@@ -309,8 +321,10 @@ class GroupedQueryAttention(Module):
         b, n, _ = x.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            if not isinstance(cache, (KVCache, PagedKVCache)):
+                raise TypeError(
+                    f"cache must be a KVCache or a PagedKVCache, got {type(cache).__name__}"
+                )
             cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype)
             start = cache.length
         m = start + n
@@ -339,7 +353,7 @@ class GroupedQueryAttention(Module):
         positions: np.ndarray,
         padding: np.ndarray | None,
         keep: np.ndarray | None,
-        cache: KVCache | None,
+        cache: KVCache | PagedKVCache | None,
     ) -> tuple[np.ndarray, _GroupedCtx]:
         """The forward chain (see the module docstring); inputs already checked."""
         rope: dict[str, Any] = {
@@ -354,9 +368,9 @@ class GroupedQueryAttention(Module):
             q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
-        if cache is not None:
-            k, v = cache.append(k, v)  # -> (B, H_kv, M, D), everything cached so far
-        attn = attention_forward(
+        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
+        attend = attention_forward if cache is None else cache.attend
+        attn = attend(
             q,
             k,
             v,
