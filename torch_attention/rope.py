@@ -109,3 +109,19 @@ def rope(
         return pairs.flatten(-2)  # -> (..., N, D)
     a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)
+
+
+def rotate_pairs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """The rotation of ``rope`` with the tables given instead of built from positions:
+    (a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D); the twin of
+    ``numpy_attention.rope.rotate_pairs``. cos and sin (..., N, D/2) broadcast against x's
+    leading axes. No checks: the caller has made them.
+    """
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., N, D/2) each
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)

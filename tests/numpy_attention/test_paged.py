@@ -298,7 +298,7 @@ BAD = {
     "negative length": ({"cache_seqlens": np.array([0, -1, 1], np.int32)}, ValueError,
                         r"sequence 1: cache_seqlens is negative \(-1\)"),
     "float table": ({"block_table": "float"}, TypeError,
-                    "block_table must be an integer array, got dtype float64"),
+                    r"block_table must be an integer array, got dtype (torch\.)?float64"),
     "float seqlens": ({"cache_seqlens": np.array([0.0, 1.0, 2.0])}, TypeError,
                       "cache_seqlens must be an integer array"),
     "leftpad with pages": ({"cache_leftpad": np.zeros(3, np.int32)}, ValueError,
