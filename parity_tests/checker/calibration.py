@@ -30,10 +30,12 @@ from ..tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
 from .calls import TENSORS
 from .decode import CACHES
 from .kernels import check_kernel
-from .pitfalls import PITFALLS
+from .pitfalls import PITFALLS as ATTENTION_PITFALLS
 from .pitfalls_decode import DECODE_PITFALLS
 from .targets import builtin_targets, expected_failure
 
+# Every pitfall, of every spec.
+PITFALLS = {**ATTENTION_PITFALLS, **DECODE_PITFALLS}
 # The tensors whose ratios the tables show: the attention specs' and the decode specs'.
 TRACKED = TENSORS + ("lse", *CACHES)
 
@@ -75,7 +77,7 @@ def calibrate(
     ]
     pitfalls = {
         name: pitfall
-        for name, pitfall in {**PITFALLS, **DECODE_PITFALLS}.items()
+        for name, pitfall in PITFALLS.items()
         if specs is None or pitfall.spec in specs
     }
     ratio = {(d, t): _Worst() for d in dtypes for t in TENSORS}

@@ -98,7 +98,10 @@ def check_decode(
 # -- the inputs, the golden and the baseline ----------------------------------------------------
 
 
-@functools.lru_cache(maxsize=64)
+# Both caches hold a whole battery in every dtype (~30 cases x 4), so that each case's golden and
+# baseline are computed once per seed however many kernels are checked (the pitfalls, in the
+# calibration); a decode case's arrays are small (the largest, FlashMLA's, ~2 MB).
+@functools.lru_cache(maxsize=512)
 def decode_inputs(
     case: DecodeCase, dtype: str, device: torch.device, seed: int
 ) -> dict[str, torch.Tensor]:
@@ -126,7 +129,7 @@ class Expected(NamedTuple):
     new_slots: np.ndarray | None
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=512)
 def decode_expected(case: DecodeCase, dtype: str, device: torch.device, seed: int) -> Expected:
     inputs = decode_inputs(case, dtype, device, seed)
     arrays = {

@@ -144,15 +144,19 @@ class DecodeCase:
 
     @property
     def shape(self) -> dict[str, int]:
-        """The sizes of the case by legend letter."""
+        """The sizes of the case by legend letter, as the reports show every case's: B, H, N
+        (s_q), M (the most keys a sequence attends), D, Dv; and the decode call's own: s_new,
+        H_kv, P (0 for a contiguous cache)."""
+        flash_kvcache = self.spec == "flash_kvcache"
         return {
             "B": self.batch,
-            "s_q": self.s_q,
-            "s_new": self.s_new,
             "H": self.heads,
-            "H_kv": self.heads_kv,
+            "N": self.s_q,
+            "M": max((n + self.s_new if flash_kvcache else n) for n in self.seqlens),
             "D": self.d,
             "Dv": self.dv,
+            "s_new": self.s_new,
+            "H_kv": self.heads_kv,
             "P": self.page_size or 0,
         }
 
