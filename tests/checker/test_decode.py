@@ -78,6 +78,20 @@ def test_what_a_kernel_gets_wrong_is_flagged_where(change, tensor, verdict, deta
     assert row.verdict == verdict and detail in row.detail
 
 
+def test_without_new_tokens_the_caches_are_inputs_that_must_not_change():
+    case = next(c for c in KVCACHE if c.page_size and not c.s_new)
+
+    report = check_kernel(_wrapped(_touch_a_slot), spec="flash_kvcache", dtypes=["float32"],
+                          cases=[case.name])  # fmt: skip
+
+    (row,) = report.failures
+    assert (row.tensor, row.verdict, row.detail) == (
+        "k_cache",
+        "inplace",
+        "k_cache changed in place by the kernel",
+    )
+
+
 def test_cases_needing_an_undeclared_feature_are_not_run():
     plain, rich = KVCACHE[0], KVCACHE[1]
 
