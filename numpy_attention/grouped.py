@@ -18,6 +18,10 @@ x feeds the query, key and value paths, so dx = dxq + dxk + dxv. ``rope_forward`
 ``rope_backward`` and ``RMSNorm`` live on the layers floor (``rope.py``, ``norms.py``) and are
 importable from here too.
 
+Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
+everything cached: a contiguous ``KVCache`` here, or pages, ``paged.PagedKVCache`` (equal
+results; docs/decoding.md).
+
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place, the cache),
 docs/derivations/rope.md, docs/derivations/rmsnorm.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode

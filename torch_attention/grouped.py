@@ -21,6 +21,9 @@ input's dtype. The attention itself runs on ``backend`` (``functional.attention`
 refuses softcap and sinks, and ``"flex"`` runs every option but, on CPU, only without a backward
 (decoding with the cache runs under ``torch.no_grad()``).
 
+Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCache`` here, or
+pages, ``paged.PagedKVCache`` (equal results; docs/decoding.md).
+
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_registry.py; against transformers in tests/parity/test_hf_models.py.
