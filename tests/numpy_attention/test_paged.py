@@ -407,7 +407,8 @@ def test_reserve_then_a_kernel_then_advance(rng):
             (2, 2, 5, D),
             np.float64,
             ValueError,
-            "cache is full: 2 sequences of 2 tokens need 6 more pages of 2 for 5 new tokens, 2 are free",
+            "cache is full: 2 sequences of 2 tokens need 6 more pages of 2 for 5 new tokens, "
+            "2 are free",
         ),
         ((3, 2, 1, D), np.float64, ValueError, r"\(2, 2, N, 8\), got \(3, 2, 1, 8\)"),
         ((2, 1, 1, D), np.float64, ValueError, r"\(2, 2, N, 8\), got \(2, 1, 1, 8\)"),
