@@ -182,19 +182,44 @@ def kvcache_attention_forward(
 def _rotated(
     call: _Call, q: np.ndarray, k: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """q and the new keys with their first rotary_dim coordinates rotated (in the compute dtype,
-    then rounded to the inputs' dtype, as the cache stores them); unchanged without rotary."""
+    """q and the new keys rotated as the call says; unchanged without rotary."""
     if call.rotary is None or k is None:
         return q, k
-    cos, sin = call.rotary
-    width = 2 * cos.shape[-1]
-    offsets = np.arange(q.shape[1]) if call.q_moves else np.zeros(q.shape[1], np.int64)
+    return rotate_new_tokens(
+        q, k, *call.rotary, call.seqlens, moves=call.q_moves, interleaved=call.interleaved
+    )
+
+
+def rotate_new_tokens(
+    q: np.ndarray,
+    k: np.ndarray,
+    rotary_cos: np.ndarray,
+    rotary_sin: np.ndarray,
+    cache_seqlens: np.ndarray,
+    *,
+    moves: bool,
+    interleaved: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """flash-attn's rotary of a decode call: the new key i of sequence b at position
+    cache_seqlens[b] + i; query i there too when ``moves`` (causal or windowed), else at
+    cache_seqlens[b]. Only the first rotary_dim = 2 * rotary_cos.shape[1] coordinates turn.
+
+    Args: q (B, s_q, H, D), k (B, s_new, H_kv, D), rotary_cos and rotary_sin (seqlen_ro,
+        rotary_dim / 2) in the compute dtype, cache_seqlens (B,) integers; no checks (the
+        caller's).
+
+    Returns:
+        q and k rotated in the tables' dtype, then rounded to their own (as a cache stores keys
+        and flash-attn's kernel reads the rotated query).
+    """
+    width = 2 * rotary_cos.shape[-1]
+    offsets = np.arange(q.shape[1]) if moves else np.zeros(q.shape[1], np.int64)
     rotated = []
     for x, steps in ((q, offsets), (k, np.arange(k.shape[1]))):
-        positions = call.seqlens[:, None] + steps[None, :]  # (B, s)
-        tables = cos[positions][:, :, None], sin[positions][:, :, None]  # (B, s, 1, rot / 2)
-        part = x[..., :width].astype(call.compute)
-        turned = rotate_pairs(part, *tables, interleaved=call.interleaved)
+        positions = np.asarray(cache_seqlens)[:, None] + steps[None, :]  # (B, s)
+        cos, sin = rotary_cos[positions][:, :, None], rotary_sin[positions][:, :, None]
+        part = x[..., :width].astype(rotary_cos.dtype)  # cos, sin: (B, s, 1, rot / 2)
+        turned = rotate_pairs(part, cos, sin, interleaved=interleaved)
         rotated.append(np.concatenate([turned.astype(x.dtype), x[..., width:]], axis=-1))
     return rotated[0], rotated[1]
 
