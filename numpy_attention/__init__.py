@@ -15,6 +15,7 @@ from . import (
     masks,
     merge,
     norms,
+    paged,
     rope,
     scores,
     state,
@@ -40,6 +41,7 @@ from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
 from .norms import LayerNorm, RMSNorm
+from .paged import KVCacheOutput, PagedKVCache, kvcache_attention_forward
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .state import load_module, save_module
@@ -99,4 +101,8 @@ __all__ = [
     "rope_backward",
     "rope_forward",
     "rope_inv_freq",
+    "paged",
+    "KVCacheOutput",
+    "PagedKVCache",
+    "kvcache_attention_forward",
 ]

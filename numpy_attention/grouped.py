@@ -22,6 +22,10 @@ past ``original_max_positions``). x feeds the query, key and value paths, so
 dx = dxq + dxk + dxv. ``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on
 the layers floor (``rope.py``, ``norms.py``) and are importable from here too.
 
+Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
+everything cached: a contiguous ``KVCache`` here, or pages, ``paged.PagedKVCache`` (equal
+results; docs/decoding.md).
+
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md.
@@ -39,6 +43,7 @@ import numpy as np
 
 from . import validation
 from .functional import (
+    AttentionOutput,
     HeadsCtx,
     attention_backward,
     attention_forward,
@@ -51,6 +56,7 @@ from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm
+from .paged import PagedKVCache
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
 
 __all__ = [
@@ -140,6 +146,15 @@ class KVCache:
         self.v[:, :, start:stop] = v
         self._length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
+    ) -> AttentionOutput:
+        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
+        ``attention_forward(q, keys, values, **options)``. The cache's side of the layer's
+        protocol, shared with ``paged.PagedKVCache.attend`` (which reads its keys from pages)."""
+        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
+        return attention_forward(q, keys, values, **options)
 
     def reset(self) -> None:
         """Forget every cached position (a new sequence); the arrays are kept."""
@@ -324,7 +339,7 @@ class GroupedQueryAttention(Module):
         *,
         positions: Any = None,
         key_padding_mask: np.ndarray | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         attn_dropout_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         """Causal self-attention of x's tokens over the cache's and their own.
@@ -335,10 +350,11 @@ class GroupedQueryAttention(Module):
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype: this call's keys and
-                values are appended and the queries attend with ``align="bottom-right"`` (token
-                i of x sits at position ``cache.length + i`` of the key axis). No backward
-                follows a forward with a cache.
+            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype, or a
+                ``PagedKVCache`` of its (H_kv, D) and dtype (equal results): this call's keys
+                and values are appended and the queries attend with ``align="bottom-right"``
+                (token i of x sits at position ``cache.length + i`` of the key axis). No
+                backward follows a forward with a cache.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
 
         Returns:
@@ -348,8 +364,10 @@ class GroupedQueryAttention(Module):
         b, n, _ = x.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            if not isinstance(cache, (KVCache, PagedKVCache)):
+                raise TypeError(
+                    f"cache must be a KVCache or a PagedKVCache, got {type(cache).__name__}"
+                )
             cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype)
             start = cache.length
         m = start + n
@@ -378,7 +396,7 @@ class GroupedQueryAttention(Module):
         positions: np.ndarray,
         padding: np.ndarray | None,
         keep: np.ndarray | None,
-        cache: KVCache | None,
+        cache: KVCache | PagedKVCache | None,
     ) -> tuple[np.ndarray, _GroupedCtx]:
         """The forward chain (see the module docstring); inputs already checked."""
         rope: dict[str, Any] = {
@@ -396,9 +414,9 @@ class GroupedQueryAttention(Module):
         v, v_heads = split_heads_forward(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
-        if cache is not None:
-            k, v = cache.append(k, v)  # -> (B, H_kv, M, D), everything cached so far
-        attn = attention_forward(
+        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
+        attend = attention_forward if cache is None else cache.attend
+        attn = attend(
             q,
             k,
             v,

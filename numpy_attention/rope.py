@@ -192,3 +192,16 @@ def _rotate(
     out[..., first] = a * cos - b * sin
     out[..., second] = a * sin + b * cos
     return out
+
+
+def rotate_pairs(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool = False
+) -> np.ndarray:
+    """The rotation of ``rope_forward`` with the tables given instead of built from positions:
+    (a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D), in x's dtype.
+
+    For callers that hold cos and sin already (flash-attn's ``rotary_cos``/``rotary_sin``,
+    ``numpy_attention.paged``); cos and sin (..., N, D/2) broadcast against x's leading axes.
+    No checks: the caller has made them.
+    """
+    return _rotate(x, cos, sin, interleaved, x.shape[-1])

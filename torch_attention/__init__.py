@@ -12,7 +12,7 @@ width, D head width, Dv value head width.
 Tests: tests/torch_attention/ (one test file per module, test_X.py for X.py).
 """
 
-from . import functional, fused, grouped, latent, masks
+from . import functional, fused, grouped, latent, masks, paged
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -27,6 +27,7 @@ from .latent import LatentCache, MultiHeadLatentAttention
 from .layers import Dropout, Linear
 from .merge import merge_attention
 from .norms import LayerNorm, RMSNorm
+from .paged import KVCacheOutput, PagedKVCache, kvcache_attention
 from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
 from .varlen import varlen_attention
@@ -63,4 +64,8 @@ __all__ = [
     "to_numpy",
     "varlen",
     "varlen_attention",
+    "paged",
+    "KVCacheOutput",
+    "PagedKVCache",
+    "kvcache_attention",
 ]

@@ -24,6 +24,9 @@ input's dtype. The attention itself runs on ``backend`` (``functional.attention`
 refuses softcap and sinks, and ``"flex"`` runs every option but, on CPU, only without a backward
 (decoding with the cache runs under ``torch.no_grad()``).
 
+Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCache`` here, or
+pages, ``paged.PagedKVCache`` (equal results; docs/decoding.md).
+
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
@@ -44,6 +47,7 @@ from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm
+from .paged import PagedKVCache
 from .rope import check_positions, rope, rope_inv_freq
 
 __all__ = [
@@ -150,6 +154,13 @@ class KVCache:
         self.v[:, :, start:stop] = v.detach()
         self._length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
+        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
+        ``functional.attention(q, keys, values, **options)``. The cache's side of the layer's
+        protocol, shared with ``paged.PagedKVCache.attend`` (which reads its keys from pages)."""
+        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
+        return attention(q, keys, values, **options)
 
     def reset(self) -> None:
         """Forget every cached position (a new sequence); the tensors are kept."""
@@ -274,7 +285,7 @@ class GroupedQueryAttention(Module):
         *,
         positions: Any = None,
         key_padding_mask: Any = None,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         attn_dropout_mask: Any = None,
     ) -> torch.Tensor:
         """Causal self-attention of x's tokens over the cache's and their own.
@@ -285,8 +296,10 @@ class GroupedQueryAttention(Module):
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``KVCache`` of this layer's (B, H_kv, D), dtype and device: this call's keys
-                and values are appended and the queries attend with ``align="bottom-right"``.
+            cache: a ``KVCache`` of this layer's (B, H_kv, D), dtype and device, or a
+                ``PagedKVCache`` of its (H_kv, D), dtype and device (equal results): this call's
+                keys and values are appended and the queries attend with
+                ``align="bottom-right"``.
                 A forward with a cache runs under ``torch.no_grad()`` (inference only).
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
 
@@ -297,8 +310,10 @@ class GroupedQueryAttention(Module):
         b, n, _ = x.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            if not isinstance(cache, (KVCache, PagedKVCache)):
+                raise TypeError(
+                    f"cache must be a KVCache or a PagedKVCache, got {type(cache).__name__}"
+                )
             cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype, x.device)
             start = cache.length
         m = start + n
@@ -323,7 +338,7 @@ class GroupedQueryAttention(Module):
         positions: torch.Tensor,
         padding: torch.Tensor | None,
         keep: torch.Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | PagedKVCache | None,
     ) -> torch.Tensor:
         """The forward chain (see the module docstring); inputs already checked."""
         rotation: dict[str, Any] = {
@@ -341,9 +356,9 @@ class GroupedQueryAttention(Module):
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
-        if cache is not None:
-            k, v = cache.append(k, v)  # -> (B, H_kv, M, D), everything cached so far
-        heads = attention(
+        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
+        attend = attention if cache is None else cache.attend
+        heads = attend(
             q,
             k,
             v,

@@ -106,13 +106,7 @@ def rope(
         shape = cos.shape[:1] + (1,) * (x.ndim - 3) + cos.shape[1:]
         cos, sin = cos.reshape(shape), sin.reshape(shape)
     turned, passed = x[..., :rotary], x[..., rotary:]  # (..., N, R), (..., N, D - R)
-    if interleaved:
-        a, b = turned[..., 0::2], turned[..., 1::2]  # (..., N, R/2) each
-        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, R/2, 2)
-        turned = pairs.flatten(-2)  # -> (..., N, R)
-    else:
-        a, b = turned[..., :half], turned[..., half:]
-        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, R)
+    turned = rotate_pairs(turned, cos, sin, interleaved=interleaved)
     return torch.cat((turned, passed), dim=-1)  # (..., N, D)
 
 
@@ -133,3 +127,20 @@ def check_rotary_dim(rotary_dim: Any, x_shape: tuple[int, ...]) -> int:
             f"shape {x_shape}, got {rotary}"
         )
     return rotary
+
+
+def rotate_pairs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """The rotation of ``rope`` with the tables given instead of built from positions:
+    (a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D); the twin of
+    ``numpy_attention.rope.rotate_pairs``. cos and sin (..., N, D/2) broadcast against x's
+    leading axes. No checks: the caller has made them.
+    """
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., N, D/2) each
+        pairs = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D/2, 2)
+        return pairs.flatten(-2)  # -> (..., N, D)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)

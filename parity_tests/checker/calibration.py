@@ -13,7 +13,8 @@ its spec), and prints, as Markdown tables for docs/kernel-verification.md:
   rows) ``error / bound`` or ``rms_error / rms_bound``. Above 1 on every seed means the pitfall is
   always caught.
 
-Rows of known failures (``targets.EXPECTED_FAILURES``), skipped and not-run cases are left out.
+The tables cover out, dq, dk, dv, and the decode specs' lse and caches (``TRACKED``). Rows of
+known failures (``targets.EXPECTED_FAILURES``), skipped and not-run cases are left out.
 
 Tests: tests/checker/test_calibration.py
 """
@@ -27,9 +28,16 @@ from typing import Any
 
 from ..tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
 from .calls import TENSORS
+from .decode import CACHES
 from .kernels import check_kernel
-from .pitfalls import PITFALLS
+from .pitfalls import PITFALLS as ATTENTION_PITFALLS
+from .pitfalls_decode import DECODE_PITFALLS
 from .targets import builtin_targets, expected_failure
+
+# Every pitfall, of every spec.
+PITFALLS = {**ATTENTION_PITFALLS, **DECODE_PITFALLS}
+# The tensors whose ratios the tables show: the attention specs' and the decode specs'.
+TRACKED = TENSORS + ("lse", *CACHES)
 
 
 @dataclass
@@ -51,22 +59,34 @@ def calibrate(
     battery: str,
     progress: Any,
     emit: Callable[[str], None],
+    specs: tuple[str, ...] | None = None,
 ) -> int:
     """Run the measurement on ``battery`` over ``range(seeds)`` and emit the tables.
 
     Returns 0 when the constants hold (no correct kernel fails a row, every pitfall is flagged
-    on every seed and dtype), else 1. ``progress`` is the CLI's progress display.
+    on every seed and dtype), else 1. ``progress`` is the CLI's progress display. ``specs``
+    keeps the targets and pitfalls of those specs only (None: all; the decode specs' own
+    command, ``python -m parity_tests.checker.decode_calibration``, keeps theirs).
     """
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
-    correct = [target for target in builtin_targets(device, dtypes) if not target.isolate]
+    correct = [
+        target
+        for target in builtin_targets(device, dtypes)
+        if not target.isolate and (specs is None or target.spec in specs)
+    ]
+    pitfalls = {
+        name: pitfall
+        for name, pitfall in PITFALLS.items()
+        if specs is None or pitfall.spec in specs
+    }
     ratio = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     floor = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     bias = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     bias_bound = {(d, t): _Worst() for d in dtypes for t in TENSORS}
     failed: list[str] = []
     weakest = {
-        (name, d): _Worst() for name, pitfall in PITFALLS.items() for d in dtypes
+        (name, d): _Worst() for name, pitfall in pitfalls.items() for d in dtypes
         if d in pitfall.dtypes
     }  # fmt: skip
     for seed in range(seeds):
@@ -81,16 +101,21 @@ def calibrate(
                 where = f"{target.name} {row.case} seed {seed}"
                 if row.failed:
                     failed.append(f"{where} {row.dtype} {row.tensor}: {row.verdict} {row.detail}")
-                if row.tensor in TENSORS:
+                if row.tensor in TRACKED:
                     factor = OUTPUT_FACTOR if row.tensor == "out" else GRAD_FACTOR
                     key = (row.dtype, row.tensor)
-                    ratio[key].see(row.error / max(row.baseline, 1e-300), where)
-                    floor[key].see(
+                    ratio.setdefault(key, _Worst()).see(
+                        row.error / max(row.baseline, 1e-300), where
+                    )
+                    floor.setdefault(key, _Worst()).see(
                         (row.error - factor * row.baseline) / max(row.golden_max, 1e-300), where
                     )
-                    bias[key].see(row.rms_error / max(row.rms_baseline, 1e-300), where)
-                    bias_bound[key].see(row.bias_ratio, where)
-        for name, pitfall in PITFALLS.items():
+                    if not math.isnan(row.rms_error):  # lse has no bias statistic
+                        bias.setdefault(key, _Worst()).see(
+                            row.rms_error / max(row.rms_baseline, 1e-300), where
+                        )
+                        bias_bound.setdefault(key, _Worst()).see(row.bias_ratio, where)
+        for name, pitfall in pitfalls.items():
             report = check_kernel(
                 pitfall.kernel, spec=pitfall.spec, device=device, dtypes=dtypes, cases=battery,
                 seed=seed,
@@ -128,6 +153,8 @@ def _emit_bias(emit, bias, bias_bound) -> None:
     emit("| dtype | tensor | worst rms ratio | where | worst rms error / bound | where |")
     emit("|---|---|---|---|---|---|")
     for (dtype, tensor), worst in bias.items():
+        if worst.value == -math.inf:
+            continue
         bound = bias_bound[dtype, tensor]
         emit(
             f"| {dtype} | {tensor} | {worst.value:.2f} | {worst.where} | {bound.value:.2f} | "
@@ -144,9 +171,11 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
     emit("| dtype | tensor | worst ratio | where | floor needed | where | FLOOR |")
     emit("|---|---|---|---|---|---|---|")
     for (dtype, tensor), worst in ratio.items():
+        if worst.value == -math.inf:  # not measured (a tensor of specs not calibrated)
+            continue
         need = floor[dtype, tensor]
         emit(
-            f"| {dtype} | {tensor} | {worst.value:.2f} | {worst.where} | "
+            f"| {dtype} | {tensor} | {worst.value:.3g} | {worst.where} | "
             f"{need.value:.1e} | {need.where} | {FLOOR[dtype]:.0e} |"
         )
     emit(
@@ -155,6 +184,6 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
     )
     emit("| pitfall | " + " | ".join(dtypes) + " |")
     emit("|---|" + "---|" * len(dtypes))
-    for name in PITFALLS:
+    for name in dict.fromkeys(name for name, _ in weakest):
         cells = [f"{-weakest[name, d].value:.3g}" if (name, d) in weakest else "-" for d in dtypes]
         emit(f"| {name} | " + " | ".join(cells) + " |")

@@ -43,6 +43,7 @@ from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
 from .battery import Case, resolve
 from .calls import Kernel, Request, judge_outcome, run_case
+from .decode import check_decode
 from .expected import DTYPES
 from .isolation import IsolatedKernel
 from .judge import unmeasured
@@ -67,6 +68,7 @@ def check_kernel(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     world_size: int | None = None,
+    mla_metadata: Callable[..., Any] | None = None,
 ) -> KernelReport:
     """Run ``kernel`` on every case and dtype and judge it against the float64 golden.
 
@@ -78,7 +80,9 @@ def check_kernel(
             (B, H, N, D), returning (B, H, N, Dv) in the inputs' dtype, differentiable by
             autograd (``enable_gqa`` is passed only to cases with fewer KV heads). Dropout must
             draw from torch's default generator (the checker reads the keep-mask back).
-        spec: "sdpa", "flash", "flash_varlen", "flex" or "ring".
+        spec: "sdpa", "flash", "flash_varlen", "flex", "ring", or a decode spec,
+            "flash_kvcache" or "flash_mla" (``checker.decode``: their own battery, forward
+            only by nature; ``cases`` None, "default" or "quick" runs it).
         features: the options the kernel claims (``specs.FEATURES``); None is the spec's
             default set. A case needing an undeclared feature is "not run"; "lse" asks the
             kernel for lse and judges it.
@@ -95,6 +99,9 @@ def check_kernel(
             call; the same seed gives the same verdict.
         progress: called with a short message before each case.
         world_size: ranks of the "ring" spec (default 2); only for that spec.
+        mla_metadata: for "flash_mla", FlashMLA's ``get_mla_metadata`` (or a stand-in):
+            called as ``(cache_seqlens, s_q * H // H_kv, H_kv)``, it gives the kernel's
+            ``tile_scheduler_metadata`` and ``num_splits``; None passes None for both.
 
     Returns:
         A ``KernelReport`` with one row per (case, dtype, tensor); a case where the kernel raised
@@ -118,8 +125,17 @@ def check_kernel(
     names = [_dtype_name(dtype) for dtype in dtypes]
     if not names:
         raise ValueError("dtypes is empty")
+    if spec in specs.DECODE_SPECS:
+        if isolate is not False or world_size is not None:
+            raise ValueError(f"the {spec} spec runs in this process, without ranks")
+        return check_decode(
+            kernel, spec, claimed, torch.device(device), names, cases, seed, progress,
+            mla_metadata,
+        )  # fmt: skip
     battery = battery_for(spec, cases)
     device = torch.device(device)
+    if mla_metadata is not None:
+        raise ValueError(f"mla_metadata is for the flash_mla spec only, not {spec!r}")
     if spec == "ring":
         world = 2 if world_size is None else world_size
         return check_ring(

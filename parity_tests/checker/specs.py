@@ -16,6 +16,9 @@ features (options) it can express.
 - "ring": ``torch_attention.distributed.ring_attention(q, k, v, *, group, causal, scale,
   softcap, window, enable_gqa, layout)`` on spawned gloo ranks (``checker.ring``); shards of
   (B, H, N, D); top-left, N = M.
+- "flash_kvcache" and "flash_mla" (``DECODE_SPECS``): flash-attn's ``flash_attn_with_kvcache``
+  and FlashMLA's ``flash_mla_with_kvcache``, decode kernels over a cache: their own battery
+  (``checker.decode_battery``), calls and verdicts (``checker.decode``).
 
 The checker keeps every case in one canonical layout, (B, H, N, D) (a packed case: (T, H, D)
 and lse (H, T)); a spec moves the inputs into its layout, calls the kernel, and moves the results
@@ -47,8 +50,13 @@ from typing import Any
 import torch
 
 from .battery import Case
+from .decode_battery import DECODE_SPECS
 
 FEATURES = ("mask", "causal", "dropout", "gqa", "window", "softcap", "alibi", "lse", "dv")
+# The decode specs' own options: rotary embedding of the new keys, a paged cache, appending new
+# tokens, left padding, cache rows by batch index, a split count.
+DECODE_FEATURES = ("rotary", "paged", "append", "leftpad", "batch_idx", "splits")
+FEATURES += DECODE_FEATURES
 
 # The features each spec can express; each is also the spec's default set.
 SPEC_FEATURES: dict[str, frozenset[str]] = {
@@ -57,6 +65,10 @@ SPEC_FEATURES: dict[str, frozenset[str]] = {
     "flash_varlen": frozenset({"causal", "window", "softcap", "alibi", "gqa", "lse", "dv"}),
     "flex": frozenset({"mask", "causal", "window", "softcap", "alibi", "gqa", "lse", "dv"}),
     "ring": frozenset({"causal", "window", "softcap", "gqa", "dv"}),
+    "flash_kvcache": frozenset(
+        {"causal", "gqa", "window", "softcap", "alibi", "lse", *DECODE_FEATURES}
+    ),
+    "flash_mla": frozenset({"causal", "lse"}),
 }
 SPECS = tuple(SPEC_FEATURES)
 _ALIGN = {"sdpa": "top-left", "flash": "bottom-right", "flash_varlen": "bottom-right"}
@@ -91,6 +103,8 @@ def resolve_features(spec: str, features: Iterable[str] | str | None) -> frozens
 
 def cannot_express(spec: str, case: Case) -> str | None:
     """Why ``spec``'s signature cannot express ``case`` at all, or None when it can."""
+    if spec in DECODE_SPECS:
+        return f"the {spec} spec runs its own decode battery (checker.decode_battery)"
     if spec == "ring":
         if case.n != case.m or case.packed or case.mask != "none":
             return "the ring spec is self-attention (N = M) with no mask"

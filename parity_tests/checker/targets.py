@@ -8,9 +8,12 @@ FlexAttention on CPU); ``nn.MultiheadAttention`` through an adapter (identity pr
 ``need_weights=True`` and ``False``; and, where installed, the real third-party kernels of
 ``checker.third_party``: FlexAttention itself (the "flex" spec; eager, and compiled in a child
 process) and Hugging Face's attention functions; on CUDA, the project's own Triton kernel behind
-flash-attn's signatures (``triton_targets``). A backend that cannot take a small plain problem
-on the device is left out (found by trying one). Compiled targets compile once per shape and
-dtype (~10-40 s each on a 2-core CPU), so they run a few cases in float32 (``Target.cases``).
+flash-attn's signatures (``triton_targets``). The decode specs' targets (``decode_targets``):
+``torch_attention.paged`` behind flash-attn's ``flash_attn_with_kvcache`` and FlashMLA's
+``flash_mla_with_kvcache``, and, where installed, transformers' paged attention. A backend that
+cannot take a small plain problem on the device is left out (found by trying one). Compiled
+targets compile once per shape and dtype (~10-40 s each on a 2-core CPU), so they run a few cases
+in float32 (``Target.cases``).
 
 A forced backend that refuses a case (the CPU flash kernel has no dropout, say) raises
 ``KernelUnsupported`` with torch's (or torch_attention's) own reason, and the case is skipped for
@@ -42,8 +45,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_attention.distributed import ring_attention
 from torch_attention.functional import BACKENDS, attention
 
-from . import adapters, specs, third_party
+from . import adapters, decode_kernels, specs, third_party
 from .battery import DEFAULT, RING, STRESS
+from .decode_battery import KVCACHE, MLA
 from .kernels import Kernel, check_kernel
 from .report import KernelReport, KernelUnsupported
 
@@ -89,7 +93,7 @@ class Target:
                 name
                 for name in battery
                 if (allowed is None or name in allowed)
-                and specs.cannot_express(self.spec, _CASES[name]) is None
+                and (name not in _CASES or specs.cannot_express(self.spec, _CASES[name]) is None)
             ]
             if not cases:
                 return None
@@ -171,6 +175,11 @@ HF_FLOAT32_SOFTMAX = (
     "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12, and a fully "
     "masked row is NaN (its finfo(float64).min mask is -inf in float32)"
 )
+HF_PAGED_FLOAT32_SOFTMAX = (
+    "transformers' eager paged attention takes its softmax in float32 whatever the inputs' dtype "
+    "(softmax(..., dtype=torch.float32).to(query.dtype)): in float64 every output carries "
+    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12"
+)
 FLEX_COMPILED_DYNAMIC = (
     "torch.compile(flex_attention) on CPU (torch 2.13): once it recompiles with dynamic sizes "
     "(automatic dynamic, after earlier shapes in the same process), Inductor's C++ code for a "
@@ -197,6 +206,10 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
                     detail="CppCompileError", strict=False),
     ExpectedFailure(
         "hf.llama.eager_attention_forward", "*", HF_FLOAT32_SOFTMAX, dtypes=("float64",)
+    ),
+    *(
+        ExpectedFailure("hf.paged.eager", case.name, HF_PAGED_FLOAT32_SOFTMAX, dtypes=("float64",))
+        for case in KVCACHE if case.needs <= decode_kernels.HF_PAGED_FEATURES
     ),
 )  # fmt: skip
 
@@ -247,7 +260,12 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         targets.append(
             Target("ring_attention", ring_attention, dtypes, "ring", cases=ring_cases, world_size=2)
         )
-    return targets + triton_targets(device, dtypes) + third_party_targets(device, dtypes)
+    return (
+        targets
+        + triton_targets(device, dtypes)
+        + third_party_targets(device, dtypes)
+        + decode_targets(device, dtypes)
+    )
 
 
 def triton_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
@@ -324,6 +342,27 @@ def third_party_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> 
                 cases=HF_FLEX_CASES,
             )
         )
+    return targets
+
+
+def decode_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
+    """The decode specs' targets (``checker.decode_kernels``), each running its spec's own
+    battery whatever battery is asked for (none of the stress battery)."""
+    kvcache, mla = tuple(c.name for c in KVCACHE), tuple(c.name for c in MLA)
+    targets = [
+        Target("torch_attention:flash_attn_with_kvcache", decode_kernels.flash_attn_with_kvcache,
+               dtypes, "flash_kvcache", cases=kvcache),
+        Target("torch_attention:flash_mla_with_kvcache", decode_kernels.flash_mla_with_kvcache,
+               dtypes, "flash_mla", cases=mla),
+    ]  # fmt: skip
+    if third_party.transformers_available():
+        features = decode_kernels.HF_PAGED_FEATURES
+        targets += [
+            Target("hf.paged.eager", decode_kernels.hf_paged_eager, dtypes, "flash_kvcache",
+                   features, cases=kvcache),
+            Target("hf.paged.sdpa", decode_kernels.hf_paged_sdpa, dtypes, "flash_kvcache",
+                   features, cases=kvcache),
+        ]  # fmt: skip
     return targets
 
 

@@ -91,6 +91,9 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "MultiHeadLatentAttention.forward": _both("latent", "MultiHeadLatentAttention.forward"),
     "MultiHeadLatentAttention.absorbs": _both("latent", "MultiHeadLatentAttention.absorbs"),
     "LatentCache": _both("latent", "LatentCache"),
+    "kvcache_attention_forward": (f"{NA}.paged.kvcache_attention_forward",),
+    "PagedKVCache": _both("paged", "PagedKVCache"),
+    "attend": (f"{NA}.grouped.KVCache.attend", f"{NA}.paged.PagedKVCache.attend"),
     "numpy_attention.convert.latent_from_hf": (f"{NA}.convert.latent_from_hf",),
     "append": _both("grouped", "KVCache.append"),
     # the kernel checker
@@ -103,6 +106,8 @@ LEFT_OUT: dict[str, str] = {
     "which it mirrors, is a builtin without an introspectable signature",
     "flash_attn_func": "flash-attn's function, a library this project does not install",
     "flash_attn_varlen_func": "flash-attn's function, a library this project does not install",
+    "flash_attn_with_kvcache": "flash-attn's function, a library this project does not install",
+    "flash_mla_with_kvcache": "FlashMLA's function, a library this project does not install",
     "flex_attention": "the flex spec's call of FlexAttention: the arguments the checker passes, "
     "not torch's full signature (torch 2.13 adds kernel_options and return_aux)",
     "numpy_module.load_state_dict": "an example call (load_state_dict's signature is written too)",
@@ -147,6 +152,7 @@ EXTRAS: dict[tuple[str, str], str] = {
        for name in ("attn_dropout_mask", "out_dropout_mask")},
     (f"{TA}.grouped.KVCache", "device"): "(the torch one also takes `device=`)",
     (f"{TA}.latent.LatentCache", "device"): "(the torch one also takes `device=`)",
+    (f"{TA}.paged.PagedKVCache", "device"): "(the torch one also takes `device=`)",
     (f"{NA}.latent.MultiHeadLatentAttention", "rng"): "(`rng=` in NumPy, `backend=` in torch.)",
     (f"{TA}.latent.MultiHeadLatentAttention", "backend"): "(`rng=` in NumPy, `backend=` in torch.)",
 }  # fmt: skip

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from numpy_attention import gradcheck, load_module, no_grad, save_module
 from numpy_attention.grouped import GroupedQueryAttention, KVCache
+from numpy_attention.paged import PagedKVCache
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 from .oracle import attention as oracle_attention
@@ -334,8 +335,10 @@ DECODE = {
 
 @pytest.mark.parametrize("case", list(DECODE))
 @pytest.mark.parametrize("step", [1, 2])
-def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step):
-    """Prefill 3 tokens, then ``step`` tokens at a time: every row as the full forward's."""
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step, paged):
+    """Prefill 3 tokens, then ``step`` tokens at a time: every row as the full forward's, with a
+    contiguous cache or pages of 2 (the two sequences' pages interleave in the pool)."""
     options, kv_heads = DECODE[case]
     n, prefill = 9, 3
     layer = make_layer(rng, kv_heads, **options)
@@ -343,7 +346,9 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step):
     forward = {}
     if case == "left_padding":  # element 0: 2 padding tokens, element 1: 4
         forward["key_padding_mask"], forward["positions"] = left_padded(B, n, [2, 4])
-    cache = KVCache(B, kv_heads, n + 1, D, np.float64)
+    cache: KVCache | PagedKVCache = KVCache(B, kv_heads, n + 1, D, np.float64)
+    if paged:
+        cache = PagedKVCache(B * 5, 2, kv_heads, D, dtype=np.float64)
 
     full = layer(x, **forward)
     outs = []
@@ -587,7 +592,7 @@ def test_weights_of_another_head_dim_are_refused(rng):
         ({"cache": KVCache(B, 1, 8, D, np.float64)}, ValueError, r"\(2, 1, 8, 4\)"),
         ({"cache": KVCache(B, 2, 8, D + 2, np.float64)}, ValueError, r"\(2, 2, 8, 6\)"),
         ({"cache": KVCache(B, 2, 8, D, np.float32)}, TypeError, "holds float32.*float64"),
-        ({"cache": "cache"}, TypeError, "cache must be a KVCache, got str"),
+        ({"cache": "cache"}, TypeError, "cache must be a KVCache or a PagedKVCache, got str"),
     ],
 )
 def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward, error, match):

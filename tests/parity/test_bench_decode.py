@@ -11,13 +11,19 @@ import numpy as np
 import pytest
 
 from parity_tests import bench_decode
-from parity_tests.bench_decode import CACHE, PREFILL, decode_lines, targets
+from parity_tests.bench_decode import CACHE, PAGE_SIZES, PREFILL, decode_lines, targets
 
 MIB = 2**20
 
 
-def _rows(numpy_decode: float = 3.0, numpy_prefill: float = 1.0) -> dict:
+def _rows(
+    numpy_decode: float = 3.0, numpy_prefill: float = 1.0, paged: tuple = (3.0, 3.75)
+) -> dict:
     return {
+        **{f"numpy paged {page} decode": t for page, t in zip(PAGE_SIZES, paged, strict=True)},
+        "attention contiguous": 0.5,
+        **{f"attention pages {page} in order": 0.5 for page in PAGE_SIZES},
+        **{f"attention pages {page} shuffled": 1.0 for page in PAGE_SIZES},
         "numpy decode": numpy_decode,
         "torch decode": 2.0,
         "numpy prefill": numpy_prefill,
@@ -46,6 +52,11 @@ def test_decode_lines_put_each_figure_in_its_row():
         f"| prefill of {PREFILL} tokens | 1 s | 1 s | 1.00x | 100 MiB |",
     ]
     assert lines[9] == f"The cache (keys and values of {CACHE + 1} tokens, one layer) holds 64 MiB."
+    assert lines[-4:-1] == [
+        "| contiguous | 3 s | 1.00x | 0.5 s | - | - |",
+        "| pages of 16 | 3 s | 1.00x | 0.5 s | 1 s | 2.00x |",
+        "| pages of 256 | 3.75 s | 1.25x | 0.5 s | 1 s | 2.00x |",
+    ]
 
 
 @pytest.mark.parametrize("rows", [None, {}], ids=["not run", "empty"])
@@ -64,13 +75,23 @@ def test_targets_of_nothing_measured_are_none(rows):
 def test_each_target_is_met_at_its_bound_and_judged_alone(
     numpy_decode, numpy_prefill, decode, prefill
 ):
-    lines = targets(_rows(numpy_decode, numpy_prefill))
+    lines = targets(_rows(numpy_decode, numpy_prefill, (numpy_decode,) * 2))
 
-    assert lines == [
+    assert lines[:2] == [
         f"| NumPy decode step <= {bench_decode.DECODE_TARGET}x the torch twin (Llama-8B layer, "
         f"cache {CACHE}) | {decode[0]} | {decode[1]} |",
         f"| NumPy prefill of {PREFILL} <= {bench_decode.PREFILL_TARGET}x the torch twin | "
         f"{prefill[0]} | {prefill[1]} |",
+    ]
+
+
+def test_the_paged_targets_are_met_at_their_bound_and_judged_alone():
+    lines = targets(_rows(paged=(3.6, 3.75)))  # 1.2x and 1.25x of the contiguous 3.0
+
+    assert lines[2:] == [
+        f"| NumPy decode step over pages of {page} <= {bench_decode.PAGED_TARGET}x the "
+        f"contiguous cache's (cache {CACHE}) | {ratio} | {met} |"
+        for page, ratio, met in zip(PAGE_SIZES, ("1.20x", "1.25x"), ("yes", "no"), strict=True)
     ]
 
 
@@ -82,6 +103,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench_decode, "CACHE", 12)
     monkeypatch.setattr(bench_decode, "DECODE_STEPS", 3)
     monkeypatch.setattr(bench_decode, "PREFILL", 5)
+    monkeypatch.setattr(bench_decode, "PAGE_SIZES", (2, 4))
     return layer
 
 
@@ -95,4 +117,7 @@ def test_decode_rows_measure_the_step_and_the_prefill_and_size_the_cache(tiny):
     assert rows["cache bytes"] == 2 * h_kv * (12 + 1) * d * 4  # K and V, float32
     assert rows["weight bytes"] == (c * h * d + 2 * c * h_kv * d + h * d * c) * 4  # q, k, v, o
     times = [rows[f"{lib} {step}"] for lib in ("numpy", "torch") for step in ("decode", "prefill")]
-    assert np.isfinite(times).all()  # every one was measured at least once
+    times += [rows[f"numpy paged {page} decode"] for page in (2, 4)]
+    times += [rows[f"attention pages {page} {order}"] for page in (2, 4)
+              for order in ("in order", "shuffled")]  # fmt: skip
+    assert np.isfinite(times + [rows["attention contiguous"]]).all()  # each measured at least once

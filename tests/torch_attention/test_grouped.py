@@ -15,6 +15,7 @@ import torch
 import numpy_attention.grouped as np_grouped
 from torch_attention import from_numpy
 from torch_attention.grouped import GroupedQueryAttention, KVCache
+from torch_attention.paged import PagedKVCache
 
 from ..conftest import assert_close, to_numpy, to_torch
 
@@ -214,6 +215,39 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
 
     assert cache.length == 9
     assert_close(torch.cat(outs, dim=1), expected, name="decoded")
+
+
+@pytest.mark.parametrize(("name", "backend"), [("all", "math"), ("plain", "auto")])
+def test_decode_over_pages_equals_the_contiguous_cache(rng, name, backend):
+    """The same decode with a PagedKVCache of pages of 2 (the two sequences' pages interleave
+    in the pool from the first decode step on): the same outputs as with the KVCache."""
+    _, layer = twins(rng, OPTIONS[name], backend)
+    layer.eval()
+    x, padding, positions = (to_torch(t) for t in left_padded(rng))
+    caches = (
+        KVCache(2, H_KV, 12, D, torch.float64),
+        PagedKVCache(12, 2, H_KV, D, dtype=torch.float64),
+    )
+
+    steps = [(0, 5)] + [(i, i + 1) for i in range(5, 9)]
+    outs = [
+        [
+            layer(
+                x[:, start:stop],
+                positions=positions[:, start:stop],
+                key_padding_mask=padding[:, :stop],
+                cache=cache,
+            )
+            for start, stop in steps
+        ]
+        for cache in caches
+    ]
+
+    assert caches[1].length == 9 and caches[1].block_table.tolist() == [
+        [0, 1, 2, 6, 8],
+        [3, 4, 5, 7, 9],
+    ]
+    assert_close(torch.cat(outs[1], dim=1), torch.cat(outs[0], dim=1), name="paged")
 
 
 def test_decode_defaults_positions_to_the_cache_length(rng):
