@@ -1,8 +1,8 @@
-"""kvcache_attention_forward and PagedKVCache (numpy_attention.paged): flash-attn's
-``flash_attn_with_kvcache`` in float64 against a plain torch reference of its semantics written
-here (pages gathered in table order, keys rotated and written, masks built in absolute cache
-positions), option by option; its gradient is attention_backward's on the gathered keys; bad
-input refused with nothing written; the page pool's bookkeeping.
+"""kvcache_attention_forward (numpy_attention.paged): flash-attn's ``flash_attn_with_kvcache``
+in float64 against a plain torch reference of its semantics written here (pages gathered in
+table order, keys rotated and written, masks built in absolute cache positions), option by
+option; its gradient is attention_backward's on the gathered keys. Its bad input:
+test_paged_checks.py; the page pool: test_pages.py and test_paged_cache.py.
 
 The reference is written from flash-attn's documentation (docs/decoding.md restates it), not
 from the code under test: it never slices the key axis, and it places every query and key at
@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from numpy_attention import attention_backward, attention_forward, gradcheck
-from numpy_attention.grouped import KVCache
-from numpy_attention.paged import PagedKVCache, kvcache_attention_forward
+from numpy_attention.paged import kvcache_attention_forward
 from numpy_attention.rope import rotate_pairs
 
 from ..conftest import assert_close, to_torch
@@ -277,167 +276,3 @@ def test_the_gradient_is_attention_backward_on_the_gathered_keys(rng):
     report = gradcheck(decode, q, k, v, k_pages, v_pages, backward=gathered_backward)
 
     assert report.passed, report
-
-
-# -- bad input: refused before anything is written -------------------------------------------
-
-
-def paged_call(rng: np.random.Generator) -> dict:
-    call = make_call(rng, {**CASES["paged"], "rotary": (D, True)})
-    return {**call, "cache_seqlens": np.array([0, 3, 8], np.int32)}
-
-
-BAD = {
-    "past the block table": ({"cache_seqlens": np.array([0, 10, 1], np.int32)}, ValueError,
-                             r"sequence 1: cache_seqlens 10 \+ 3 new tokens = 13 keys, but its "
-                             r"block table holds 12 \(3 x 4\).*#2709"),
-    "short block table": ({"block_table": "short"}, ValueError,
-                          r"sequence 2: .* = 11 keys, but its block table holds 8"),
-    "page out of range": ({"block_table": "bad page"}, ValueError,
-                          r"sequence 1: block_table\[1, 1\] = 11 is not one of the cache's 11"),
-    "negative length": ({"cache_seqlens": np.array([0, -1, 1], np.int32)}, ValueError,
-                        r"sequence 1: cache_seqlens is negative \(-1\)"),
-    "float table": ({"block_table": "float"}, TypeError,
-                    r"block_table must be an integer array, got dtype (torch\.)?float64"),
-    "float seqlens": ({"cache_seqlens": np.array([0.0, 1.0, 2.0])}, TypeError,
-                      "cache_seqlens must be an integer array"),
-    "leftpad with pages": ({"cache_leftpad": np.zeros(3, np.int32)}, ValueError,
-                           "flash-attn refuses them with a block_table"),
-    "short rotary": ({"rotary_cos": "short", "rotary_sin": "short"}, ValueError,
-                     r"sequence 2: rotary positions reach 10, but .* have 8 rows"),
-    "rotary without k": ({"k": None, "v": None}, ValueError, "rotary embeds the new keys"),
-    "shared slot": ({"block_table": "shared"}, ValueError,
-                    r"sequences 0 and 1 both write page/row"),
-    "window": ({"window_size": (-2, 0)}, ValueError, r"window_size\[0\] must be >= 0"),
-    "softcap": ({"softcap": -1.0}, ValueError, "softcap must be >= 0"),
-    "dtype": ({"k": "float32"}, TypeError, "inputs must share one dtype"),
-    "gqa": ({"q": "5 heads"}, ValueError, r"H = 5 must be a multiple of the kv heads H_kv = 4"),
-}  # fmt: skip
-
-
-def _bad(call: dict, name: str, value: str) -> object:
-    """The bad argument ``value`` names, made from the good call."""
-    table = call["block_table"].copy()
-    if name == "block_table":
-        if value == "bad page":
-            table[1, 1] = 11  # the pool has pages 0 .. 10
-        elif value == "shared":
-            table[1, 1] = table[0, 0]  # sequence 1's positions 4, 5 on sequence 0's 0, 1
-        return {"short": table[:, :2], "float": table.astype(np.float64)}.get(value, table)
-    if name in ("rotary_cos", "rotary_sin"):
-        return call[name][:8]
-    if name == "k" and value == "float32":
-        return call["k"].astype(np.float32)
-    if name == "q" and value == "5 heads":
-        return np.concatenate([call["q"], call["q"][:, :, :1]], axis=2)
-    return value
-
-
-@pytest.mark.parametrize("name", list(BAD))
-def test_bad_input_is_refused_and_nothing_is_written(rng, name):
-    call = paged_call(rng)
-    changes, error, match = BAD[name]
-    call.update({arg: _bad(call, arg, value) if isinstance(value, str) else value
-                 for arg, value in changes.items()})  # fmt: skip
-    before = call["k_cache"].copy(), call["v_cache"].copy()
-
-    with pytest.raises(error, match=match):
-        kvcache_attention_forward(**call)
-
-    np.testing.assert_array_equal(call["k_cache"], before[0])
-    np.testing.assert_array_equal(call["v_cache"], before[1])
-
-
-def test_a_contiguous_cache_too_short_names_the_sequence(rng):
-    call = make_call(rng, CASES["contiguous"])
-    call["cache_seqlens"] = np.array([0, 10, 3], np.int32)
-
-    with pytest.raises(ValueError, match=r"sequence 1: .* = 13 keys, but the cache holds 12"):
-        kvcache_attention_forward(**call)
-
-
-# -- the page pool ------------------------------------------------------------------------------
-
-
-def test_the_pool_keeps_each_sequences_pages_consecutive_while_it_can(rng):
-    cache = PagedKVCache(8, 2, 1, D, dtype=np.float64)
-    cache.append(*rng.standard_normal((2, 2, 1, 3, D)))  # 2 sequences of 3 tokens: 2 pages each
-
-    np.testing.assert_array_equal(cache.block_table, [[0, 1], [2, 3]])
-    cache.append(*rng.standard_normal((2, 2, 1, 2, D)))  # page 2 is taken: the lowest free
-    np.testing.assert_array_equal(cache.block_table, [[0, 1, 4], [2, 3, 5]])
-    np.testing.assert_array_equal(cache.cache_seqlens, [5, 5])
-    assert cache.block_table.dtype == cache.cache_seqlens.dtype == np.int32
-
-
-def test_the_pool_holds_what_a_contiguous_cache_holds(rng):
-    paged, contiguous = PagedKVCache(9, 2, 2, D, dtype=np.float64), KVCache(2, 2, 7, D, np.float64)
-    for n in (3, 1, 2):
-        k, v = rng.standard_normal((2, 2, 2, n, D))
-        paged.append(k, v)
-        contiguous.append(k, v)
-
-    keys, values = paged.gather()
-
-    np.testing.assert_array_equal(keys, contiguous.k[:, :, :6])
-    np.testing.assert_array_equal(values, contiguous.v[:, :, :6])
-
-
-def test_reserve_then_a_kernel_then_advance(rng):
-    """The engine's order: pages first, the kernel writes in place, then the lengths move."""
-    cache = PagedKVCache(6, 2, 2, D, dtype=np.float64)
-    cache.append(*rng.standard_normal((2, 1, 2, 3, D)))
-    q, (k, v) = rng.standard_normal((1, 1, H, D)), rng.standard_normal((2, 1, 1, 2, D))
-    cache.reserve(1, 1)
-
-    kvcache_attention_forward(q, cache.k, cache.v, k=k, v=v, cache_seqlens=cache.cache_seqlens,
-                              block_table=cache.block_table)  # fmt: skip
-    cache.advance(1)
-
-    keys, values = cache.gather()
-    assert cache.length == 4
-    np.testing.assert_array_equal(keys[0, :, 3], k[0, 0])
-    np.testing.assert_array_equal(values[0, :, 3], v[0, 0])
-
-
-@pytest.mark.parametrize(
-    ("shape", "dtype", "error", "match"),
-    [
-        (
-            (2, 2, 5, D),
-            np.float64,
-            ValueError,
-            "cache is full: 2 sequences of 2 tokens need 6 more pages of 2 for 5 new tokens, "
-            "2 are free",
-        ),
-        ((3, 2, 1, D), np.float64, ValueError, r"\(2, 2, N, 8\), got \(3, 2, 1, 8\)"),
-        ((2, 1, 1, D), np.float64, ValueError, r"\(2, 2, N, 8\), got \(2, 1, 1, 8\)"),
-        ((2, 2, 1, D), np.float32, TypeError, "cache holds float64, got .* float32"),
-    ],
-)
-def test_the_pool_refuses_what_does_not_fit_and_writes_nothing(rng, shape, dtype, error, match):
-    cache = PagedKVCache(4, 2, 2, D, dtype=np.float64)
-    cache.append(*rng.standard_normal((2, 2, 2, 2, D)))
-    before = cache.k.copy(), cache.block_table
-
-    with pytest.raises(error, match=match):
-        cache.append(*rng.standard_normal((2, *shape)).astype(dtype))
-
-    assert cache.length == 2
-    np.testing.assert_array_equal(cache.k, before[0])
-    np.testing.assert_array_equal(cache.block_table, before[1])
-
-
-def test_reset_frees_every_page_and_bad_construction_is_refused(rng):
-    cache = PagedKVCache(2, 2, 1, D, dtype=np.float64)
-    cache.append(*rng.standard_normal((2, 1, 1, 4, D)))
-    cache.reset()
-    cache.append(*rng.standard_normal((2, 2, 1, 2, D)))  # 2 new sequences fit again
-
-    assert cache.batch == 2 and cache.length == 2
-    with pytest.raises(TypeError, match="PagedKVCache needs a floating dtype, got int64"):
-        PagedKVCache(2, 2, 1, D, dtype=np.int64)
-    with pytest.raises(ValueError, match="page_size must be a positive int"):
-        PagedKVCache(2, 0, 1, D)
-    with pytest.raises(ValueError, match="reserve them first"):
-        cache.advance(3)
