@@ -12,10 +12,14 @@ from . import (
     hf,
     hf_latent,
     latent,
+    latent_cache,
     masks,
     merge,
     norms,
     paged,
+    paged_cache,
+    paged_checks,
+    pages,
     rope,
     scores,
     state,
@@ -36,7 +40,8 @@ from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, 
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
 from .grouped import GroupedQueryAttention, KVCache
-from .latent import LatentCache, MultiHeadLatentAttention
+from .latent import MultiHeadLatentAttention
+from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
@@ -96,12 +101,17 @@ __all__ = [
     "latent",
     "hf_latent",
     "LatentCache",
+    "PagedLatentCache",
+    "latent_cache",
     "MultiHeadLatentAttention",
     "RMSNorm",
     "rope_backward",
     "rope_forward",
     "rope_inv_freq",
     "paged",
+    "paged_cache",
+    "paged_checks",
+    "pages",
     "KVCacheOutput",
     "PagedKVCache",
     "kvcache_attention_forward",

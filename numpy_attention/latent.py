@@ -31,10 +31,15 @@ The backward walks the chain in reverse through the parts' own backwards (Linear
 the core's); k_pe is shared by every head, so its gradient sums over heads, and c feeds the
 keys and (absorbed) the values, so its gradient is the sum of both.
 
+Decoding, the layer hands its cache this call's c and k_pe: the expanded form takes back every
+cached row (``cache.append``) to expand, the absorbed form has the cache attend its queries over
+them (``cache.attend``). A contiguous ``LatentCache`` or pages, ``PagedLatentCache``, both in
+latent_cache.py (equal results; docs/decoding.md).
+
 Derivation: docs/derivations/latent.md (the absorption, the scale, both backwards),
 docs/derivations/rope.md, docs/derivations/rmsnorm.md, docs/derivations/linear.md.
-Tests: tests/numpy_attention/test_latent.py; against transformers in
-tests/parity/test_hf_latent.py.
+Tests: tests/numpy_attention/test_latent.py (the layer over either cache too); against
+transformers in tests/parity/test_hf_latent.py.
 """
 
 from __future__ import annotations
@@ -56,125 +61,15 @@ from .functional import (
 )
 from .grad_mode import no_grad
 from .grouped import _key_padding
+from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import RMSNorm
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+from .scores import AttentionOutput
 
-__all__ = ["LatentCache", "MultiHeadLatentAttention"]
-
-# -- the cache ----------------------------------------------------------------------------------
-
-
-class LatentCache:
-    """Preallocated latents of one MLA layer, for decoding: per token the normed latent c (L) and
-    the rotated shared key k_pe (R), what transformers 5 caches for DeepSeek-V3, one head.
-
-    ``latent`` is one (B, max_len, L + R) array, each row [c, k_pe]: the keys of the absorbed
-    attention as they are (its values are the first L columns), and FlashMLA's layout.
-    ``c_kv`` and ``k_rope`` are views of its two parts. L + R numbers a token, against the
-    2 * H_kv * D of a ``KVCache``.
-
-    Args:
-        batch: B.
-        max_len: the most tokens the cache holds.
-        kv_lora_rank: L.
-        qk_rope_head_dim: R.
-        dtype: a floating dtype, that of the layer it serves.
-    """
-
-    def __init__(
-        self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: Any
-    ) -> None:
-        batch = validation.positive_int("batch", batch)
-        self.max_len = validation.positive_int("max_len", max_len)
-        self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
-        self.qk_rope_head_dim = validation.positive_int("qk_rope_head_dim", qk_rope_head_dim)
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"LatentCache needs a floating dtype, got {dtype}")
-        width = self.kv_lora_rank + self.qk_rope_head_dim
-        self.latent = np.zeros((batch, self.max_len, width), dtype=dtype)
-        self._length = 0
-
-    @property
-    def c_kv(self) -> np.ndarray:
-        """The normed latents, (B, max_len, L): a view."""
-        return self.latent[..., : self.kv_lora_rank]
-
-    @property
-    def k_rope(self) -> np.ndarray:
-        """The rotated shared keys, (B, max_len, R): a view."""
-        return self.latent[..., self.kv_lora_rank :]
-
-    @property
-    def length(self) -> int:
-        """How many positions are filled."""
-        return self._length
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.latent.dtype
-
-    def check_append(
-        self, batch: int, n: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: np.dtype
-    ) -> None:
-        """Raise unless n tokens of a layer with this kv_lora_rank and qk_rope_head_dim fit:
-        B, L and R the cache's, ``length + n <= max_len``, the cache's dtype. Writes nothing."""
-        cache_batch = self.latent.shape[0]
-        for name, given, held in (
-            ("batch", batch, cache_batch),
-            ("kv_lora_rank", kv_lora_rank, self.kv_lora_rank),
-            ("qk_rope_head_dim", qk_rope_head_dim, self.qk_rope_head_dim),
-        ):
-            if given != held:
-                raise ValueError(
-                    f"the cache holds (B, max_len, kv_lora_rank + qk_rope_head_dim) = "
-                    f"({cache_batch}, {self.max_len}, {self.kv_lora_rank} + "
-                    f"{self.qk_rope_head_dim}); {name} {given} does not fit its {held}"
-                )
-        if dtype != self.dtype:
-            raise TypeError(f"the cache holds {self.dtype}, got latents of {dtype}")
-        needed = self._length + n
-        if needed > self.max_len:
-            raise ValueError(
-                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
-                f"+ {n} new tokens need a length of {needed}"
-            )
-
-    def append(self, c_kv: np.ndarray, k_rope: np.ndarray) -> np.ndarray:
-        """Write c_kv (B, N, L) and k_rope (B, N, R) after what is cached; nothing is written
-        when they are refused.
-
-        Returns:
-            every cached row so far, (B, length, L + R): a view of ``latent``.
-        """
-        c_kv = validation.float_array("c_kv", c_kv)
-        k_rope = validation.float_array("k_rope", k_rope)
-        if c_kv.ndim != 3 or k_rope.shape[:-1] != c_kv.shape[:-1] or k_rope.ndim != 3:
-            raise ValueError(
-                f"c_kv must be (B, N, L) and k_rope (B, N, R), got c_kv {c_kv.shape} and "
-                f"k_rope {k_rope.shape}"
-            )
-        validation.same_dtype(c_kv=c_kv, k_rope=k_rope)
-        batch, n, rank = c_kv.shape
-        self.check_append(batch, n, rank, k_rope.shape[-1], c_kv.dtype)
-        start, stop = self._length, self._length + n
-        self.latent[:, start:stop, : self.kv_lora_rank] = c_kv
-        self.latent[:, start:stop, self.kv_lora_rank :] = k_rope
-        self._length = stop
-        return self.latent[:, :stop]
-
-    def reset(self) -> None:
-        """Forget every cached position (a new sequence); the array is kept."""
-        self._length = 0
-
-    def __repr__(self) -> str:
-        return (
-            f"LatentCache(shape={self.latent.shape}, kv_lora_rank={self.kv_lora_rank}, "
-            f"dtype={self.dtype}, length={self._length})"
-        )
-
+# The caches live in latent_cache.py, importable from here too (where LatentCache was first).
+__all__ = ["LatentCache", "MultiHeadLatentAttention", "PagedLatentCache"]
 
 # -- the pure pieces ----------------------------------------------------------------------------
 
@@ -226,6 +121,17 @@ def query_temperature_table(
     t = 1.0 + beta * np.log1p(np.floor(positions.astype(np.float64) / length))
     t = t.astype(dtype)[..., None]  # (..., N, 1)
     return t[:, None] if t.ndim == 3 else t  # (B, N, 1) -> (B, 1, N, 1)
+
+
+def attend_latents(
+    q: np.ndarray, c_kv: np.ndarray, k_rope: np.ndarray, **options: Any
+) -> AttentionOutput:
+    """The absorbed form's attention without a cache: q (B, H, N, L + R) over this call's rows
+    [c_kv, k_rope] ((B, N, L) and (B, N, R)) as one shared key head, values c_kv:
+    ``attention_forward(q, rows, rows[..., :L], **options)``, what a latent cache's ``attend``
+    computes over every row it holds (latent_cache.py)."""
+    rows = np.concatenate([c_kv, k_rope], axis=-1)[:, None]  # (B, 1, N, L+R)
+    return attention_forward(q, rows, rows[..., : c_kv.shape[-1]], **options)
 
 
 # -- the layer ----------------------------------------------------------------------------------
@@ -383,7 +289,7 @@ class MultiHeadLatentAttention(Module):
         *,
         positions: Any = None,
         key_padding_mask: np.ndarray | None = None,
-        cache: LatentCache | None = None,
+        cache: LatentCache | PagedLatentCache | None = None,
         absorb: bool | None = None,
         attn_dropout_mask: np.ndarray | None = None,
     ) -> np.ndarray:
@@ -395,8 +301,9 @@ class MultiHeadLatentAttention(Module):
                 ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``LatentCache`` of this layer's L, R and dtype: this call's latents are
-                appended and the queries attend with ``align="bottom-right"``. No backward
+            cache: a ``LatentCache`` of this layer's B, L, R and dtype, or a
+                ``PagedLatentCache`` of its L, R and dtype (equal results): this call's latents
+                are appended and the queries attend with ``align="bottom-right"``. No backward
                 follows a forward with a cache.
             absorb: True for the absorbed computation, False for the expanded one, None to
                 choose: absorbed with a cache when it is cheaper (``absorbs``), else expanded.
@@ -410,8 +317,10 @@ class MultiHeadLatentAttention(Module):
         b, n, _ = x.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, LatentCache):
-                raise TypeError(f"cache must be a LatentCache, got {type(cache).__name__}")
+            if not isinstance(cache, (LatentCache, PagedLatentCache)):
+                raise TypeError(
+                    f"cache must be a LatentCache or a PagedLatentCache, got {type(cache).__name__}"
+                )
             cache.check_append(b, n, self.kv_lora_rank, self.qk_rope_head_dim, x.dtype)
             start = cache.length
         m = start + n
@@ -443,7 +352,7 @@ class MultiHeadLatentAttention(Module):
         positions: np.ndarray,
         padding: np.ndarray | None,
         keep: np.ndarray | None,
-        cache: LatentCache | None,
+        cache: LatentCache | PagedLatentCache | None,
         absorb: bool,
     ) -> tuple[np.ndarray, _LatentCtx]:
         """The forward chain (module docstring); inputs already checked."""
@@ -471,12 +380,7 @@ class MultiHeadLatentAttention(Module):
         if self.query_temperature is not None:
             temperature = query_temperature_table(positions, *self.query_temperature, x.dtype)
             q_nope, q_pe = q_nope * temperature, q_pe * temperature
-        if cache is not None:
-            latents = cache.append(c, k_pe[:, 0])[:, None]  # (B, 1, M, L+R), all cached so far
-            c, k_pe = latents[..., :rank], latents[..., rank:]
-        else:
-            latents = None
-            c = c[:, None]  # (B, 1, N, L)
+        k_pe = k_pe[:, 0]  # (B, N, R)
 
         options: dict[str, Any] = {
             "causal": True,
@@ -490,16 +394,19 @@ class MultiHeadLatentAttention(Module):
         if absorb:
             w_uk, w_uv = self._up_projections()  # (H, P, L), (H, Dv, L)
             q_lat, lat_ctx = head_linear_forward(q_nope, w_uk.swapaxes(-1, -2))  # -> (B,H,N,L)
-            if latents is None:
-                latents = np.concatenate([c, k_pe], axis=-1)  # (B, 1, N, L+R)
             queries = np.concatenate([q_lat, q_pe], axis=-1)  # (B, H, N, L+R)
-            attn = attention_forward(queries, latents, c, enable_gqa=True, **options)
+            # With a cache: c, k_pe appended, the queries attending over every cached row
+            attend = attend_latents if cache is None else cache.attend
+            attn = attend(queries, c, k_pe, enable_gqa=True, **options)  # MQA over [c, k_pe]
             o, up_ctx = head_linear_forward(attn.out, w_uv)  # (B, H, N, L) -> (B, H, N, Dv)
             form = _AbsorbedCtx(lat_ctx, up_ctx)
         else:
-            kv, kv_heads = split_heads_forward(self.kv_b_proj(c[:, 0]), self.num_heads)
+            if cache is not None:
+                rows = cache.append(c, k_pe)  # (B, M, L+R): everything cached so far
+                c, k_pe = rows[..., :rank], rows[..., rank:]
+            kv, kv_heads = split_heads_forward(self.kv_b_proj(c), self.num_heads)
             k_nope, v = kv[..., :p], kv[..., p:]  # (B, H, M, P), (B, H, M, Dv)
-            k_pe = np.broadcast_to(k_pe, k_nope.shape[:-1] + k_pe.shape[-1:])  # every head
+            k_pe = np.broadcast_to(k_pe[:, None], k_nope.shape[:-1] + k_pe.shape[-1:])  # all heads
             queries = np.concatenate([q_nope, q_pe], axis=-1)  # (B, H, N, P+R)
             keys = np.concatenate([k_nope, k_pe], axis=-1)  # (B, H, M, P+R)
             attn = attention_forward(queries, keys, v, **options)

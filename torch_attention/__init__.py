@@ -23,7 +23,8 @@ from .attention import (
 )
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .grouped import GroupedQueryAttention, KVCache
-from .latent import LatentCache, MultiHeadLatentAttention
+from .latent import MultiHeadLatentAttention
+from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
 from .norms import LayerNorm, RMSNorm
@@ -41,6 +42,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "LatentCache",
+    "PagedLatentCache",
     "Linear",
     "MultiHeadAttention",
     "MultiHeadAttentionWrapper",

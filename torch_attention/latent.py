@@ -22,9 +22,13 @@ Both forms use the layer's ``scaling`` ((P + R)^-0.5 by default). The attention 
 output's first L columns are kept (the same numbers; torch's CPU SDPA is fast only with V as wide
 as K).
 
+Decoding, the layer hands its cache this call's c and k_pe, as the NumPy twin does: the expanded
+form takes back every cached row (``cache.append``), the absorbed form has the cache attend
+(``cache.attend``); a ``LatentCache`` or a ``PagedLatentCache`` (latent_cache.py, equal results).
+
 Derivation: docs/derivations/latent.md.
-Tests: tests/torch_attention/test_latent.py; against the NumPy twin in
-tests/parity/test_registry.py; against transformers in tests/parity/test_hf_latent.py.
+Tests: tests/torch_attention/test_latent.py (the layer over either cache too); against the NumPy
+twin in tests/parity/test_registry.py; against transformers in tests/parity/test_hf_latent.py.
 """
 
 from __future__ import annotations
@@ -38,139 +42,31 @@ import torch
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .grouped import _key_padding
+from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import RMSNorm
 from .rope import check_positions, rope, rope_inv_freq
 
-__all__ = ["LatentCache", "MultiHeadLatentAttention"]
+# The caches live in latent_cache.py, importable from here too (where LatentCache was first).
+__all__ = ["LatentCache", "MultiHeadLatentAttention", "PagedLatentCache"]
 
-# -- the cache --------------------------------------------------------------------------------
 
+def attend_latents(
+    q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, **options: Any
+) -> torch.Tensor:
+    """The absorbed form's attention without a cache: q (B, H, N, L + R) over this call's rows
+    [c_kv, k_rope] ((B, N, L) and (B, N, R)) as one shared key head, values c_kv, out
+    (B, H, N, L): what a latent cache's ``attend`` computes over every row it holds
+    (latent_cache.py).
 
-class LatentCache:
-    """Preallocated latents of one MLA layer, for decoding: per token the normed latent c (L)
-    and the rotated shared key k_pe (R), one (B, max_len, L + R) tensor ``latent`` on ``device``
-    whose rows are [c, k_pe]; ``c_kv`` and ``k_rope`` are views of its parts.
-
-    Args:
-        batch: B.
-        max_len: the most tokens the cache holds.
-        kv_lora_rank: L.
-        qk_rope_head_dim: R.
-        dtype: a floating torch dtype, that of the layer it serves.
-        device: where the tensor lives (the layer's device); None for torch's default.
+    The values are the whole rows and the output's first L columns are kept (its last R,
+    probabilities times k_rope, dropped): the same numbers as values c_kv, but torch's CPU SDPA
+    takes its fast path only when V is as wide as K: at DeepSeek-V2-Lite's sizes a decode step's
+    attention was measured at 16 ms this way and 530 ms with V = c_kv.
     """
-
-    def __init__(
-        self,
-        batch: int,
-        max_len: int,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str | None = None,
-    ) -> None:
-        batch = validation.positive_int("batch", batch)
-        self.max_len = validation.positive_int("max_len", max_len)
-        self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
-        self.qk_rope_head_dim = validation.positive_int("qk_rope_head_dim", qk_rope_head_dim)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"LatentCache needs a floating torch dtype, got {dtype!r}")
-        width = self.kv_lora_rank + self.qk_rope_head_dim
-        self.latent = torch.zeros((batch, self.max_len, width), dtype=dtype, device=device)
-        self._length = 0
-
-    @property
-    def c_kv(self) -> torch.Tensor:
-        """The normed latents, (B, max_len, L): a view."""
-        return self.latent[..., : self.kv_lora_rank]
-
-    @property
-    def k_rope(self) -> torch.Tensor:
-        """The rotated shared keys, (B, max_len, R): a view."""
-        return self.latent[..., self.kv_lora_rank :]
-
-    @property
-    def length(self) -> int:
-        """How many positions are filled."""
-        return self._length
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.latent.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.latent.device
-
-    def check_append(
-        self,
-        batch: int,
-        n: int,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        """Raise unless n tokens of a layer with this kv_lora_rank and qk_rope_head_dim fit:
-        B, L and R the cache's, ``length + n <= max_len``, its dtype and device. Writes
-        nothing."""
-        cache_batch = self.latent.shape[0]
-        for name, given, held in (
-            ("batch", batch, cache_batch),
-            ("kv_lora_rank", kv_lora_rank, self.kv_lora_rank),
-            ("qk_rope_head_dim", qk_rope_head_dim, self.qk_rope_head_dim),
-        ):
-            if given != held:
-                raise ValueError(
-                    f"the cache holds (B, max_len, kv_lora_rank + qk_rope_head_dim) = "
-                    f"({cache_batch}, {self.max_len}, {self.kv_lora_rank} + "
-                    f"{self.qk_rope_head_dim}); {name} {given} does not fit its {held}"
-                )
-        if dtype != self.dtype:
-            raise TypeError(f"the cache holds {self.dtype}, got latents of {dtype}")
-        if torch.device(device) != self.device:
-            raise ValueError(f"the cache lives on {self.device}, got latents on {device}")
-        needed = self._length + n
-        if needed > self.max_len:
-            raise ValueError(
-                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
-                f"+ {n} new tokens need a length of {needed}"
-            )
-
-    def append(self, c_kv: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
-        """Write c_kv (B, N, L) and k_rope (B, N, R) after what is cached (detached: the cache
-        is for inference); nothing is written when they are refused.
-
-        Returns:
-            every cached row so far, (B, length, L + R): a view of ``latent``.
-        """
-        c_kv = validation.float_tensor("c_kv", c_kv)
-        k_rope = validation.float_tensor("k_rope", k_rope)
-        if c_kv.ndim != 3 or k_rope.ndim != 3 or k_rope.shape[:-1] != c_kv.shape[:-1]:
-            raise ValueError(
-                f"c_kv must be (B, N, L) and k_rope (B, N, R), got c_kv {tuple(c_kv.shape)} and "
-                f"k_rope {tuple(k_rope.shape)}"
-            )
-        validation.same_dtype(c_kv=c_kv, k_rope=k_rope)
-        batch, n, rank = c_kv.shape
-        self.check_append(batch, n, rank, k_rope.shape[-1], c_kv.dtype, c_kv.device)
-        start, stop = self._length, self._length + n
-        self.latent[:, start:stop, : self.kv_lora_rank] = c_kv.detach()
-        self.latent[:, start:stop, self.kv_lora_rank :] = k_rope.detach()
-        self._length = stop
-        return self.latent[:, :stop]
-
-    def reset(self) -> None:
-        """Forget every cached position (a new sequence); the tensor is kept."""
-        self._length = 0
-
-    def __repr__(self) -> str:
-        return (
-            f"LatentCache(shape={tuple(self.latent.shape)}, kv_lora_rank={self.kv_lora_rank}, "
-            f"dtype={self.dtype}, device={self.device}, length={self._length})"
-        )
+    rows = torch.cat([c_kv, k_rope], dim=-1)[:, None]  # (B, 1, N, L+R)
+    return attention(q, rows, rows, **options)[..., : c_kv.shape[-1]]
 
 
 # -- the layer --------------------------------------------------------------------------------
@@ -276,7 +172,7 @@ class MultiHeadLatentAttention(Module):
         *,
         positions: Any = None,
         key_padding_mask: Any = None,
-        cache: LatentCache | None = None,
+        cache: LatentCache | PagedLatentCache | None = None,
         absorb: bool | None = None,
         attn_dropout_mask: Any = None,
     ) -> torch.Tensor:
@@ -286,9 +182,10 @@ class MultiHeadLatentAttention(Module):
             x: (B, N, C).
             positions: RoPE positions, (N,) or (B, N); default ``cache.length + arange(N)``.
             key_padding_mask: bool (B, M), True = padding, over the keys attended.
-            cache: a ``LatentCache`` of this layer's L, R, dtype and device: this call's latents
-                are appended and the queries attend with ``align="bottom-right"``. A forward with
-                a cache runs under ``torch.no_grad()`` (inference only).
+            cache: a ``LatentCache`` of this layer's B, L, R, dtype and device, or a
+                ``PagedLatentCache`` of its L, R, dtype and device (equal results): this call's
+                latents are appended and the queries attend with ``align="bottom-right"``. A
+                forward with a cache runs under ``torch.no_grad()`` (inference only).
             absorb: True absorbed, False expanded, None: absorbed with a cache when cheaper
                 (``absorbs``), else expanded.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
@@ -300,8 +197,10 @@ class MultiHeadLatentAttention(Module):
         b, n, _ = x.shape
         start = 0
         if cache is not None:
-            if not isinstance(cache, LatentCache):
-                raise TypeError(f"cache must be a LatentCache, got {type(cache).__name__}")
+            if not isinstance(cache, (LatentCache, PagedLatentCache)):
+                raise TypeError(
+                    f"cache must be a LatentCache or a PagedLatentCache, got {type(cache).__name__}"
+                )
             cache.check_append(b, n, self.kv_lora_rank, self.qk_rope_head_dim, x.dtype, x.device)
             start = cache.length
         m = start + n
@@ -330,7 +229,7 @@ class MultiHeadLatentAttention(Module):
         positions: torch.Tensor,
         padding: torch.Tensor | None,
         keep: torch.Tensor | None,
-        cache: LatentCache | None,
+        cache: LatentCache | PagedLatentCache | None,
         absorb: bool,
     ) -> torch.Tensor:
         """The forward chain (module docstring); inputs already checked."""
@@ -356,11 +255,7 @@ class MultiHeadLatentAttention(Module):
         if self.query_temperature is not None:
             t = _temperature(positions, *self.query_temperature, x.dtype)
             q_nope, q_pe = q_nope * t, q_pe * t
-        if cache is not None:
-            latents = cache.append(c, k_pe[:, 0])[:, None]  # (B, 1, M, L+R), all cached so far
-        else:
-            latents = torch.cat([c[:, None], k_pe], dim=-1)  # (B, 1, N, L+R)
-        c, k_pe = latents[..., :rank], latents[..., rank:]
+        k_pe = k_pe[:, 0]  # (B, N, R)
         options: dict[str, Any] = {
             "causal": True,
             "align": "bottom-right",
@@ -375,16 +270,17 @@ class MultiHeadLatentAttention(Module):
             w_uk, w_uv = weight[:, :p], weight[:, p:]  # (H, P, L), (H, Dv, L)
             q_lat = q_nope @ w_uk  # (B, H, N, P) @ (H, P, L) -> (B, H, N, L)
             queries = torch.cat([q_lat, q_pe], dim=-1)  # (B, H, N, L+R)
-            # Values: the whole latent row, not only c, its first L columns; the output's first L
-            # columns are the same, and its last R (probabilities times k_pe) are dropped. torch's
-            # CPU SDPA takes its fast path only when V is as wide as K: at DeepSeek-V2-Lite's
-            # sizes a decode step's attention was measured at 16 ms this way and 530 ms with V = c.
-            o_lat = attention(queries, latents, latents, enable_gqa=True, **options)[..., :rank]
+            # With a cache: c, k_pe appended, the queries attending over every cached row
+            attend = attend_latents if cache is None else cache.attend
+            o_lat = attend(queries, c, k_pe, enable_gqa=True, **options)  # (B, H, N, L)
             o = o_lat @ w_uv.transpose(-1, -2)  # (B, H, N, L) @ (H, L, Dv) -> (B, H, N, Dv)
         else:
-            kv = split_heads(self.kv_b_proj(c[:, 0]), h)  # (B, M, L) -> (B, H, M, P+Dv)
+            if cache is not None:
+                rows = cache.append(c, k_pe)  # (B, M, L+R): everything cached so far
+                c, k_pe = rows[..., :rank], rows[..., rank:]
+            kv = split_heads(self.kv_b_proj(c), h)  # (B, M, L) -> (B, H, M, P+Dv)
             k_nope, v = kv[..., :p], kv[..., p:]
-            k_pe = k_pe.expand(-1, h, -1, -1)  # every head reads the one k_pe
+            k_pe = k_pe[:, None].expand(-1, h, -1, -1)  # every head reads the one k_pe
             queries = torch.cat([q_nope, q_pe], dim=-1)  # (B, H, N, P+R)
             keys = torch.cat([k_nope, k_pe], dim=-1)  # (B, H, M, P+R)
             o = attention(queries, keys, v, **options)  # (B, H, N, Dv)

@@ -23,6 +23,7 @@ from numpy_attention import gradcheck, no_grad
 from numpy_attention.latent import (
     LatentCache,
     MultiHeadLatentAttention,
+    PagedLatentCache,
     deinterleave,
     deinterleave_backward,
     head_linear_backward,
@@ -271,6 +272,32 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
 
 
+@pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
+def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb):
+    """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, so that their pages
+    interleave in the pool and are gathered; steps of 3, 2, 1 and 2 tokens (s_q 1 and > 1).
+    Exactly the contiguous cache's numbers: per sequence, the same products on the same rows."""
+    n, b = 8, 3
+    layer = make_layer(rng, **OPTIONS["everything"]).eval()
+    x = rng.standard_normal((b, n, C))
+    padding, positions = left_padded(b, n, [0, 2, 3])
+    caches = [LatentCache(b, n, L, R, np.float64), PagedLatentCache(4 * b, 2, L, R, np.float64)]
+
+    outs = [
+        np.concatenate([
+            layer(x[:, start:stop], cache=cache, absorb=absorb,
+                  positions=positions[:, start:stop], key_padding_mask=padding[:, :stop])
+            for start, stop in [(0, 3), (3, 5), (5, 6), (6, 8)]
+        ], axis=1)
+        for cache in caches
+    ]  # fmt: skip
+
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(caches[1].block_table, [[0, 1, 6, 9], [2, 3, 7, 10],
+                                                          [4, 5, 8, 11]])  # fmt: skip
+    assert_close(outs[0], layer(x, key_padding_mask=padding, positions=positions), name="full")
+
+
 def test_absorb_none_absorbs_decoding_steps_and_expands_the_rest(rng, monkeypatch):
     """The rule on DeepSeek-V2-Lite's shapes, and what runs: kv_b_proj expands the cache only
     where the rule says so (the absorbed form reads its weight, never calls it)."""
@@ -331,57 +358,6 @@ def test_no_grad_forward_keeps_nothing(rng):
 
     with pytest.raises(RuntimeError, match="forward first"):
         layer.backward(np.ones((B, N, C)))
-
-
-# -- the cache itself -------------------------------------------------------------------------
-
-
-def test_cache_appends_and_returns_views_of_everything_so_far(rng):
-    cache = LatentCache(B, 6, L, R, np.float32)
-    c1, c2 = rng.standard_normal((B, 4, L)), rng.standard_normal((B, 1, L))
-    k1, k2 = rng.standard_normal((B, 4, R)), rng.standard_normal((B, 1, R))
-
-    cache.append(c1.astype(np.float32), k1.astype(np.float32))
-    rows = cache.append(c2.astype(np.float32), k2.astype(np.float32))
-
-    assert cache.length == 5 and rows.shape == (B, 5, L + R)
-    np.testing.assert_array_equal(rows[..., :L], np.concatenate([c1, c2], 1).astype(np.float32))
-    np.testing.assert_array_equal(rows[..., L:], np.concatenate([k1, k2], 1).astype(np.float32))
-    assert np.shares_memory(rows, cache.latent)
-    cache.reset()
-    assert cache.length == 0 and "length=0" in repr(cache)
-
-
-@pytest.mark.parametrize(
-    ("c_shape", "k_shape", "dtype", "error", "match"),
-    [
-        ((B, 3, L), (B, 3, R), np.float64, ValueError, "too short: max_len = 4.*2 cached.*5"),
-        ((B + 1, 1, L), (B + 1, 1, R), np.float64, ValueError, "batch 3 does not fit its 2"),
-        ((B, 1, L + 2), (B, 1, R), np.float64, ValueError, "kv_lora_rank 6 does not fit its 4"),
-        ((B, 1, L), (B, 1, R - 2), np.float64, ValueError, "qk_rope_head_dim 2 does not fit"),
-        ((B, 1, L), (B, 2, R), np.float64, ValueError, r"c_kv must be \(B, N, L\)"),
-        ((B, 1, L), (B, 1, R), np.float32, TypeError, "cache holds float64, got .* float32"),
-    ],
-)
-def test_cache_refuses_what_does_not_fit_and_writes_nothing(
-    rng, c_shape, k_shape, dtype, error, match
-):
-    cache = LatentCache(B, 4, L, R, np.float64)
-    cache.append(rng.standard_normal((B, 2, L)), rng.standard_normal((B, 2, R)))
-    before = cache.latent.copy()
-
-    with pytest.raises(error, match=match):
-        cache.append(*(rng.standard_normal(shape).astype(dtype) for shape in (c_shape, k_shape)))
-
-    assert cache.length == 2
-    np.testing.assert_array_equal(cache.latent, before)
-
-
-def test_cache_refuses_bad_construction():
-    with pytest.raises(TypeError, match="LatentCache needs a floating dtype, got int64"):
-        LatentCache(B, 4, L, R, np.int64)
-    with pytest.raises(ValueError, match="kv_lora_rank must be a positive int"):
-        LatentCache(B, 4, 0, R, np.float64)
 
 
 # -- the layer's contract: parameters, module files, bad input --------------------------------
@@ -450,7 +426,15 @@ def test_bad_construction_is_refused(kwargs, error, match):
          r"qk_rope_head_dim 4 does not fit its 6"),
         ({"cache": LatentCache(B + 1, 8, L, R, np.float64)}, ValueError, "batch 2 does not fit"),
         ({"cache": LatentCache(B, 8, L, R, np.float32)}, TypeError, "holds float32.*float64"),
-        ({"cache": "cache"}, TypeError, "cache must be a LatentCache, got str"),
+        ({"cache": "cache"}, TypeError, "must be a LatentCache or a PagedLatentCache, got str"),
+        ({"cache": PagedLatentCache(8, 2, L + 1, R, np.float64)}, ValueError,
+         r"kv_lora_rank 4 does not fit its 5"),
+        ({"cache": PagedLatentCache(8, 2, L, R + 2, np.float64)}, ValueError,
+         r"qk_rope_head_dim 4 does not fit its 6"),
+        ({"cache": PagedLatentCache(8, 2, L, R, np.float32)}, TypeError, "holds float32.*float64"),
+        ({"cache": "3 sequences"}, ValueError, "3 sequences of .*; batch 2 does not fit its 3"),
+        ({"cache": PagedLatentCache(3, 2, L, R, np.float64)}, ValueError,
+         "cache is full: 2 sequences of 0 tokens need 4 more pages of 2 for 3 new tokens, 3"),
     ],
 )  # fmt: skip
 def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward, error, match):
@@ -461,7 +445,11 @@ def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward,
     given = forward.get("cache")
     if given is None:
         forward = {**forward, "cache": cache}
-    caches = [c for c in (cache, given) if isinstance(c, LatentCache)]
+    elif given == "3 sequences":  # a paged cache already holding another batch
+        given = PagedLatentCache(8, 2, L, R, np.float64)
+        given.append(np.zeros((3, 1, L)), np.zeros((3, 1, R)))
+        forward = {**forward, "cache": given}
+    caches = [c for c in (cache, given) if isinstance(c, (LatentCache, PagedLatentCache))]
     before = [(c.length, c.latent.copy()) for c in caches]
 
     def projected(x):

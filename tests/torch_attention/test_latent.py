@@ -15,7 +15,7 @@ import torch
 import numpy_attention.latent as np_latent
 from parity_tests.tolerances import LATENT_FORMS_RTOL, rel_error
 from torch_attention import from_numpy, to_numpy
-from torch_attention.latent import LatentCache, MultiHeadLatentAttention
+from torch_attention.latent import LatentCache, MultiHeadLatentAttention, PagedLatentCache
 
 from ..conftest import assert_close, to_torch
 
@@ -134,6 +134,28 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, backend):
     assert_close(torch.cat(outs, dim=1), expected, name="decoded")
 
 
+@pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
+def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb):
+    """Three sequences, the last left-padded, in pages of 2 that interleave in the pool; steps of
+    3, 2, 1 and 1 tokens (the NumPy twin's test, on the "math" backend)."""
+    _, layer = twins(rng, EVERYTHING)
+    x, padding, positions = left_padded(rng, b=3, n=7)
+    caches = [LatentCache(3, 7, L, R, torch.float64), PagedLatentCache(12, 2, L, R, torch.float64)]
+
+    outs = [
+        torch.cat([
+            layer(to_torch(x[:, start:stop]), cache=cache, absorb=absorb,
+                  positions=to_torch(positions[:, start:stop]),
+                  key_padding_mask=to_torch(padding[:, :stop]))
+            for start, stop in [(0, 3), (3, 5), (5, 6), (6, 7)]
+        ], dim=1)
+        for cache in caches
+    ]  # fmt: skip
+
+    assert caches[1].block_table.tolist() == [[0, 1, 6, 9], [2, 3, 7, 10], [4, 5, 8, 11]]
+    assert_close(outs[1], outs[0], name="paged")
+
+
 def test_frequencies_stay_float64_when_the_layer_is_cast():
     model_freqs = torch.tensor([1.0, 0.01], dtype=torch.float32)
     layer = MultiHeadLatentAttention(C, H, **SIZES, inv_freq=model_freqs).float()
@@ -183,7 +205,7 @@ def test_bad_construction_and_input_are_refused(rng):
     with pytest.raises(TypeError, match="LatentCache needs a floating torch dtype"):
         LatentCache(1, 4, L, R, torch.int64)
     layer = MultiHeadLatentAttention(C, H, **SIZES)
-    with pytest.raises(TypeError, match="cache must be a LatentCache"):
+    with pytest.raises(TypeError, match="cache must be a LatentCache or a PagedLatentCache"):
         layer(torch.zeros(1, 2, C), cache="cache")
     with pytest.raises(TypeError, match="x has dtype torch.float64"):
         layer(torch.zeros(1, 2, C, dtype=torch.float64))
