@@ -8,7 +8,9 @@ token attending over a latent cache of about 4096 (the mean of ``DECODE_STEPS`` 
 from cache length 4096 - DECODE_STEPS on, the cache refilled before each round), computed
 absorbed and expanded on each side. The twin runs on backend "auto" (SDPA here) and, absorbed,
 also on "math": torch's CPU SDPA with ``enable_gqa`` over one long shared key head was measured
-far slower than its own math path, so the target is judged against the faster of the two.
+far slower than its own math path, so the target is judged against the faster of the two. The
+NumPy absorbed step also runs over pages (``PagedLatentCache``, pages of ``PAGE_SIZE``,
+FlashMLA's): one sequence, whose pages the pool gives consecutively, so they are read in place.
 
 Memory: NumPy's tracemalloc peak of one step of each form (what the call allocates beyond the
 weights and the cache), and the bytes a token takes in the cache, one layer: the latent's
@@ -29,7 +31,7 @@ import torch
 
 from numpy_attention import no_grad
 from numpy_attention.grouped import KVCache
-from numpy_attention.latent import LatentCache, MultiHeadLatentAttention
+from numpy_attention.latent import LatentCache, MultiHeadLatentAttention, PagedLatentCache
 from torch_attention import from_numpy
 from torch_attention.latent import LatentCache as TorchLatentCache
 from torch_attention.latent import MultiHeadLatentAttention as TorchMultiHeadLatentAttention
@@ -47,9 +49,12 @@ LAYER = {
 CACHE = 4096  # tokens in the cache at a decode step
 DECODE_STEPS = 8  # consecutive steps timed per round
 TORCH_TARGET = 1.5  # absorbed NumPy step / the torch twin's absorbed step, the bound
-# (row, side, torch backend, absorb): the steps timed.
+PAGE_SIZE = 64  # the paged cache's page, FlashMLA's
+# (row, side, torch backend, absorb): the steps timed, in this order; "numpy paged" over a
+# PagedLatentCache, right after the contiguous step it is compared with.
 RUNS = [
     ("numpy absorbed", "numpy", None, True),
+    ("numpy absorbed paged", "numpy paged", None, True),
     ("numpy expanded", "numpy", None, False),
     ("torch absorbed", "torch", "auto", True),
     ("torch expanded", "torch", "auto", False),
@@ -92,14 +97,17 @@ def latent_rows(repeats: int, peak: Callable[[Callable[[], object]], int]) -> di
     fill_torch = tuple(torch.from_numpy(t) for t in fill_np)
     token = rng.standard_normal((1, 1, LAYER["hidden_size"]), dtype=np.float32)
     np_cache = LatentCache(1, CACHE, rank, rope, np.float32)
+    pages = -(-CACHE // PAGE_SIZE)
+    np_paged = PagedLatentCache(pages, PAGE_SIZE, rank, rope, np.float32)
     torch_cache = TorchLatentCache(1, CACHE, rank, rope, torch.float32)
 
     rows: dict = {row: np.inf for row, *_ in RUNS}
     with no_grad(), torch.no_grad():
         for _ in range(repeats + 1):  # the first round warms up
             for row, side, backend, absorb in RUNS:
-                if side == "numpy":
-                    step = _round(numpy_layer, np_cache, fill_np, token, absorb)
+                if side.startswith("numpy"):
+                    cache = np_paged if side == "numpy paged" else np_cache
+                    step = _round(numpy_layer, cache, fill_np, token, absorb)
                 else:
                     x = torch.from_numpy(token)
                     step = _round(twins[str(backend)], torch_cache, fill_torch, x, absorb)
@@ -139,7 +147,7 @@ def _torch_best(rows: dict) -> float:
 
 def latent_lines(rows: dict, seconds: Callable[[float], str], mib: Callable[[float], str]) -> list:
     best = _torch_best(rows)
-    latent = rows["latent bytes/token"]
+    latent, paged = rows["latent bytes/token"], rows["numpy absorbed paged"]
     return [
         "### Decoding with latent attention on the CPU: a DeepSeek-V2-Lite-shaped layer, float32",
         "",
@@ -155,6 +163,10 @@ def latent_lines(rows: dict, seconds: Callable[[float], str], mib: Callable[[flo
         f"| {mib(rows['numpy absorbed peak'])} |",
         f"| expanded | {seconds(rows['numpy expanded'])} | {seconds(rows['torch expanded'])} "
         f"| - | {rows['numpy expanded'] / best:.2f}x | {mib(rows['numpy expanded peak'])} |",
+        "",
+        f"Over pages (`PagedLatentCache`, pages of {PAGE_SIZE}, one sequence whose pages are "
+        f"consecutive, read in place), the NumPy absorbed step: {seconds(paged)}, "
+        f"{paged / rows['numpy absorbed']:.2f}x the contiguous cache's.",
         "",
         "Cache bytes per token, one layer, float32: the latent (c and k_pe, "
         f"{LAYER['kv_lora_rank']} + {LAYER['qk_rope_head_dim']} numbers) {latent:,} B; this "

@@ -21,6 +21,7 @@ def _rows(numpy_absorbed: float = 3.0, torch_math: float = 4.0) -> dict:
     return {
         "numpy absorbed": numpy_absorbed,
         "numpy expanded": 8.0,
+        "numpy absorbed paged": 4.0,
         "torch absorbed": 2.0,
         "torch expanded": 16.0,
         "torch math absorbed": torch_math,
@@ -49,8 +50,12 @@ def test_latent_lines_put_each_figure_in_its_row():
         "| absorbed | 3 s | 2 s | 4 s | 1.50x | 1 MiB |",  # against torch's faster: 2 s
         "| expanded | 8 s | 16 s | - | 4.00x | 64 MiB |",
     ]
-    assert "(c and k_pe, 512 + 64 numbers) 2,304 B" in lines[9]
-    assert "expanded 20,480 B (8.9x)" in lines[9] and "8,192 B (3.6x)" in lines[9]
+    assert lines[9] == (
+        "Over pages (`PagedLatentCache`, pages of 64, one sequence whose pages are consecutive, "
+        "read in place), the NumPy absorbed step: 4 s, 1.33x the contiguous cache's."
+    )
+    assert "(c and k_pe, 512 + 64 numbers) 2,304 B" in lines[11]
+    assert "expanded 20,480 B (8.9x)" in lines[11] and "8,192 B (3.6x)" in lines[11]
 
 
 @pytest.mark.parametrize("rows", [None, {}], ids=["not run", "empty"])
@@ -93,16 +98,24 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench_latent, "LAYER", layer)
     monkeypatch.setattr(bench_latent, "CACHE", 12)
     monkeypatch.setattr(bench_latent, "DECODE_STEPS", 3)
+    monkeypatch.setattr(bench_latent, "PAGE_SIZE", 4)
     return layer
 
 
 def test_latent_rows_measure_each_run_and_size_the_caches_and_weights(tiny, monkeypatch):
     # The stand-in for traced_peak runs the call and reports how often it read the absorbed
     # form's up-projections: once for the absorbed step, never for the expanded one.
-    expanded = []
-    layer_class = bench_latent.MultiHeadLatentAttention
+    # The paged row's steps attend over a PagedLatentCache of 3 pages of 4.
+    expanded, paged = [], []
+    layer_class, paged_class = bench_latent.MultiHeadLatentAttention, bench_latent.PagedLatentCache
     monkeypatch.setattr(
         layer_class, "_up_projections", _spy(layer_class._up_projections, expanded, "absorbed")
+    )
+    attend = paged_class.attend
+    monkeypatch.setattr(
+        paged_class,
+        "attend",
+        lambda cache, *a, **o: paged.append(cache.block_table.shape) or attend(cache, *a, **o),
     )
 
     rows = bench_latent.latent_rows(1, lambda call: (expanded.clear(), call(), len(expanded))[2])
@@ -116,6 +129,7 @@ def test_latent_rows_measure_each_run_and_size_the_caches_and_weights(tiny, monk
                                     + rank * h * (p + dv) + h * dv * c + rank) * 4  # fmt: skip
     times = [rows[row] for row, *_ in bench_latent.RUNS]
     assert np.isfinite(times).all()  # every one was measured at least once
+    assert paged == [(1, 3)] * 2 * 3  # 2 rounds (warm-up, 1 repeat) of 3 steps
 
 
 def _spy(method, calls, tag):
