@@ -1,7 +1,8 @@
-"""MultiHeadLatentAttention and LatentCache (numpy_attention.latent): gradcheck of both
-computations on inputs and every parameter, torch autograd by name, the absorbed form equal to the
-expanded one, float32, decoding with the cache equal to the full sequence, ``absorb=None``'s
-choice, the cache's contract, Hugging Face's names, and bad input refused before any work.
+"""MultiHeadLatentAttention (numpy_attention.latent): gradcheck of both computations on inputs
+and every parameter, torch autograd by name, the absorbed form equal to the expanded one, float32,
+decoding with the cache equal to the full sequence, over pages equal to the contiguous cache,
+``absorb=None``'s choice, Hugging Face's names, and bad input (a wrong cache of either kind
+included) refused before any work. The caches themselves: test_latent_cache.py.
 
 The torch oracle is the layer written in torch ops from its definition, expanded: ``F.linear``,
 torch's ``F.rms_norm``, ``test_rope.torch_rope`` (DeepSeek's interleaved pairs as complex numbers

@@ -1,9 +1,10 @@
 """torch_attention.latent, the torch twin of multi-head latent attention: the state dict and weight
 transfer both ways, autograd gradcheck of both computations, the absorbed form equal to the
-expanded one, decoding with the cache equal to the full forward on every backend, the cache's
-refusals (nothing written), and bad input. The layer against its NumPy twin on every option and
-backend is the parity registry's (tests/parity/test_registry.py); against transformers,
-tests/parity/test_hf_latent.py.
+expanded one, decoding with the cache equal to the full forward on every backend and over pages
+equal to the contiguous cache, the cache's refusals through the layer (nothing written), and bad
+input; the caches themselves: test_latent_cache.py. The layer against its NumPy twin on every
+option and backend is the parity registry's (tests/parity/test_registry.py); against
+transformers, tests/parity/test_hf_latent.py.
 """
 
 from __future__ import annotations
