@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .checker import specs
-from .checker.battery import DEFAULT, QUICK, RING, STRESS
+from .checker.battery import DEFAULT, RING, STRESS
 from .checker.kernels import DEFAULT_DTYPES, DTYPES, battery_for, check_seed
 from .checker.render import (
     SCHEMA_VERSION,
@@ -277,20 +277,58 @@ def _features(args: argparse.Namespace) -> frozenset[str] | None:
 
 
 def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Print the cases of the spec's battery: name, shape, options it needs, whether the spec's
-    default battery runs it."""
+    """Print the cases of the spec's battery (for ``--features``, when given): name, shape,
+    options it needs; then its coverage, computed from the cases: every pair of its factors'
+    values, how many cases hold each value, the size requirements met; then the named cases,
+    each with whether the spec can run it."""
+    from .checker import battery as batteries
+    from .checker import pairs
+
     name = "stress" if args.stress else "quick" if args.quick else "default"
-    battery = {"default": DEFAULT, "quick": QUICK, "stress": STRESS}[name]
-    if args.spec == "ring":
-        battery, name = RING, "ring"
-    print(f"{name} battery, {args.spec} spec: case, B H N M D Dv, what it needs")
-    for case in battery:
-        reason = specs.cannot_express(args.spec, case)
-        shape = " ".join(f"{value:>4}" for value in case.shape.values())
-        needs = ", ".join(sorted(case.needs)) or "-"
-        note = f"  (not in this spec: {reason})" if reason else ""
-        print(f"{case.name:20} {shape}  {needs}{note}")
+    try:
+        features = _features(args)
+        cases = battery_for(args.spec, name, features)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.spec == "ring" and name != "stress":
+        name = "ring"
+    width = max(20, *(len(case.name) for case in cases + batteries.NAMED))
+    claimed = "" if features is None else f", features {','.join(sorted(features))}"
+    print(f"{name} battery, {args.spec} spec{claimed}: {len(cases)} cases")
+    print(f"{'case':{width}} {'B':>4} {'H':>4} {'N':>4} {'M':>4} {'D':>4} {'Dv':>4}  needs")
+    for case in cases:
+        _print_case(case, width, features, args.spec)
+    if name != "stress":
+        held = [case for case in cases if features is None or not case.needs - features]
+        found = pairs.coverage(args.spec, held, features)
+        met = batteries.size_coverage(args.spec, held, features)
+        print(f"pair coverage: {found.required - len(found.missing)} of {found.required} pairs "
+              f"of values of {len(found.counts)} factors meet in a case "
+              f"({found.fraction:.0%}); cases holding each value:")  # fmt: skip
+        for factor, counts in found.counts.items():
+            print(f"  {factor}: " + ", ".join(f"{value} {count}" for value, count in
+                                             counts.items()))  # fmt: skip
+        for first, second in sorted(found.missing):
+            print(f"  missing: {first[0]}={first[1]} with {second[0]}={second[1]}")
+        if met:
+            print(f"size requirements: {sum(met.values())} of {len(met)} met")
+            for line in batteries.size_summary(args.spec, held, features):
+                print(f"  {line}")
+    print("named cases (not in the battery; run one with --case NAME):")
+    for case in batteries.NAMED:
+        _print_case(case, width, features, args.spec)
     return 0
+
+
+def _print_case(case: Any, width: int, features: Any, spec: str) -> None:
+    """One line of ``--list-cases``: name, shape, needs, and why the spec does not run it."""
+    shape = " ".join(f"{value:>4}" for value in case.shape.values())
+    needs = ", ".join(sorted(case.needs)) or "-"
+    reason = specs.cannot_express(spec, case)
+    note = f"  (not in this spec: {reason})" if reason else ""
+    if not reason and features is not None and case.needs - features:
+        note = "  (not run: needs features not declared)"
+    print(f"{case.name:{width}} {shape}  {needs}{note}")
 
 
 def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:

@@ -1,408 +1,629 @@
-"""The batteries of cases the kernel checker runs: what each case exercises and how its inputs
-are drawn.
+"""The batteries of cases the kernel checker runs, built by code from what they must cover.
 
-A case is a shape plus the options of today's attention family (causal with its alignment, a
-bool or float mask, scale, dropout, GQA, a window, softcap, ALiBi, packed variable-length
-sequences) plus how the inputs are distributed. Inputs are drawn in float64 from a generator
-seeded by (seed, case name), so a verdict is reproducible and does not depend on which other
-cases run. Which spec can express which case is ``checker.specs``' business; what a case needs
-from a kernel is ``Case.needs`` (the feature names of ``specs.FEATURES``).
+For a spec (``checker.specs``) and the features a kernel claims, the default battery is
+1. a covering array of the spec's factors (``checker.pairs``): every pair of values that one
+   case can hold meets in some case (causal with each mask and alignment, a window under
+   bottom-right, softcap with a window, ALiBi per head and per batch element under GQA,
+   Dv < D and > D under GQA, varlen with every option, every memory layout with each);
+2. concrete sizes for its rows, chosen greedily to meet ``requirements``, the sizes where
+   block-tiled kernels break: each block-edge length 63, 64, 65, 127, 128, 129, 255, 256, 257
+   as N and as M, causal and not; non-causal N a multiple of 128 with M not (where
+   zero-padded keys enter the softmax) and N = M a multiple of 128; a decode step N = 1; many
+   keys (M = 1024) with a small B * H, causal and not (the split-KV paths); head widths 16 ...
+   256 with N > M and with N < M, and an odd one. A row with no option is added only for a
+   size the array's rows could not take.
+Every generated case is named by what it holds (its options, then N x M and D), so the same
+case built for two specs or feature sets is one case, and a report's name says what failed.
+``quick_battery`` keeps, from the default battery, the cheapest case for each of ``TEETH``
+(what the pitfalls need) and for each value of each factor: it still flags every pitfall.
+Both are functions of (spec, features), so a kernel that claims fewer features gets a battery
+with every pair of the features it claims.
+
+``DEFAULT`` holds every case addressable by name outside the stress and ring batteries: each
+spec's default battery (every feature claimed) and the named cases of ``checker.named``;
+``QUICK`` each spec's quick battery; ``STRESS`` the stress battery; ``RING`` the ring spec's
+battery (its own: self-attention of 48 positions, a covering array of its factors grown from
+the named ring cases).
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
-D head width, Dv value width; for a packed (varlen) case S sequences, T_q and T_k the packed
-query and key token counts.
+D head width, Dv value width; for a packed (varlen) case S sequences.
 
-``DEFAULT`` is the battery behind the checker's verdict (``docs/kernel-verification.md`` lists what
-each case is for); ``QUICK`` is a subset of it for ``--quick`` that still flags every pitfall;
-``STRESS`` holds conditions where real kernels are known to drift (extreme logits), whose results
-are findings, not verdicts; ``RING`` the self-attention cases of the distributed spec.
-
-Tests: tests/checker/test_battery.py
+Tests: tests/checker/test_battery.py (pair coverage: tests/checker/test_pairs.py)
 """
 
 from __future__ import annotations
 
-import math
-import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
-import numpy as np
+from . import pairs
+from .case import ALIBI, ALIGNS, INPUTS, LAYOUTS, MASKS, MEMORY, Case, CaseInputs, make_inputs
+from .named import NAMED, RING_SEEDS, STRESS
 
-MASKS = ("none", "bool", "float", "dead-bool", "dead-float")
-INPUTS = ("gauss", "heavy")
-ALIGNS = ("top-left", "bottom-right")
-ALIBI = ("none", "H", "BH")
-LAYOUTS = ("contiguous", "zigzag")
+__all__ = [
+    "ALIBI", "ALIGNS", "INPUTS", "LAYOUTS", "MASKS", "MEMORY", "Case", "CaseInputs",
+    "make_inputs", "NAMED", "STRESS", "default_battery", "quick_battery", "requirements",
+    "size_coverage", "resolve", "lookup", "pick", "TEETH",
+]  # fmt: skip
+
+EDGES = (63, 64, 65, 127, 128, 129, 255, 256, 257)
+SPLIT_KEYS = 1024
+BLOCK = 128  # the key block of the kernels the sizes aim at
+WIDTHS = (16, 32, 64, 128, 256)
+ODD_WIDTH = 33
+DROPOUT_P = 0.3
+SHARP_LOGITS = 30.0
+SOFTCAP = 5.0
+GENERATED_SPECS = ("sdpa", "flash", "flash_varlen", "flex")
+WIDE_MODEL = 256  # the widest H * D a case takes (wide heads go to rows of few heads)
+
+_N_POOL = (1, 37, *EDGES)
+_M_POOL = (37, 113, *EDGES, SPLIT_KEYS)
+_FILLER = {"n<m": (37, 113), "n=m": (48, 48), "n>m": (113, 37)}
+_D_POOL = (64, 32, 16, 128, 256, ODD_WIDTH)  # ties go to the first
+_PACKED_REST = ((1, 64), (64, 37), (20, 20))  # a packed row's sequences after its own (N, M)
+_MEMORY_TAGS = {"fused": "fused", "kv-strides": "kvstrides", "offset": "offset"}
 
 
-@dataclass(frozen=True)
-class Case:
-    """One configuration of the kernel's arguments and inputs.
+class Sizes(NamedTuple):
+    """What the size requirements read of a case (of one sequence of a packed case)."""
 
-    Attributes:
-        name: unique, used in reports and to seed the inputs.
-        batch, heads, n, m, d: B, H, N, M, D. For a packed case (``seqlens`` given) ``batch``
-            is the number of sequences S and ``n``, ``m`` the packed totals T_q, T_k.
-        dv: Dv, the value head width; None means D.
-        heads_kv: H_kv, the key/value heads (GQA when fewer than H); None means H.
-        causal: query i sees keys j <= p_i, with p_i = i (``align="top-left"``, SDPA's
-            ``is_causal``) or i + M - N (``"bottom-right"``, flash-attn's).
-        align: where query i sits on the key axis, for causal, the window and ALiBi.
-        window: (left, right): query i sees keys p_i - left <= j <= p_i + right; None on a
-            side is unbounded.
-        softcap: > 0 caps the scores with ``softcap * tanh(S / softcap)``.
-        alibi: "none", "H" (slopes (H,)) or "BH" (slopes (B, H), one row per batch element or
-            sequence): ``S -= slope * |p_i - j|``.
-        mask: "none"; "bool" (random, True = may attend, shape (B, 1, N, M)); "float" (an
-            ALiBi-like additive bias with -inf holes, shape (1, H, N, M)); "dead-bool" and
-            "dead-float" (shape (B, H, N, M), with some query rows fully masked: golden 0).
-        scale: None lets the kernel use 1 / sqrt(D).
-        inputs: "gauss" (standard normal) or "heavy" (Student-t with 3 degrees of freedom, with
-            outlier channels in q, k and v, as real activations have).
-        logits: the typical magnitude of the scores q k^T * scale (q and k are scaled for it).
-        dropout_p: the checker recovers the kernel's keep-mask (``kernels``).
-        seqlens: for packed variable-length sequences, the (query, key) length of each
-            sequence; lengths, never offsets, so the offsets are monotonic by construction.
-        layout: how the distributed spec shards the sequence ("contiguous" or "zigzag").
-    """
-
-    name: str
-    batch: int
-    heads: int
     n: int
     m: int
     d: int
-    dv: int | None = None
-    causal: bool = False
-    mask: str = "none"
-    scale: float | None = None
-    inputs: str = "gauss"
-    logits: float = 1.0
-    dropout_p: float = 0.0
-    heads_kv: int | None = None
+    causal: bool
+    batch_heads: int
+    packed: bool
     align: str = "top-left"
-    window: tuple[int | None, int | None] | None = None
-    softcap: float = 0.0
-    alibi: str = "none"
-    seqlens: tuple[tuple[int, int], ...] | None = None
-    layout: str = "contiguous"
-
-    def __post_init__(self) -> None:
-        for field, value, allowed in (
-            ("mask", self.mask, MASKS),
-            ("inputs", self.inputs, INPUTS),
-            ("align", self.align, ALIGNS),
-            ("alibi", self.alibi, ALIBI),
-            ("layout", self.layout, LAYOUTS),
-        ):
-            if value not in allowed:
-                raise ValueError(
-                    f"case {self.name}: {field} must be one of {allowed}, got {value!r}"
-                )
-        if self.causal and self.mask != "none":
-            raise ValueError(f"case {self.name}: SDPA takes is_causal or attn_mask, not both")
-        if self.dropout_p and (self.mask != "none" or self.causal or self.value_width != self.m):
-            raise ValueError(
-                f"case {self.name}: a dropout case needs no mask and Dv == M, so that the "
-                "checker can read the keep-mask back from the kernel (see calls.py)"
-            )
-        if self.kv_heads < 1 or self.heads % self.kv_heads:
-            raise ValueError(
-                f"case {self.name}: heads_kv must divide heads, got H = {self.heads}, "
-                f"H_kv = {self.heads_kv}"
-            )
-        if self.window is not None and any(
-            side is not None and (not isinstance(side, int) or side < 0) for side in self.window
-        ):
-            raise ValueError(f"case {self.name}: window sides must be ints >= 0 or None")
-        if self.seqlens is not None:
-            self._check_seqlens()
-
-    def _check_seqlens(self) -> None:
-        lengths = self.seqlens or ()
-        if any(
-            not isinstance(length, int) or isinstance(length, bool) or length < 0
-            for pair in lengths
-            for length in pair
-        ):
-            raise ValueError(
-                f"case {self.name}: seqlens are (query, key) lengths >= 0, got {lengths}; "
-                "offsets that decrease cannot be built from them"
-            )
-        totals = (len(lengths), sum(n for n, _ in lengths), sum(m for _, m in lengths))
-        if totals != (self.batch, self.n, self.m):
-            raise ValueError(
-                f"case {self.name}: batch, n, m must be S, T_q, T_k = {totals} of seqlens "
-                f"{lengths}, got {(self.batch, self.n, self.m)}"
-            )
-        if self.mask != "none" or self.dropout_p:
-            raise ValueError(f"case {self.name}: a packed case takes no mask and no dropout")
-
-    @property
-    def value_width(self) -> int:
-        """Dv."""
-        return self.d if self.dv is None else self.dv
-
-    @property
-    def kv_heads(self) -> int:
-        """H_kv."""
-        return self.heads if self.heads_kv is None else self.heads_kv
-
-    @property
-    def packed(self) -> bool:
-        """Whether the case is packed variable-length sequences (flash-attn's varlen layout)."""
-        return self.seqlens is not None
-
-    @property
-    def cu_seqlens(self) -> tuple[np.ndarray, np.ndarray]:
-        """The cumulative offsets (S + 1,) of queries and keys: one sequence per batch element
-        of an ordinary case, ``seqlens`` of a packed one."""
-        lengths = self.seqlens or ((self.n, self.m),) * self.batch
-        cu_q = np.concatenate([[0], np.cumsum([n for n, _ in lengths])]).astype(np.int64)
-        cu_k = np.concatenate([[0], np.cumsum([m for _, m in lengths])]).astype(np.int64)
-        return cu_q, cu_k
-
-    @property
-    def positioned(self) -> bool:
-        """Whether query positions matter: causal, a window or ALiBi with N != M somewhere
-        (then top-left and bottom-right differ)."""
-        if not (self.causal or self.window is not None or self.alibi != "none"):
-            return False
-        return any(n != m for n, m in (self.seqlens or ((self.n, self.m),)))
-
-    @property
-    def needs(self) -> frozenset[str]:
-        """The features (``specs.FEATURES``) a kernel must have to run this case."""
-        needs = {
-            "mask": self.mask != "none",
-            "causal": self.causal,
-            "dropout": bool(self.dropout_p),
-            "gqa": self.kv_heads != self.heads,
-            "window": self.window is not None,
-            "softcap": bool(self.softcap),
-            "alibi": self.alibi != "none",
-            "dv": self.value_width != self.d,
-        }
-        return frozenset(name for name, needed in needs.items() if needed)
-
-    @property
-    def shape(self) -> dict[str, int]:
-        """The sizes of the case by legend letter: B, H, N, M, D, Dv (S, T_q, T_k when packed)."""
-        return {
-            "B": self.batch,
-            "H": self.heads,
-            "N": self.n,
-            "M": self.m,
-            "D": self.d,
-            "Dv": self.value_width,
-        }
 
 
-class CaseInputs(NamedTuple):
-    """float64 inputs of one case. Ordinary cases: q (B, H, N, D), k (B, H_kv, M, D),
-    v (B, H_kv, M, Dv), dout (B, H, N, Dv); packed cases: q (T_q, H, D), k (T_k, H_kv, D),
-    v (T_k, H_kv, Dv), dout (T_q, H, Dv). ``attn_mask`` is bool, float64 or None;
-    ``alibi_slopes`` (H,) or (B, H) or None."""
+class Requirement(NamedTuple):
+    """A size a battery must hold: met when ``test`` holds for some case's sizes. Head width
+    requirements (``widths``) are chosen after the lengths."""
 
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    attn_mask: np.ndarray | None
-    dout: np.ndarray
-    alibi_slopes: np.ndarray | None = None
+    label: str
+    test: Callable[[Sizes], bool]
+    widths: bool = False
+    edge: bool = False  # a block-edge length as N or M
 
 
-def make_inputs(case: Case, seed: int) -> CaseInputs:
-    """The float64 inputs of ``case`` for ``seed``; the same (case, seed) gives the same arrays."""
-    rng = np.random.default_rng([seed, zlib.crc32(case.name.encode())])
-    b, h, h_kv, n, m = case.batch, case.heads, case.kv_heads, case.n, case.m
-    d, dv = case.d, case.value_width
-    if case.packed:
-        shapes = ((n, h, d), (m, h_kv, d), (m, h_kv, dv), (n, h, dv))
-    else:
-        shapes = ((b, h, n, d), (b, h_kv, m, d), (b, h_kv, m, dv), (b, h, n, dv))
-    q, k, v = (_draw(rng, case.inputs, shape) for shape in shapes[:3])
-    # Scores q k^T * scale have a spread of about sqrt(D) * scale for unit inputs; scale q and k
-    # so that the spread is ``case.logits``.
-    scale = 1.0 / math.sqrt(d) if case.scale is None else case.scale
-    stretch = math.sqrt(case.logits / (math.sqrt(d) * scale))
-    dout = rng.standard_normal(shapes[3])
-    mask = None if case.packed else _draw_mask(rng, case)
-    return CaseInputs(q * stretch, k * stretch, v, mask, dout, _slopes(case))
+def requirements(spec: str, features: Iterable[str] | None = None) -> tuple[Requirement, ...]:
+    """The size requirements of ``spec``'s default battery (the ring spec has none: its
+    ranks split one length)."""
+    if spec == "ring":
+        return ()
+    causal = (False, True) if features is None or "causal" in set(features) else (False,)
+    found = [
+        Requirement(
+            f"{side} = {length}{', causal' if c else ''}", _edge(side, length, c), edge=True
+        )
+        for side in ("N", "M")
+        for length in EDGES
+        for c in causal
+    ]
+    found += [
+        Requirement(
+            "non-causal, N a multiple of 128 and M not (zero-padded keys)",
+            lambda s: not s.causal and s.n % 128 == 0 and s.m % 128 != 0,
+        ),
+        Requirement(
+            "non-causal, N = M a multiple of 128",
+            lambda s: not s.causal and s.n == s.m and s.n % 128 == 0,
+        ),
+        Requirement("N = 1 (a decode step)", lambda s: s.n == 1),
+    ]
+    found.append(Requirement(f"split-KV: M = {SPLIT_KEYS}, N <= 256, B * H <= 4", _split(False)))
+    if True in causal:
+        found.append(Requirement(
+            f"split-KV, causal: M = {SPLIT_KEYS}, B * H <= 4, the last {BLOCK} keys hidden "
+            "from a row",
+            _split(True),
+        ))  # fmt: skip
+    found += [
+        Requirement(f"D = {d}, N {relation} M", _width(d, relation), widths=True)
+        for d in WIDTHS
+        for relation in (">", "<")
+    ]
+    found.append(Requirement("an odd D", lambda s: s.d % 2 == 1, widths=True))
+    return tuple(found)
 
 
-def _slopes(case: Case) -> np.ndarray | None:
-    """ALiBi's usual geometric slopes 2^(-8 (h + 1) / H); per batch element they grow by half
-    of themselves per element, so that a kernel reading row 0 for every element is wrong."""
-    if case.alibi == "none":
+def _edge(side: str, length: int, causal: bool) -> Callable[[Sizes], bool]:
+    return lambda s: (s.n if side == "N" else s.m) == length and s.causal == causal
+
+
+def _split(causal: bool) -> Callable[[Sizes], bool]:
+    """Many keys for few rows: the split-KV path; causal, a row must have a whole block of its
+    keys hidden (the last BLOCK keys, M being a multiple of it: row 0 sees M - 1 keys fewer
+    top-left, N - 1 bottom-right), where a split's running max stays -inf."""
+    if not causal:
+        return lambda s: (
+            not s.packed and not s.causal and s.m >= SPLIT_KEYS and s.n <= 256
+            and s.batch_heads <= 4
+        )  # fmt: skip
+    return lambda s: (
+        not s.packed and s.causal and s.m >= SPLIT_KEYS and s.batch_heads <= 4
+        and (s.m - 1 if s.align == "top-left" else s.n - 1) >= BLOCK
+    )  # fmt: skip
+
+
+def _width(d: int, relation: str) -> Callable[[Sizes], bool]:
+    return lambda s: s.d == d and (s.n > s.m if relation == ">" else s.n < s.m)
+
+
+def sizes_of(case: Case) -> list[Sizes]:
+    """The sizes of a case, one per sequence of a packed case."""
+    return [
+        Sizes(n, m, case.d, case.causal, case.batch * case.heads, case.packed, case.align)
+        for n, m in dict.fromkeys(case.lengths)
+    ]
+
+
+def size_coverage(
+    spec: str, cases: Iterable[Case], features: Iterable[str] | None = None
+) -> dict[str, bool]:
+    """For each size requirement of ``spec``, whether some case of ``cases`` meets it."""
+    sizes = [s for case in cases for s in sizes_of(case)]
+    return {r.label: any(r.test(s) for s in sizes) for r in requirements(spec, features)}
+
+
+def size_summary(
+    spec: str, cases: Iterable[Case], features: Iterable[str] | None = None
+) -> list[str]:
+    """``size_coverage`` as lines to print: the block-edge lengths met as N and as M, causal and
+    not, on one line each, then every other requirement with the first case that meets it."""
+    cases = list(cases)
+    reqs = requirements(spec, features)
+    edges = {r.label: r for r in reqs if r.edge}
+    lines = []
+    for side in ("N", "M"):
+        for causal in ("", ", causal"):
+            labels = [f"{side} = {length}{causal}" for length in EDGES]
+            if labels[0] in edges:
+                held = [label.split()[2].rstrip(",") for label in labels
+                        if _met_by(edges[label], cases)]  # fmt: skip
+                lines.append(f"{side}{causal or ', non-causal'} at the block edges: "
+                             f"{len(held)} of {len(labels)} ({' '.join(held)})")  # fmt: skip
+    for r in reqs:
+        if not r.edge:
+            found = _met_by(r, cases)
+            lines.append(f"{r.label}: {found.name if found else 'NOT MET'}")
+    return lines
+
+
+def _met_by(requirement: Requirement, cases: list[Case]) -> Case | None:
+    return next((c for c in cases if any(requirement.test(s) for s in sizes_of(c))), None)
+
+
+# -- building ------------------------------------------------------------------------------------
+
+
+def default_battery(spec: str, features: Iterable[str] | None = None) -> tuple[Case, ...]:
+    """The default battery of ``spec`` for a kernel claiming ``features`` (None: all)."""
+    return _default(spec, _key(spec, features))
+
+
+def _key(spec: str, features: Iterable[str] | None) -> frozenset[str] | None:
+    """The features that shape ``spec``'s battery: those with a factor in its space (lse has
+    none); None when that is all of them."""
+    if features is None:
         return None
-    slopes = 2.0 ** (-8.0 * np.arange(1, case.heads + 1) / case.heads)  # (H,)
-    if case.alibi == "H":
-        return slopes
-    return slopes[None, :] * (1.0 + 0.5 * np.arange(case.batch))[:, None]  # (B, H)
+    factors = frozenset(pairs.FEATURE_FACTORS) & frozenset(pairs.SPACES[spec])
+    claimed = frozenset(features) & factors
+    return None if claimed == factors else claimed
 
 
-def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    if kind == "gauss":
-        return rng.standard_normal(shape)
-    # Unit-variance Student-t(3), with two outlier channels six times larger.
-    values = rng.standard_t(3, shape) / math.sqrt(3.0)
-    channels = rng.choice(shape[-1], size=2, replace=False)
-    values[..., channels] *= 6.0
-    return values
-
-
-def _draw_mask(rng: np.random.Generator, case: Case) -> np.ndarray | None:
-    b, h, n, m = case.batch, case.heads, case.n, case.m
-    if case.mask == "none":
-        return None
-    if case.mask == "float":
-        slopes = 2.0 ** -np.arange(1, h + 1)  # (H,)
-        distance = np.abs(np.arange(n)[:, None] - np.arange(m)[None, :])  # (N, M)
-        bias = -slopes[:, None, None] * distance  # (H, N, M)
-        holes = _with_one_per_row(rng.random((h, n, m)) < 0.1, rng)
-        return np.where(holes, -np.inf, bias)[None]  # (H, N, M) -> (1, H, N, M)
-    if case.mask == "bool":
-        masked = _with_one_per_row(rng.random((b, 1, n, m)) < 0.4, rng)
-        return ~masked  # (B, 1, N, M), True = may attend
-    masked = _with_one_per_row(rng.random((b, h, n, m)) < 0.3, rng)
-    dead = rng.choice(n, size=max(1, n // 8), replace=False)
-    masked[..., dead, :] = True  # these query rows attend to nothing
-    if case.mask == "dead-bool":
-        return ~masked  # (B, H, N, M)
-    return np.where(masked, -np.inf, 0.0)  # (B, H, N, M)
-
-
-def _with_one_per_row(masked: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Unmask one random key in every row, so that no row is fully masked by chance."""
-    keep = rng.integers(0, masked.shape[-1], masked.shape[:-1])
-    np.put_along_axis(masked, keep[..., None], False, axis=-1)
-    return masked
-
-
-BR = "bottom-right"
-VARLEN_LENGTHS = ((37, 113), (1, 64), (64, 37), (20, 20))
-
-DEFAULT: tuple[Case, ...] = (
-    Case("single-query", 1, 1, 1, 37, 16),
-    Case("plain", 2, 3, 37, 113, 64),
-    Case("long-keys-d128", 1, 2, 113, 203, 128),
-    Case("odd-d33", 2, 1, 203, 37, 33),
-    Case("causal-square", 2, 2, 128, 128, 32, causal=True),
-    Case("causal-n<m", 1, 2, 37, 113, 64, causal=True),
-    Case("causal-n>m", 2, 1, 113, 37, 48, causal=True),
-    Case("bool-mask", 2, 2, 37, 113, 64, mask="bool"),
-    Case("float-mask", 1, 3, 113, 128, 64, mask="float"),
-    Case("dead-rows-bool", 2, 2, 37, 64, 32, mask="dead-bool"),
-    Case("dead-rows-float", 1, 2, 37, 64, 32, mask="dead-float"),
-    Case("scale-1/d", 2, 2, 37, 113, 64, scale=1.0 / 64),
-    # Dv != D with the default scale: the scale is 1 / sqrt(D), never 1 / sqrt(Dv).
-    Case("dv>d", 2, 2, 37, 113, 32, dv=64),
-    Case("dv<d", 1, 3, 113, 37, 64, dv=16),
-    Case("large-logits", 1, 2, 113, 113, 64, logits=30.0),
-    Case("heavy-tailed", 2, 2, 128, 128, 64, causal=True, inputs="heavy"),
-    Case("dropout", 2, 2, 37, 64, 64, dropout_p=0.3),
-    # GQA: 2 and 1 KV heads of 4 (the group sums of dK and dV are judged).
-    Case("gqa-2of4", 2, 4, 37, 113, 32, heads_kv=2),
-    Case("gqa-1of4-causal", 1, 4, 64, 64, 32, causal=True, heads_kv=1),
-    # Bottom-right causal (flash-attn's): N < M, N > M (the first N - M rows see nothing), and
-    # one decode step against a long cache.
-    Case("causal-br-n<m", 1, 2, 37, 113, 64, causal=True, align=BR),
-    Case("causal-br-n>m", 2, 1, 113, 37, 48, causal=True, align=BR),
-    Case("decode-n1", 2, 4, 1, 203, 64, causal=True, align=BR, heads_kv=2),
-    # Windows: one-sided (a causal sliding window), two-sided with each alignment.
-    Case("window-causal", 2, 2, 128, 128, 32, causal=True, window=(16, None)),
-    Case("window-br", 1, 2, 37, 113, 32, window=(8, 5), align=BR),
-    Case("window-tl", 1, 2, 113, 37, 32, window=(4, 9)),
-    # Softcap at logits that it actually bends (spread 30 against a cap of 5), alone and with
-    # what it meets in models, in the pipeline's order (cap, then ALiBi, then the masks): a
-    # causal sliding window bottom-right (Gemma 2's sliding layers), and ALiBi.
-    Case("softcap", 1, 2, 64, 64, 64, softcap=5.0, logits=30.0),
-    Case("softcap-window", 2, 2, 64, 96, 32, causal=True, window=(24, None), softcap=2.0,
-         logits=30.0, align=BR),
-    Case("softcap-alibi", 1, 4, 37, 113, 32, softcap=5.0, logits=30.0, alibi="H", align=BR),
-    # ALiBi per head and per batch element; causal with N < M is where flash-attn's lse
-    # convention differs from the golden's (docs/derivations/alibi.md).
-    Case("alibi-h", 2, 4, 37, 113, 32, alibi="H", align=BR),
-    Case("alibi-bh-causal", 2, 2, 37, 113, 32, causal=True, alibi="BH", align=BR),
-    # Packed variable-length sequences, unequal lengths and a length-1 sequence.
-    Case("varlen", 4, 2, 122, 234, 32, seqlens=VARLEN_LENGTHS),
-    Case("varlen-causal-gqa", 4, 4, 122, 234, 32, causal=True, align=BR, heads_kv=2,
-         seqlens=VARLEN_LENGTHS),
-)  # fmt: skip
-
-QUICK: tuple[Case, ...] = tuple(
-    case
-    for case in DEFAULT
-    if case.name
-    in (
-        "plain",
-        "causal-n<m",
-        "bool-mask",
-        "float-mask",
-        "dead-rows-bool",
-        "scale-1/d",
-        "dv>d",
-        "heavy-tailed",
-        "dropout",
-        "gqa-2of4",
-        "causal-br-n<m",
-        "window-causal",
-        "softcap",
-        "softcap-alibi",
-        "alibi-h",
-        "alibi-bh-causal",
-        "varlen",
+@functools.cache
+def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
+    if spec == "ring":
+        return _ring(features)
+    if spec not in GENERATED_SPECS:
+        raise ValueError(f"no battery for spec {spec!r}")
+    # A kernel claiming fewer features keeps the full battery's cases it can run (shared with
+    # every other kernel of the spec), and gets rows for the pairs and sizes they leave.
+    seeds = (
+        ()
+        if features is None
+        else tuple(case for case in _default(spec, None) if case.needs <= features)
     )
-)
-
-STRESS: tuple[Case, ...] = (
-    Case("logits-1e3", 1, 2, 113, 113, 64, logits=1e3),
-    Case("logits-1e4", 1, 2, 113, 113, 64, logits=1e4),
-    Case("logits-1e6", 1, 2, 113, 113, 64, logits=1e6),
-    Case("causal-logits-1e3", 1, 2, 113, 113, 64, causal=True, logits=1e3),
-    Case("long-1024", 1, 1, 1024, 1024, 64, causal=True),
-    Case("d256", 1, 2, 113, 203, 256),
-    Case("heavy-logits-100", 2, 2, 128, 128, 64, inputs="heavy", logits=100.0),
-)
-
-# Self-attention (N = M) for the distributed spec; 48 positions split into 2W equal chunks for
-# W in 2, 3, 4, 6 (zigzag) and more (contiguous).
-RING: tuple[Case, ...] = (
-    Case("ring-plain", 2, 2, 48, 48, 16),
-    Case("ring-causal", 2, 2, 48, 48, 16, causal=True),
-    Case("ring-causal-zigzag", 2, 2, 48, 48, 16, causal=True, layout="zigzag"),
-    Case("ring-gqa", 1, 4, 48, 48, 16, heads_kv=2, causal=True),
-    Case("ring-window", 1, 2, 48, 48, 16, window=(5, 3), layout="zigzag"),
-    Case("ring-softcap", 1, 2, 48, 48, 16, softcap=2.0, logits=5.0, causal=True),
-)
-
-BATTERIES = {"default": DEFAULT, "quick": QUICK, "stress": STRESS, "ring": RING}
+    reqs = requirements(spec, features)
+    lengths = [r for r in reqs if not r.widths and not _met_by(r, list(seeds))]
+    widths = [r for r in reqs if r.widths and not _met_by(r, list(seeds))]
+    array = pairs.covering_rows(spec, features, [pairs.case_values(spec, c) for c in seeds])
+    for row in array:
+        row.setdefault("align", pairs.ALIGN.get(spec, pairs.NA))  # a spec of one alignment
+    rows = [(row, *_pick_lengths(row, lengths)) for row in array]
+    while lengths:  # what the array's rows could not take: plain rows
+        rows.append(_plain_for_lengths(spec, features, lengths))
+    sized = []
+    for row, n, m in sorted(rows, key=lambda r: _cost(*r)):  # cheap rows take the wide heads
+        sized.append((row, n, m, _pick_width(row, n, m, widths)))
+    while widths:  # rare: a head width no row of its relation could take
+        row = _plain_row(spec, "off", "n>m" if "N >" in widths[0].label else "n<m")
+        n, m = _FILLER[row["lengths"]]
+        sized.append((row, n, m, _pick_width(row, n, m, widths)))
+    order = {id(row): i for i, (row, *_) in enumerate(rows)}
+    sized.sort(key=lambda entry: order.get(id(entry[0]), len(order)))
+    return _unique([*seeds, *(_case(spec, row, n, m, d) for row, n, m, d in sized)])
 
 
-def resolve(cases: str | Sequence[Case | str] | None) -> tuple[Case, ...]:
-    """The cases named by ``cases``: None (the default battery), a battery name ("default",
-    "quick", "stress", "ring"), or a sequence of ``Case`` objects and case names from any
-    battery."""
-    if cases is None:
-        return DEFAULT
-    if isinstance(cases, str):
-        if cases not in BATTERIES:
-            raise ValueError(
-                f"cases must be one of {sorted(BATTERIES)} or a sequence, got {cases!r}"
-            )
-        return BATTERIES[cases]
-    by_name = {case.name: case for case in DEFAULT + STRESS + RING}
-    resolved = []
+def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
+    """(N, M) for ``row``'s relation meeting the most unmet length requirements (then the
+    cheapest), which are removed from ``unmet``; a small odd pair when none is met."""
+    best, best_gain = _FILLER[row.get("lengths", "n<m")], 0
+    for n, m in _candidates(row.get("lengths", "n<m")):
+        if n == 1 and _top_left_causal(row):
+            continue  # query 0 would see key 0 alone: dq and dk exactly 0, nothing to judge
+        if m == SPLIT_KEYS and row.get("dropout") == "on":
+            continue  # dropout's probes and draws repeat the call: not on the longest keys
+        sizes = _sizes(row, n, m, 0)
+        gain = sum(r.test(sizes) for r in unmet)
+        if gain > best_gain or (gain == best_gain > 0 and _cost(row, n, m) < _cost(row, *best)):
+            best, best_gain = (n, m), gain
+    sizes = _sizes(row, *best, 0)
+    unmet[:] = [r for r in unmet if not r.test(sizes)]
+    return best
+
+
+def _top_left_causal(row: pairs.Row) -> bool:
+    """Whether the row is causal aligned top-left (query i sees keys j <= i)."""
+    return row.get("causal") == "on" and row.get("align") == "top-left"
+
+
+def _candidates(relation: str) -> list[tuple[int, int]]:
+    """(N, M) pairs of a relation; a length past 2 blocks pairs with one within them, at a
+    fraction of the cost of two long ones."""
+    if relation == "n=m":
+        pairs_ = [(length, length) for length in (37, *EDGES)]
+    elif relation == "n<m":
+        pairs_ = [(n, m) for n in _N_POOL for m in _M_POOL if n < m]
+    else:
+        pairs_ = [(n, m) for n in (113, *EDGES) for m in (37, *EDGES) if n > m]
+    return [(n, m) for n, m in pairs_ if min(n, m) <= BLOCK + 1]
+
+
+def _plain_for_lengths(
+    spec: str, features: frozenset[str] | None, unmet: list[Requirement]
+) -> tuple[pairs.Row, int, int]:
+    """A row with no option but causal, at the sizes meeting the most unmet requirements."""
+    causal = ("off", "on") if features is None or "causal" in features else ("off",)
+    best = None
+    for value in causal:
+        for relation in pairs.FACTORS["lengths"]:
+            row = _plain_row(spec, value, relation)
+            for n, m in _candidates(relation):
+                if n == 1 and _top_left_causal(row):
+                    continue
+                sizes = _sizes(row, n, m, 0)
+                gain = sum(r.test(sizes) for r in unmet)
+                key = (-gain, _cost(row, n, m))
+                if best is None or key < best[0]:
+                    best = (key, row, n, m)
+    if best is None or best[0][0] == 0:
+        raise ValueError(f"no size meets {[r.label for r in unmet]}")
+    _, row, n, m = best
+    sizes = _sizes(row, n, m, 0)
+    unmet[:] = [r for r in unmet if not r.test(sizes)]
+    return row, n, m
+
+
+def _plain_row(spec: str, causal: str, relation: str) -> pairs.Row:
+    """Every factor of ``spec`` off but causal and the lengths; aligned where positioned."""
+    row = {factor: values[0] for factor, values in pairs.space(spec).items()}
+    row.update(causal=causal, lengths=relation)
+    if spec in pairs.ALIGN:
+        row["align"] = pairs.ALIGN[spec]
+    else:
+        row["align"] = "top-left" if causal == "on" and relation != "n=m" else pairs.NA
+    return row
+
+
+def _pick_width(row: pairs.Row, n: int, m: int, unmet: list[Requirement]) -> int:
+    """D meeting the most unmet head width requirements (when none: 64, or 16 with many keys,
+    where the width changes nothing the lengths test)."""
+    best, best_gain = (16 if m >= SPLIT_KEYS else _D_POOL[0]), 0
+    heads = _shape(row, n, m)[1]
+    for d in _D_POOL:
+        if heads * d > WIDE_MODEL:
+            continue  # a model width H * D past it makes projections (nn.MultiheadAttention's) slow
+        gain = sum(r.test(_sizes(row, n, m, d)) for r in unmet)
+        if gain > best_gain:
+            best, best_gain = d, gain
+    sizes = _sizes(row, n, m, best)
+    unmet[:] = [r for r in unmet if not r.test(sizes)]
+    return best
+
+
+def _sizes(row: pairs.Row, n: int, m: int, d: int) -> Sizes:
+    batch, heads, _ = _shape(row, n, m)
+    packed = row.get("sequences") == "packed"
+    align = row.get("align", "top-left")
+    return Sizes(n, m, d, row.get("causal") == "on", batch * heads, packed, align)
+
+
+def _cost(row: pairs.Row, n: int, m: int) -> float:
+    """B * H * N * M * (D + Dv) / D: the work of a row per unit of head width."""
+    batch, heads, _ = _shape(row, n, m)
+    value_width = {"equal": 1.0, "smaller": 0.5, "larger": 2.0}[row.get("dv", "equal")]
+    return batch * heads * n * m * (1.0 + value_width)
+
+
+def _shape(row: pairs.Row, n: int, m: int) -> tuple[int, int, int]:
+    """(B, H, H_kv) of a row at lengths (N, M): 4 query heads under GQA; at least 2 heads for
+    a per-head mask or k and v of different strides; one head with many keys (the split-KV
+    path: few (batch, head) pairs); two batch elements where cheap (one per sequence for a
+    packed row, two for ALiBi per batch element)."""
+    grouping = row.get("gqa", "mha")
+    if grouping != "mha":
+        heads, heads_kv = 4, 2 if grouping == "gqa" else 1
+    else:
+        per_head = row.get("mask") in ("float", "dead-bool", "dead-float")
+        # k token-major and v head-major differ only along a heads axis longer than 1.
+        cycle = (2, 3) if per_head or row.get("memory") == "kv-strides" else (1, 2, 3)
+        heads = 1 if m >= 1024 else cycle[(n + m) % len(cycle)]
+        heads_kv = heads
+    if row.get("sequences") == "packed":
+        batch = 1 + len(_PACKED_REST)
+    elif row.get("alibi") == "per-batch":
+        batch = 2
+    else:
+        batch = 1 if m >= 1024 or n * m * heads > 2 * 128 * 128 else 2
+    return batch, heads, heads_kv
+
+
+def _case(spec: str, row: pairs.Row, n: int, m: int, d: int) -> Case:
+    """The case of a row at (N, M, D), named by what it holds."""
+
+    def value(factor: str) -> str:
+        return row.get(factor, pairs.FACTORS[factor][0])
+
+    batch, heads, heads_kv = _shape(row, n, m)
+    align = row.get("align", pairs.NA)
+    windows = {"none": None, "left": (max(1, m // 8), None),
+               "two-sided": (max(1, m // 8), max(1, m // 16))}  # fmt: skip
+    seqlens = ((n, m), *_PACKED_REST) if value("sequences") == "packed" else None
+    case = Case(
+        "",
+        batch,
+        heads,
+        sum(q for q, _ in seqlens) if seqlens else n,
+        sum(k for _, k in seqlens) if seqlens else m,
+        d,
+        dv={"equal": None, "smaller": max(8, d // 2), "larger": min(2 * d, d + 128)}[value("dv")],
+        causal=value("causal") == "on",
+        mask=value("mask"),
+        scale=1.0 / d if value("scale") == "given" else None,
+        inputs=value("inputs"),
+        logits=SHARP_LOGITS if value("logits") == "sharp" else 1.0,
+        dropout_p=DROPOUT_P if value("dropout") == "on" else 0.0,
+        heads_kv=heads_kv if heads_kv != heads else None,
+        align=pairs.ALIGN.get(spec, "top-left") if align == pairs.NA else align,
+        window=windows[value("window")],
+        softcap=SOFTCAP if value("softcap") == "on" else 0.0,
+        alibi={"none": "none", "per-head": "H", "per-batch": "BH"}[value("alibi")],
+        seqlens=seqlens,
+        layout=value("layout"),
+        memory=value("memory"),
+    )
+    if not case.positioned:  # top-left and bottom-right are one case here
+        case = dataclasses.replace(case, align="top-left")
+    return dataclasses.replace(case, name=name_of(case))
+
+
+def name_of(case: Case, prefix: str = "") -> str:
+    """What a generated case holds, as its name: its options (the mask first), then N x M (of
+    its first sequence) and D, e.g. ``dead-bool-gqa-dv<-fused-127x257-d64``."""
+    tags = [] if case.mask == "none" else [case.mask]
+    if case.causal:
+        tags.append("causal")
+    if case.window is not None:
+        left, right = case.window
+        tags.append("win" if not right else "win2" if left is not None else "winr")
+    if case.positioned and case.align == "bottom-right":
+        tags.append("br")
+    if case.softcap:
+        tags.append("cap")
+    tags += {"none": [], "H": ["alibi"], "BH": ["alibi-bh"]}[case.alibi]
+    if case.kv_heads != case.heads:
+        tags.append("mqa" if case.kv_heads == 1 else "gqa")
+    if case.value_width != case.d:
+        tags.append("dv<" if case.value_width < case.d else "dv>")
+    if case.dropout_p:
+        tags.append("drop")
+    if case.scale is not None:
+        tags.append("scale")
+    if case.inputs == "heavy":
+        tags.append("heavy")
+    if case.logits >= 10 and not case.softcap:
+        tags.append("sharp")
+    if case.memory != "contiguous":
+        tags.append(_MEMORY_TAGS[case.memory])
+    if case.packed:
+        tags.append("varlen")
+    if case.layout != "contiguous":
+        tags.append(case.layout)
+    n, m = case.lengths[0]
+    return prefix + "-".join(tags or ["plain"]) + f"-{n}x{m}-d{case.d}"
+
+
+def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
+    """``cases`` in order, each name once (a repeated name must be the same case)."""
+    found: dict[str, Case] = {}
     for case in cases:
-        if isinstance(case, Case):
-            resolved.append(case)
-        elif isinstance(case, str) and case in by_name:
-            resolved.append(by_name[case])
-        else:
-            raise ValueError(f"unknown case {case!r}; known: {sorted(by_name)}")
+        if found.setdefault(case.name, case) != case:
+            raise ValueError(f"two different cases are named {case.name!r}")
+    return tuple(found.values())
+
+
+def _ring(features: frozenset[str] | None) -> tuple[Case, ...]:
+    """The ring battery: the named ring cases the features allow, and the rows of the ring's
+    covering array they leave (48 positions, D = 16)."""
+    claimed = None if features is None else features
+    seeds = [c for c in RING_SEEDS if claimed is None or c.needs <= claimed]
+    rows = pairs.covering_rows(
+        "ring", features, [pairs.case_values("ring", case) for case in seeds]
+    )
+    generated = []
+    for row in rows:
+        case = _case("ring", row, 48, 48, 16)
+        if case.window is not None:  # a window that cuts 48 positions on both sides
+            window = (5, None) if case.window[1] is None else (5, 3)
+            case = dataclasses.replace(case, window=window)
+        generated.append(dataclasses.replace(case, name=name_of(case, "ring-")))
+    return _unique([*seeds, *generated])
+
+
+# -- the quick battery ---------------------------------------------------------------------------
+
+# What the pitfalls need (``checker.pitfalls`` picks its cases by these labels): the quick
+# battery holds the cheapest default case of each that the spec's battery has.
+TEETH: dict[str, Callable[[Case], bool]] = {
+    "any": lambda c: not c.packed,
+    "plain": lambda c: not c.needs and c.logits < 10 and c.inputs == "gauss" and c.n > 1
+    and c.scale is None and not c.packed,
+    # long rows and columns: the RMS of a small error everywhere stands out of rounding's
+    "plain, long": lambda c: not c.needs and c.logits < 10 and c.inputs == "gauss"
+    and min(c.n, c.m) >= 64 and c.scale is None and not c.packed,
+    "n<m": lambda c: c.n < c.m and not c.causal and c.window is None and c.scale is None
+    and not c.dropout_p and not c.packed,
+    "causal n<m": lambda c: c.causal and 1 < c.n < c.m and not c.packed,
+    "bool mask": lambda c: c.mask == "bool",
+    "float mask": lambda c: c.mask == "float" and c.logits < 10,
+    "dead rows": lambda c: c.mask.startswith("dead"),
+    "scale": lambda c: c.scale is not None,
+    "dv != d": lambda c: c.scale is None and c.value_width != c.d,
+    "dropout": lambda c: bool(c.dropout_p),
+    "gqa": lambda c: c.heads == 4 and c.kv_heads == 2,
+    "window": lambda c: c.window is not None and not c.packed,
+    "alibi": lambda c: c.alibi != "none" and not c.packed,
+    "softcap": lambda c: bool(c.softcap),
+    "softcap with alibi": lambda c: bool(c.softcap) and c.alibi != "none",
+    "alibi under gqa": lambda c: c.alibi != "none" and c.kv_heads < c.heads,
+    "kv strides": lambda c: c.memory == "kv-strides",
+    "padded keys": lambda c: not c.causal and c.n % 128 == 0 and c.m % 128 != 0
+    and not c.packed,
+    "last key of a block": lambda c: c.m % 64 == 1 and not c.packed,
+    "even square": lambda c: not c.causal and c.n == c.m and c.n % 128 == 0 and not c.packed,
+    "split causal": lambda c: c.causal and c.m >= SPLIT_KEYS and c.batch * c.heads <= 4,
+    "packed": lambda c: c.packed,
+}  # fmt: skip
+
+
+def quick_battery(spec: str, features: Iterable[str] | None = None) -> tuple[Case, ...]:
+    """The cheapest default case of ``spec`` for each of ``TEETH`` and for each value of each
+    factor (``features`` as for ``default_battery``), in the default battery's order."""
+    return _quick(spec, _key(spec, features))
+
+
+@functools.cache
+def _quick(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
+    battery = _default(spec, features)
+    if spec == "ring":
+        return battery
+    by_cost = sorted(battery, key=case_cost)
+    chosen = {name: None for name in (_cheapest(by_cost, test) for test in TEETH.values()) if name}
+    wanted = {(f, v) for f, values in pairs.space(spec, features).items() for v in values}
+    for case in battery:
+        if case.name in chosen:
+            wanted -= set(pairs.case_values(spec, case).items())
+    for case in by_cost:
+        held = set(pairs.case_values(spec, case).items()) & wanted
+        if held:
+            chosen[case.name] = None
+            wanted -= held
+    return tuple(case for case in battery if case.name in chosen)
+
+
+def _cheapest(by_cost: list[Case], test: Callable[[Case], bool]) -> str | None:
+    """The first case of ``by_cost`` that ``test`` accepts, preferring, in this order, more
+    than one query row (a single query hides what depends on the rows), no dropout, unsharp
+    logits and Gaussian inputs: where the half-precision baseline is close, a mistake stands
+    out most."""
+    found = [case for case in by_cost if test(case)]
+    found.sort(key=lambda c: (c.n == 1, bool(c.dropout_p), c.logits >= 10, c.inputs == "heavy"))
+    return found[0].name if found else None
+
+
+def case_cost(case: Case) -> int:
+    """The work of one call, about B * H * N * M * (D + Dv) (summed over packed sequences)."""
+    return case.heads * (case.d + case.value_width) * sum(n * m for n, m in case.lengths)
+
+
+def pick(spec: str, teeth: str, features: Iterable[str] | None = None) -> str:
+    """The name of the case the quick battery of ``spec`` holds for ``TEETH[teeth]``."""
+    name = _cheapest(sorted(_default(spec, _key(spec, features)), key=case_cost), TEETH[teeth])
+    if name is None:
+        raise ValueError(f"the {spec} battery has no case for {teeth!r}")
+    return name
+
+
+# -- by name -------------------------------------------------------------------------------------
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULT``, ``QUICK`` and ``RING``, built when first asked for."""
+    if name == "DEFAULT":
+        return _everything()
+    if name == "QUICK":
+        return _unique(case for spec in GENERATED_SPECS for case in _quick(spec, None))
+    if name == "RING":
+        return _default("ring", None)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _everything() -> tuple[Case, ...]:
+    generated = (case for spec in GENERATED_SPECS for case in _default(spec, None))
+    return _unique([*generated, *NAMED])
+
+
+def batteries(spec: str, features: Iterable[str] | None = None) -> dict[str, tuple[Case, ...]]:
+    """The named batteries of ``spec`` for ``features``: default, quick, stress, ring."""
+    key = _key(spec, features)
+    return {
+        "default": _default(spec, key),
+        "quick": _quick(spec, key),
+        "stress": STRESS,
+        "ring": _default("ring", None),
+    }
+
+
+def lookup(name: str, spec: str | None = None, features: Iterable[str] | None = None) -> Case:
+    """The case called ``name``: of ``spec``'s batteries for ``features``, of any spec's default
+    battery, a named, stress or ring case."""
+    pools: list[Iterable[Case]] = []
+    if spec is not None:
+        pools += batteries(spec, features).values()
+    pools += [_everything(), STRESS, _default("ring", None)]
+    for pool in pools:
+        for case in pool:
+            if case.name == name:
+                return case
+    raise ValueError(f"unknown case {name!r}; --list-cases names them")
+
+
+def resolve(
+    cases: str | Sequence[Case | str] | None,
+    spec: str | None = None,
+    features: Iterable[str] | None = None,
+) -> tuple[Case, ...]:
+    """The cases named by ``cases``: None (the default battery), a battery name ("default",
+    "quick", "stress", "ring"), or a sequence of ``Case`` objects and case names; batteries
+    and names are ``spec``'s for ``features`` (without a spec: every spec's)."""
+    if cases is None or isinstance(cases, str):
+        name = cases or "default"
+        if name not in ("default", "quick", "stress", "ring"):
+            raise ValueError(
+                f"cases must be one of ['default', 'quick', 'ring', 'stress'] or a sequence, "
+                f"got {cases!r}"
+            )
+        if spec is None:
+            return {"default": _everything(), "stress": STRESS, "ring": _default("ring", None),
+                    "quick": __getattr__("QUICK")}[name]  # fmt: skip
+        return batteries(spec, features)[name]
+    resolved = [case if isinstance(case, Case) else _named(case, spec, features) for case in cases]
     if not resolved:
         raise ValueError("cases is empty")
     names = [case.name for case in resolved]
@@ -410,3 +631,9 @@ def resolve(cases: str | Sequence[Case | str] | None) -> tuple[Case, ...]:
         repeated = sorted({name for name in names if names.count(name) > 1})
         raise ValueError(f"cases has repeated names: {repeated}")
     return tuple(resolved)
+
+
+def _named(name: object, spec: str | None, features: Iterable[str] | None) -> Case:
+    if not isinstance(name, str):
+        raise ValueError(f"unknown case {name!r}; cases are Case objects or names")
+    return lookup(name, spec, features)
