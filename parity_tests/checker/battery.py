@@ -511,9 +511,21 @@ TEETH: dict[str, Callable[[Case], bool]] = {
 }  # fmt: skip
 
 
+# The teeth each spec's pitfalls (``checker.pitfalls``) need.
+QUICK_TEETH: dict[str, tuple[str, ...]] = {
+    "sdpa": ("plain", "plain, long", "n<m", "causal n<m", "bool mask", "float mask", "dead rows",
+             "scale", "dv != d", "dropout", "gqa"),
+    "flash": ("any", "causal n<m", "window", "alibi", "softcap", "softcap with alibi",
+              "alibi under gqa", "kv strides", "padded keys", "last key of a block",
+              "even square", "split causal", "dropout"),
+    "flash_varlen": ("packed",),
+    "flex": (),
+}  # fmt: skip
+
+
 def quick_battery(spec: str, features: Iterable[str] | None = None) -> tuple[Case, ...]:
-    """The cheapest default case of ``spec`` for each of ``TEETH`` and for each value of each
-    factor (``features`` as for ``default_battery``), in the default battery's order."""
+    """The cheapest default case of ``spec`` for each of its ``QUICK_TEETH`` and for each value
+    of each factor (``features`` as for ``default_battery``), in the default battery's order."""
     return _quick(spec, _key(spec, features))
 
 
@@ -523,7 +535,8 @@ def _quick(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
     if spec == "ring":
         return battery
     by_cost = sorted(battery, key=case_cost)
-    chosen = {name: None for name in (_cheapest(by_cost, test) for test in TEETH.values()) if name}
+    teeth = (TEETH[label] for label in QUICK_TEETH[spec])
+    chosen = {name: None for name in (_cheapest(by_cost, test) for test in teeth) if name}
     wanted = {(f, v) for f, values in pairs.space(spec, features).items() for v in values}
     for case in battery:
         if case.name in chosen:
@@ -552,7 +565,10 @@ def case_cost(case: Case) -> int:
 
 
 def pick(spec: str, teeth: str, features: Iterable[str] | None = None) -> str:
-    """The name of the case the quick battery of ``spec`` holds for ``TEETH[teeth]``."""
+    """The name of the case the quick battery of ``spec`` holds for ``TEETH[teeth]`` (one of
+    the spec's ``QUICK_TEETH``)."""
+    if teeth not in QUICK_TEETH[spec]:
+        raise ValueError(f"{teeth!r} is not among the quick teeth of {spec}: {QUICK_TEETH[spec]}")
     name = _cheapest(sorted(_default(spec, _key(spec, features)), key=case_cost), TEETH[teeth])
     if name is None:
         raise ValueError(f"the {spec} battery has no case for {teeth!r}")

@@ -26,7 +26,8 @@ def _calibrate(monkeypatch, correct, pitfalls) -> tuple[int, list[str]]:
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
     monkeypatch.setattr(calibration, "PITFALLS", pitfalls)
     lines: list[str] = []
-    code = calibration.calibrate(1, "cpu", ("float32",), "quick", _Progress(), lines.append)
+    cases = ["plain", "causal-n<m"]  # two named cases: the measurement of a battery, small
+    code = calibration.calibrate(1, "cpu", ("float32",), cases, _Progress(), lines.append)
     return code, lines
 
 

@@ -35,12 +35,12 @@ IN_PROCESS = [name for name, target in TARGETS.items() if not target.isolate]
 
 @pytest.mark.parametrize("name", IN_PROCESS)
 def test_builtin_targets_fail_only_where_documented(name):
-    # float32 and bfloat16 on the quick battery; every dtype on the default battery is the
-    # main job, python -m parity_tests, and 60 seeds of it python -m parity_tests --calibrate 60.
+    # bfloat16 (the loosest dtype) on the quick battery; every dtype on the default battery is
+    # the main job, python -m parity_tests, and 60 seeds of it python -m parity_tests --calibrate.
     target = TARGETS[name]
 
     report = check_kernel(
-        target.kernel, spec=target.spec, features=target.features, dtypes=("float32", "bfloat16"),
+        target.kernel, spec=target.spec, features=target.features, dtypes=("bfloat16",),
         cases="quick", forward_only=target.forward_only, world_size=target.world_size,
     )  # fmt: skip
 
