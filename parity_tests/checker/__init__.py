@@ -4,7 +4,9 @@ golden (docs/kernel-verification.md).
 One idea per module, each importing only those above it in this list:
 ``case`` (one case and its inputs), ``pairs`` (each spec's factors and values, the pairs one
 case can hold, the covering array, pair coverage), ``named`` (the hand-written cases, kept by
-name), ``battery`` (the batteries built by code: pairs, sizes, names, quick), ``reference`` (the
+name), ``sizes`` (the block edges, split-KV paths and head widths a battery must hold),
+``generate`` (each spec's default battery: the covering array sized, shaped and named),
+``battery`` (the batteries and the cases by name; the quick battery), ``reference`` (the
 plain same-dtype baseline), ``specs`` (how each library's signature and layout calls a kernel,
 and the features it can express), ``report`` (rows, verdicts, coverage), ``judge`` (the
 tolerance policy on one tensor, the bias statistic, lse, dropout's draws), ``expected`` (a

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests.checker import battery, pairs
+from parity_tests.checker import battery, generate, pairs
 from parity_tests.checker.battery import (
     DEFAULT,
     QUICK,
@@ -100,7 +100,7 @@ def test_a_narrower_battery_keeps_the_full_ones_cases_it_can_run():
 
 
 def test_the_batteries_are_the_same_in_every_process():
-    assert default_battery("flex") == battery._default.__wrapped__("flex", None)
+    assert default_battery("flex") == generate._default.__wrapped__("flex", None)
 
 
 def test_default_holds_every_specs_battery_and_the_named_cases():
