@@ -86,7 +86,7 @@ def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
         sized.append((row, n, m, _pick_width(row, n, m, widths)))
     order = {id(row): i for i, (row, *_) in enumerate(rows)}
     sized.sort(key=lambda entry: order.get(id(entry[0]), len(order)))
-    return unique_by_name([*seeds, *(_case(spec, row, n, m, d) for row, n, m, d in sized)])
+    return unique_by_name([*seeds, *(case_of(spec, row, n, m, d) for row, n, m, d in sized)])
 
 
 def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
@@ -213,8 +213,11 @@ def _shape(row: pairs.Row, n: int, m: int) -> tuple[int, int, int]:
     return batch, heads, heads_kv
 
 
-def _case(spec: str, row: pairs.Row, n: int, m: int, d: int) -> Case:
-    """The case of a row at (N, M, D), named by what it holds."""
+def case_of(spec: str, row: pairs.Row, n: int, m: int, d: int) -> Case:
+    """The case of ``row`` (a value for factors of ``pairs.space(spec)``; a factor left out is
+    "off") at lengths (N, M) and head width D, named by what it holds: how every battery makes
+    its cases, and how a draw of random values and sizes makes one too. Its shape follows from
+    the row (``_shape``); a packed row's sequences are (N, M), (1, 64), (64, 37), (20, 20)."""
 
     def value(factor: str) -> str:
         return row.get(factor, pairs.FACTORS[factor][0])
@@ -307,7 +310,7 @@ def _ring(features: frozenset[str] | None) -> tuple[Case, ...]:
     )
     generated = []
     for row in rows:
-        case = _case("ring", row, 48, 48, 16)
+        case = case_of("ring", row, 48, 48, 16)
         if case.window is not None:  # a window that cuts 48 positions on both sides
             window = (5, None) if case.window[1] is None else (5, 3)
             case = dataclasses.replace(case, window=window)
