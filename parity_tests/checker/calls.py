@@ -220,12 +220,13 @@ def _run(
         for name, t in zip("qkv", (inputs.q, inputs.k, inputs.v), strict=True)
     }
     placed = memory.place(case.memory, *originals.values(), specs.heads_first(spec, case))
-    originals.update(specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device))
-    given = {
-        name: t.detach().clone(memory_format=torch.contiguous_format)
-        for name, t in originals.items()
-    }
-    given.update(zip("qkv", placed, strict=True))
+    extras = specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device)
+    originals.update(extras)
+    given = dict(zip("qkv", placed, strict=True))
+    given.update(
+        (name, t.detach().clone(memory_format=torch.contiguous_format))
+        for name, t in extras.items()
+    )
     leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
     with torch.random.fork_rng(devices=dropout.rng_devices(device)):
         torch.manual_seed(seed)
