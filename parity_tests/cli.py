@@ -344,12 +344,14 @@ def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--world-size is for --spec ring")
     if args.world_size is not None and args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    from .checker import specs
+
     battery_for = _kernels().battery_for
     try:
         args.feature_set = _features(spec, args.features)
         if args.case:
-            _named_cases(args.case)
-            if args.kernel:
+            _named_cases(args.case, spec if args.kernel else None, args.feature_set)
+            if args.kernel and spec not in specs.DECODE_SPECS:
                 battery_for(spec, args.case)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -372,49 +374,132 @@ def _features(spec: str, features: str | None) -> frozenset[str] | None:
     return specs.resolve_features(spec, names)
 
 
-def _named_cases(names: list[str]) -> tuple[Any, ...]:
-    """The cases of every battery with these names, in this order; a ValueError for an unknown
-    name."""
-    from .checker.battery import DEFAULT, RING, STRESS
+def _named_cases(
+    names: list[str], spec: str | None = None, features: frozenset[str] | None = None
+) -> tuple[Any, ...]:
+    """The cases with these names, in this order: of ``spec``'s batteries for ``features`` first
+    (a decode spec: of its own battery), else of any battery, decode ones included; a ValueError
+    for an unknown name."""
+    from .checker import specs
+    from .checker.battery import lookup
+    from .checker.decode_battery import DECODE_BATTERIES, resolve_decode
 
-    known = {case.name: case for case in DEFAULT + STRESS + RING}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ValueError(f"unknown case {unknown[0]!r}; --list-cases names them")
-    return tuple(known[name] for name in names)
+    if spec in specs.DECODE_SPECS:
+        return resolve_decode(spec, names)
+    decode = {case.name: case for cases in DECODE_BATTERIES.values() for case in cases}
+    if spec is None:
+        return tuple(decode[name] if name in decode else lookup(name) for name in names)
+    return tuple(lookup(name, spec, features) for name in names)
 
 
 def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Print the cases of the spec's battery, or the cases ``--case`` names: name, shape,
-    options it needs, whether the spec can run it. Only --spec, --quick, --stress and --case
-    apply."""
-    from .checker import specs
-    from .checker.battery import DEFAULT, QUICK, RING, STRESS
+    """Print the cases of the spec's battery (for ``--features``, when given), or the cases
+    ``--case`` names: name, shape, options it needs, whether the spec runs it; for a battery then
+    its coverage, computed from the cases (every pair of its factors' values, how many cases hold
+    each value, the size requirements met), then the named cases. Only --spec, --features,
+    --quick, --stress and --case apply."""
+    from .checker import battery as batteries
+    from .checker import pairs, specs
 
-    allowed = {"--list-cases", "--spec", "--quick", "--stress", "--case"}
+    allowed = {"--list-cases", "--spec", "--features", "--quick", "--stress", "--case"}
     _refuse(parser, _given(args) - allowed, "--list-cases prints the cases and exits")
     spec = args.spec or "sdpa"
+    if spec in specs.DECODE_SPECS:
+        return _list_decode_cases(parser, args, spec)
+    try:
+        features = _features(spec, args.features)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
     if args.case:
         _refuse(parser, _given(args) & {"--quick", "--stress"}, "--case names the cases to list")
         try:
-            battery = _named_cases(args.case)
+            named = _named_cases(args.case, spec, features)
         except ValueError as exc:
             parser.error(str(exc))
-        name = "named cases"
-    else:
-        name = "stress" if args.stress else "quick" if args.quick else "default"
-        battery = {"default": DEFAULT, "quick": QUICK, "stress": STRESS}[name]
-        if spec == "ring":
-            battery, name = RING, "ring"
-        name += " battery"
-    print(f"{name}, {spec} spec: case, B H N M D Dv, what it needs")
-    for case in battery:
-        reason = specs.cannot_express(spec, case)
-        shape = " ".join(f"{value:>4}" for value in case.shape.values())
-        needs = ", ".join(sorted(case.needs)) or "-"
-        note = f"  (not in this spec: {reason})" if reason else ""
-        print(f"{case.name:20} {shape}  {needs}{note}")
+        width = max(20, *(len(case.name) for case in named))
+        print(f"named cases, {spec} spec: {len(named)} cases")
+        _print_header(width)
+        for case in named:
+            _print_case(case, width, features, spec)
+        return 0
+    name = "stress" if args.stress else "quick" if args.quick else "default"
+    try:
+        cases = _kernels().battery_for(spec, name, features)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if spec == "ring" and name != "stress":
+        name = "ring"
+    width = max(20, *(len(case.name) for case in cases + batteries.NAMED))
+    claimed = "" if features is None else f", features {','.join(sorted(features))}"
+    print(f"{name} battery, {spec} spec{claimed}: {len(cases)} cases")
+    _print_header(width)
+    for case in cases:
+        _print_case(case, width, features, spec)
+    if name != "stress":
+        held = [case for case in cases if features is None or not case.needs - features]
+        found = pairs.coverage(spec, held, features)
+        met = batteries.size_coverage(spec, held, features)
+        print(f"pair coverage: {found.required - len(found.missing)} of {found.required} pairs "
+              f"of values of {len(found.counts)} factors meet in a case "
+              f"({found.fraction:.0%}); cases holding each value:")  # fmt: skip
+        for factor, counts in found.counts.items():
+            print(f"  {factor}: " + ", ".join(f"{value} {count}" for value, count in
+                                             counts.items()))  # fmt: skip
+        for first, second in sorted(found.missing):
+            print(f"  missing: {first[0]}={first[1]} with {second[0]}={second[1]}")
+        if met:
+            print(f"size requirements: {sum(met.values())} of {len(met)} met")
+            for line in batteries.size_summary(spec, held, features):
+                print(f"  {line}")
+    print("named cases (not in the battery; run one with --case NAME):")
+    for case in batteries.NAMED:
+        _print_case(case, width, features, spec)
     return 0
+
+
+def _list_decode_cases(parser: argparse.ArgumentParser, args: argparse.Namespace, spec: str) -> int:
+    """``--list-cases`` for a decode spec: its own battery (or the cases ``--case`` names), each
+    case's shape and needs; for flash_kvcache the pairs of option values its covering array
+    meets."""
+    from .checker import decode_battery
+
+    _refuse(parser, _given(args) & {"--features", "--quick", "--stress"},
+            f"the {spec} spec has one battery")  # fmt: skip
+    try:
+        cases = decode_battery.resolve_decode(spec, args.case or None)
+    except ValueError as exc:
+        parser.error(str(exc))
+    keys = tuple(cases[0].shape)
+    width = max(20, *(len(case.name) for case in cases))
+    print(f"{'named cases' if args.case else 'battery'}, {spec} spec: {len(cases)} cases")
+    print(f"{'case':{width}} " + " ".join(f"{key:>5}" for key in keys) + "  needs")
+    for case in cases:
+        shape = " ".join(f"{case.shape[key]:>5}" for key in keys)
+        print(f"{case.name:{width}} {shape}  {', '.join(sorted(case.needs)) or '-'}")
+    if spec == "flash_kvcache" and not args.case:
+        rows = decode_battery.covering_cases()
+        required = decode_battery.required_pairs()
+        covered = set().union(*(decode_battery.covered_pairs(row) for row in rows)) & required
+        print(f"pair coverage: {len(covered)} of {len(required)} allowed pairs of option values "
+              f"meet in a case ({len(covered) / len(required):.0%})")  # fmt: skip
+    return 0
+
+
+def _print_header(width: int) -> None:
+    print(f"{'case':{width}} {'B':>4} {'H':>4} {'N':>4} {'M':>4} {'D':>4} {'Dv':>4}  needs")
+
+
+def _print_case(case: Any, width: int, features: Any, spec: str) -> None:
+    """One line of ``--list-cases``: name, shape, needs, and why the spec does not run it."""
+    from .checker import specs
+
+    shape = " ".join(f"{value:>4}" for value in case.shape.values())
+    needs = ", ".join(sorted(case.needs)) or "-"
+    reason = specs.cannot_express(spec, case)
+    note = f"  (not in this spec: {reason})" if reason else ""
+    if not reason and features is not None and case.needs - features:
+        note = "  (not run: needs features not declared)"
+    print(f"{case.name:{width}} {shape}  {needs}{note}")
 
 
 def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:

@@ -6,7 +6,9 @@ proof that those specs pass a correct kernel.
 ``window_size`` (-1 = unbounded side); returns out (B, N, H, Dv), and with
 ``return_attn_probs=True`` (out, lse (B, H, N) float32 for half inputs, None).
 ``flash_attn_varlen_func`` takes packed (T, H, D) with ``cu_seqlens`` and attends each sequence
-alone; lse (H, T_q). Dropout is refused (``KernelUnsupported``): its mask is flash-attn's own.
+alone; lse (H, T_q). ``dropout_p`` is inverted dropout on the weights, its keep-mask drawn from
+torch's generator by ``torch_attention`` (flash-attn draws its own from a Philox stream, which
+no caller sees: the checker judges both by draws, statistically).
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
@@ -19,14 +21,10 @@ from __future__ import annotations
 from torch_attention.functional import attention
 from torch_attention.varlen import varlen_attention
 
-from .report import KernelUnsupported
-
 
 def _options(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes) -> dict:
     """flash-attn's keywords as ``torch_attention``'s: bottom-right, a window side of -1 is
     unbounded, GQA when k has fewer heads than q (axis -2 in both flash layouts), with lse."""
-    if dropout_p:
-        raise KernelUnsupported("dropout: flash-attn's keep-mask is its own")
     left, right = window_size
     window = None if left < 0 and right < 0 else (None if left < 0 else left,
                                                    None if right < 0 else right)  # fmt: skip
@@ -38,6 +36,7 @@ def _options(q, k, dropout_p, softmax_scale, causal, window_size, softcap, alibi
         "softcap": softcap,
         "alibi_slopes": alibi_slopes,
         "enable_gqa": q.shape[-2] != k.shape[-2],
+        "dropout_p": dropout_p,
         "return_lse": True,
     }
 

@@ -1,408 +1,224 @@
-"""The batteries of cases the kernel checker runs: what each case exercises and how its inputs
-are drawn.
+"""The batteries of cases the kernel checker runs, built by code from what they must cover, and
+the cases by name.
 
-A case is a shape plus the options of today's attention family (causal with its alignment, a
-bool or float mask, scale, dropout, GQA, a window, softcap, ALiBi, packed variable-length
-sequences) plus how the inputs are distributed. Inputs are drawn in float64 from a generator
-seeded by (seed, case name), so a verdict is reproducible and does not depend on which other
-cases run. Which spec can express which case is ``checker.specs``' business; what a case needs
-from a kernel is ``Case.needs`` (the feature names of ``specs.FEATURES``).
+For a spec (``checker.specs``) and the features a kernel claims, the default battery
+(``default_battery``, built by ``checker.generate``) is a covering array of the spec's factors
+(``checker.pairs``: every pair of values that one case can hold meets in some case: causal with
+each mask and alignment, a window under bottom-right, softcap with a window, ALiBi per head and
+per batch element under GQA, Dv < D and > D under GQA, varlen with every option, every memory
+layout with each), its rows sized to meet ``checker.sizes.requirements`` (block edges, the
+split-KV paths, head widths). Every generated case is named by what it holds, so the same case
+built for two specs or feature sets is one case, and a report's name says what failed.
+``quick_battery`` keeps, from the default battery, the cheapest case for each of the teeth the
+spec's pitfalls need (``QUICK_TEETH``: predicates of ``TEETH``; ``pick`` names the case) and for
+each value of each factor: it still flags every pitfall. Both are functions of (spec, features),
+so a kernel that claims fewer features gets a battery with every pair of what it claims.
+
+``DEFAULT`` holds every case addressable by name outside the stress and ring batteries: each
+spec's default battery (every feature claimed) and the named cases of ``checker.named``;
+``QUICK`` each spec's quick battery; ``STRESS`` the stress battery; ``RING`` the ring spec's
+battery (its own: self-attention of 48 positions, a covering array of its factors grown from
+the named ring cases).
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
-D head width, Dv value width; for a packed (varlen) case S sequences, T_q and T_k the packed
-query and key token counts.
+D head width, Dv value width; for a packed (varlen) case S sequences.
 
-``DEFAULT`` is the battery behind the checker's verdict (``docs/kernel-verification.md`` lists what
-each case is for); ``QUICK`` is a subset of it for ``--quick`` that still flags every pitfall;
-``STRESS`` holds conditions where real kernels are known to drift (extreme logits), whose results
-are findings, not verdicts; ``RING`` the self-attention cases of the distributed spec.
-
-Tests: tests/checker/test_battery.py
+Tests: tests/checker/test_battery.py (pair coverage: tests/checker/test_pairs.py)
 """
 
 from __future__ import annotations
 
-import math
-import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-import numpy as np
-
-MASKS = ("none", "bool", "float", "dead-bool", "dead-float")
-INPUTS = ("gauss", "heavy")
-ALIGNS = ("top-left", "bottom-right")
-ALIBI = ("none", "H", "BH")
-LAYOUTS = ("contiguous", "zigzag")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One configuration of the kernel's arguments and inputs.
-
-    Attributes:
-        name: unique, used in reports and to seed the inputs.
-        batch, heads, n, m, d: B, H, N, M, D. For a packed case (``seqlens`` given) ``batch``
-            is the number of sequences S and ``n``, ``m`` the packed totals T_q, T_k.
-        dv: Dv, the value head width; None means D.
-        heads_kv: H_kv, the key/value heads (GQA when fewer than H); None means H.
-        causal: query i sees keys j <= p_i, with p_i = i (``align="top-left"``, SDPA's
-            ``is_causal``) or i + M - N (``"bottom-right"``, flash-attn's).
-        align: where query i sits on the key axis, for causal, the window and ALiBi.
-        window: (left, right): query i sees keys p_i - left <= j <= p_i + right; None on a
-            side is unbounded.
-        softcap: > 0 caps the scores with ``softcap * tanh(S / softcap)``.
-        alibi: "none", "H" (slopes (H,)) or "BH" (slopes (B, H), one row per batch element or
-            sequence): ``S -= slope * |p_i - j|``.
-        mask: "none"; "bool" (random, True = may attend, shape (B, 1, N, M)); "float" (an
-            ALiBi-like additive bias with -inf holes, shape (1, H, N, M)); "dead-bool" and
-            "dead-float" (shape (B, H, N, M), with some query rows fully masked: golden 0).
-        scale: None lets the kernel use 1 / sqrt(D).
-        inputs: "gauss" (standard normal) or "heavy" (Student-t with 3 degrees of freedom, with
-            outlier channels in q, k and v, as real activations have).
-        logits: the typical magnitude of the scores q k^T * scale (q and k are scaled for it).
-        dropout_p: the checker recovers the kernel's keep-mask (``kernels``).
-        seqlens: for packed variable-length sequences, the (query, key) length of each
-            sequence; lengths, never offsets, so the offsets are monotonic by construction.
-        layout: how the distributed spec shards the sequence ("contiguous" or "zigzag").
-    """
-
-    name: str
-    batch: int
-    heads: int
-    n: int
-    m: int
-    d: int
-    dv: int | None = None
-    causal: bool = False
-    mask: str = "none"
-    scale: float | None = None
-    inputs: str = "gauss"
-    logits: float = 1.0
-    dropout_p: float = 0.0
-    heads_kv: int | None = None
-    align: str = "top-left"
-    window: tuple[int | None, int | None] | None = None
-    softcap: float = 0.0
-    alibi: str = "none"
-    seqlens: tuple[tuple[int, int], ...] | None = None
-    layout: str = "contiguous"
-
-    def __post_init__(self) -> None:
-        for field, value, allowed in (
-            ("mask", self.mask, MASKS),
-            ("inputs", self.inputs, INPUTS),
-            ("align", self.align, ALIGNS),
-            ("alibi", self.alibi, ALIBI),
-            ("layout", self.layout, LAYOUTS),
-        ):
-            if value not in allowed:
-                raise ValueError(
-                    f"case {self.name}: {field} must be one of {allowed}, got {value!r}"
-                )
-        if self.causal and self.mask != "none":
-            raise ValueError(f"case {self.name}: SDPA takes is_causal or attn_mask, not both")
-        if self.dropout_p and (self.mask != "none" or self.causal or self.value_width != self.m):
-            raise ValueError(
-                f"case {self.name}: a dropout case needs no mask and Dv == M, so that the "
-                "checker can read the keep-mask back from the kernel (see calls.py)"
-            )
-        if self.kv_heads < 1 or self.heads % self.kv_heads:
-            raise ValueError(
-                f"case {self.name}: heads_kv must divide heads, got H = {self.heads}, "
-                f"H_kv = {self.heads_kv}"
-            )
-        if self.window is not None and any(
-            side is not None and (not isinstance(side, int) or side < 0) for side in self.window
-        ):
-            raise ValueError(f"case {self.name}: window sides must be ints >= 0 or None")
-        if self.seqlens is not None:
-            self._check_seqlens()
-
-    def _check_seqlens(self) -> None:
-        lengths = self.seqlens or ()
-        if any(
-            not isinstance(length, int) or isinstance(length, bool) or length < 0
-            for pair in lengths
-            for length in pair
-        ):
-            raise ValueError(
-                f"case {self.name}: seqlens are (query, key) lengths >= 0, got {lengths}; "
-                "offsets that decrease cannot be built from them"
-            )
-        totals = (len(lengths), sum(n for n, _ in lengths), sum(m for _, m in lengths))
-        if totals != (self.batch, self.n, self.m):
-            raise ValueError(
-                f"case {self.name}: batch, n, m must be S, T_q, T_k = {totals} of seqlens "
-                f"{lengths}, got {(self.batch, self.n, self.m)}"
-            )
-        if self.mask != "none" or self.dropout_p:
-            raise ValueError(f"case {self.name}: a packed case takes no mask and no dropout")
-
-    @property
-    def value_width(self) -> int:
-        """Dv."""
-        return self.d if self.dv is None else self.dv
-
-    @property
-    def kv_heads(self) -> int:
-        """H_kv."""
-        return self.heads if self.heads_kv is None else self.heads_kv
-
-    @property
-    def packed(self) -> bool:
-        """Whether the case is packed variable-length sequences (flash-attn's varlen layout)."""
-        return self.seqlens is not None
-
-    @property
-    def cu_seqlens(self) -> tuple[np.ndarray, np.ndarray]:
-        """The cumulative offsets (S + 1,) of queries and keys: one sequence per batch element
-        of an ordinary case, ``seqlens`` of a packed one."""
-        lengths = self.seqlens or ((self.n, self.m),) * self.batch
-        cu_q = np.concatenate([[0], np.cumsum([n for n, _ in lengths])]).astype(np.int64)
-        cu_k = np.concatenate([[0], np.cumsum([m for _, m in lengths])]).astype(np.int64)
-        return cu_q, cu_k
-
-    @property
-    def positioned(self) -> bool:
-        """Whether query positions matter: causal, a window or ALiBi with N != M somewhere
-        (then top-left and bottom-right differ)."""
-        if not (self.causal or self.window is not None or self.alibi != "none"):
-            return False
-        return any(n != m for n, m in (self.seqlens or ((self.n, self.m),)))
-
-    @property
-    def needs(self) -> frozenset[str]:
-        """The features (``specs.FEATURES``) a kernel must have to run this case."""
-        needs = {
-            "mask": self.mask != "none",
-            "causal": self.causal,
-            "dropout": bool(self.dropout_p),
-            "gqa": self.kv_heads != self.heads,
-            "window": self.window is not None,
-            "softcap": bool(self.softcap),
-            "alibi": self.alibi != "none",
-            "dv": self.value_width != self.d,
-        }
-        return frozenset(name for name, needed in needs.items() if needed)
-
-    @property
-    def shape(self) -> dict[str, int]:
-        """The sizes of the case by legend letter: B, H, N, M, D, Dv (S, T_q, T_k when packed)."""
-        return {
-            "B": self.batch,
-            "H": self.heads,
-            "N": self.n,
-            "M": self.m,
-            "D": self.d,
-            "Dv": self.value_width,
-        }
-
-
-class CaseInputs(NamedTuple):
-    """float64 inputs of one case. Ordinary cases: q (B, H, N, D), k (B, H_kv, M, D),
-    v (B, H_kv, M, Dv), dout (B, H, N, Dv); packed cases: q (T_q, H, D), k (T_k, H_kv, D),
-    v (T_k, H_kv, Dv), dout (T_q, H, Dv). ``attn_mask`` is bool, float64 or None;
-    ``alibi_slopes`` (H,) or (B, H) or None."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    attn_mask: np.ndarray | None
-    dout: np.ndarray
-    alibi_slopes: np.ndarray | None = None
-
-
-def make_inputs(case: Case, seed: int) -> CaseInputs:
-    """The float64 inputs of ``case`` for ``seed``; the same (case, seed) gives the same arrays."""
-    rng = np.random.default_rng([seed, zlib.crc32(case.name.encode())])
-    b, h, h_kv, n, m = case.batch, case.heads, case.kv_heads, case.n, case.m
-    d, dv = case.d, case.value_width
-    if case.packed:
-        shapes = ((n, h, d), (m, h_kv, d), (m, h_kv, dv), (n, h, dv))
-    else:
-        shapes = ((b, h, n, d), (b, h_kv, m, d), (b, h_kv, m, dv), (b, h, n, dv))
-    q, k, v = (_draw(rng, case.inputs, shape) for shape in shapes[:3])
-    # Scores q k^T * scale have a spread of about sqrt(D) * scale for unit inputs; scale q and k
-    # so that the spread is ``case.logits``.
-    scale = 1.0 / math.sqrt(d) if case.scale is None else case.scale
-    stretch = math.sqrt(case.logits / (math.sqrt(d) * scale))
-    dout = rng.standard_normal(shapes[3])
-    mask = None if case.packed else _draw_mask(rng, case)
-    return CaseInputs(q * stretch, k * stretch, v, mask, dout, _slopes(case))
-
-
-def _slopes(case: Case) -> np.ndarray | None:
-    """ALiBi's usual geometric slopes 2^(-8 (h + 1) / H); per batch element they grow by half
-    of themselves per element, so that a kernel reading row 0 for every element is wrong."""
-    if case.alibi == "none":
-        return None
-    slopes = 2.0 ** (-8.0 * np.arange(1, case.heads + 1) / case.heads)  # (H,)
-    if case.alibi == "H":
-        return slopes
-    return slopes[None, :] * (1.0 + 0.5 * np.arange(case.batch))[:, None]  # (B, H)
-
-
-def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    if kind == "gauss":
-        return rng.standard_normal(shape)
-    # Unit-variance Student-t(3), with two outlier channels six times larger.
-    values = rng.standard_t(3, shape) / math.sqrt(3.0)
-    channels = rng.choice(shape[-1], size=2, replace=False)
-    values[..., channels] *= 6.0
-    return values
-
-
-def _draw_mask(rng: np.random.Generator, case: Case) -> np.ndarray | None:
-    b, h, n, m = case.batch, case.heads, case.n, case.m
-    if case.mask == "none":
-        return None
-    if case.mask == "float":
-        slopes = 2.0 ** -np.arange(1, h + 1)  # (H,)
-        distance = np.abs(np.arange(n)[:, None] - np.arange(m)[None, :])  # (N, M)
-        bias = -slopes[:, None, None] * distance  # (H, N, M)
-        holes = _with_one_per_row(rng.random((h, n, m)) < 0.1, rng)
-        return np.where(holes, -np.inf, bias)[None]  # (H, N, M) -> (1, H, N, M)
-    if case.mask == "bool":
-        masked = _with_one_per_row(rng.random((b, 1, n, m)) < 0.4, rng)
-        return ~masked  # (B, 1, N, M), True = may attend
-    masked = _with_one_per_row(rng.random((b, h, n, m)) < 0.3, rng)
-    dead = rng.choice(n, size=max(1, n // 8), replace=False)
-    masked[..., dead, :] = True  # these query rows attend to nothing
-    if case.mask == "dead-bool":
-        return ~masked  # (B, H, N, M)
-    return np.where(masked, -np.inf, 0.0)  # (B, H, N, M)
-
-
-def _with_one_per_row(masked: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Unmask one random key in every row, so that no row is fully masked by chance."""
-    keep = rng.integers(0, masked.shape[-1], masked.shape[:-1])
-    np.put_along_axis(masked, keep[..., None], False, axis=-1)
-    return masked
-
-
-BR = "bottom-right"
-VARLEN_LENGTHS = ((37, 113), (1, 64), (64, 37), (20, 20))
-
-DEFAULT: tuple[Case, ...] = (
-    Case("single-query", 1, 1, 1, 37, 16),
-    Case("plain", 2, 3, 37, 113, 64),
-    Case("long-keys-d128", 1, 2, 113, 203, 128),
-    Case("odd-d33", 2, 1, 203, 37, 33),
-    Case("causal-square", 2, 2, 128, 128, 32, causal=True),
-    Case("causal-n<m", 1, 2, 37, 113, 64, causal=True),
-    Case("causal-n>m", 2, 1, 113, 37, 48, causal=True),
-    Case("bool-mask", 2, 2, 37, 113, 64, mask="bool"),
-    Case("float-mask", 1, 3, 113, 128, 64, mask="float"),
-    Case("dead-rows-bool", 2, 2, 37, 64, 32, mask="dead-bool"),
-    Case("dead-rows-float", 1, 2, 37, 64, 32, mask="dead-float"),
-    Case("scale-1/d", 2, 2, 37, 113, 64, scale=1.0 / 64),
-    # Dv != D with the default scale: the scale is 1 / sqrt(D), never 1 / sqrt(Dv).
-    Case("dv>d", 2, 2, 37, 113, 32, dv=64),
-    Case("dv<d", 1, 3, 113, 37, 64, dv=16),
-    Case("large-logits", 1, 2, 113, 113, 64, logits=30.0),
-    Case("heavy-tailed", 2, 2, 128, 128, 64, causal=True, inputs="heavy"),
-    Case("dropout", 2, 2, 37, 64, 64, dropout_p=0.3),
-    # GQA: 2 and 1 KV heads of 4 (the group sums of dK and dV are judged).
-    Case("gqa-2of4", 2, 4, 37, 113, 32, heads_kv=2),
-    Case("gqa-1of4-causal", 1, 4, 64, 64, 32, causal=True, heads_kv=1),
-    # Bottom-right causal (flash-attn's): N < M, N > M (the first N - M rows see nothing), and
-    # one decode step against a long cache.
-    Case("causal-br-n<m", 1, 2, 37, 113, 64, causal=True, align=BR),
-    Case("causal-br-n>m", 2, 1, 113, 37, 48, causal=True, align=BR),
-    Case("decode-n1", 2, 4, 1, 203, 64, causal=True, align=BR, heads_kv=2),
-    # Windows: one-sided (a causal sliding window), two-sided with each alignment.
-    Case("window-causal", 2, 2, 128, 128, 32, causal=True, window=(16, None)),
-    Case("window-br", 1, 2, 37, 113, 32, window=(8, 5), align=BR),
-    Case("window-tl", 1, 2, 113, 37, 32, window=(4, 9)),
-    # Softcap at logits that it actually bends (spread 30 against a cap of 5), alone and with
-    # what it meets in models, in the pipeline's order (cap, then ALiBi, then the masks): a
-    # causal sliding window bottom-right (Gemma 2's sliding layers), and ALiBi.
-    Case("softcap", 1, 2, 64, 64, 64, softcap=5.0, logits=30.0),
-    Case("softcap-window", 2, 2, 64, 96, 32, causal=True, window=(24, None), softcap=2.0,
-         logits=30.0, align=BR),
-    Case("softcap-alibi", 1, 4, 37, 113, 32, softcap=5.0, logits=30.0, alibi="H", align=BR),
-    # ALiBi per head and per batch element; causal with N < M is where flash-attn's lse
-    # convention differs from the golden's (docs/derivations/alibi.md).
-    Case("alibi-h", 2, 4, 37, 113, 32, alibi="H", align=BR),
-    Case("alibi-bh-causal", 2, 2, 37, 113, 32, causal=True, alibi="BH", align=BR),
-    # Packed variable-length sequences, unequal lengths and a length-1 sequence.
-    Case("varlen", 4, 2, 122, 234, 32, seqlens=VARLEN_LENGTHS),
-    Case("varlen-causal-gqa", 4, 4, 122, 234, 32, causal=True, align=BR, heads_kv=2,
-         seqlens=VARLEN_LENGTHS),
-)  # fmt: skip
-
-QUICK: tuple[Case, ...] = tuple(
-    case
-    for case in DEFAULT
-    if case.name
-    in (
-        "plain",
-        "causal-n<m",
-        "bool-mask",
-        "float-mask",
-        "dead-rows-bool",
-        "scale-1/d",
-        "dv>d",
-        "heavy-tailed",
-        "dropout",
-        "gqa-2of4",
-        "causal-br-n<m",
-        "window-causal",
-        "softcap",
-        "softcap-alibi",
-        "alibi-h",
-        "alibi-bh-causal",
-        "varlen",
-    )
+from . import pairs
+from .case import ALIBI, ALIGNS, INPUTS, LAYOUTS, MASKS, MEMORY, Case, CaseInputs, make_inputs
+from .generate import GENERATED_SPECS, default_battery, features_key, name_of, unique_by_name
+from .named import NAMED, STRESS
+from .sizes import (
+    BLOCK,
+    EDGES,
+    SPLIT_KEYS,
+    WIDTHS,
+    Requirement,
+    requirements,
+    size_coverage,
+    size_summary,
+    sizes_of,
 )
 
-STRESS: tuple[Case, ...] = (
-    Case("logits-1e3", 1, 2, 113, 113, 64, logits=1e3),
-    Case("logits-1e4", 1, 2, 113, 113, 64, logits=1e4),
-    Case("logits-1e6", 1, 2, 113, 113, 64, logits=1e6),
-    Case("causal-logits-1e3", 1, 2, 113, 113, 64, causal=True, logits=1e3),
-    Case("long-1024", 1, 1, 1024, 1024, 64, causal=True),
-    Case("d256", 1, 2, 113, 203, 256),
-    Case("heavy-logits-100", 2, 2, 128, 128, 64, inputs="heavy", logits=100.0),
-)
-
-# Self-attention (N = M) for the distributed spec; 48 positions split into 2W equal chunks for
-# W in 2, 3, 4, 6 (zigzag) and more (contiguous).
-RING: tuple[Case, ...] = (
-    Case("ring-plain", 2, 2, 48, 48, 16),
-    Case("ring-causal", 2, 2, 48, 48, 16, causal=True),
-    Case("ring-causal-zigzag", 2, 2, 48, 48, 16, causal=True, layout="zigzag"),
-    Case("ring-gqa", 1, 4, 48, 48, 16, heads_kv=2, causal=True),
-    Case("ring-window", 1, 2, 48, 48, 16, window=(5, 3), layout="zigzag"),
-    Case("ring-softcap", 1, 2, 48, 48, 16, softcap=2.0, logits=5.0, causal=True),
-)
-
-BATTERIES = {"default": DEFAULT, "quick": QUICK, "stress": STRESS, "ring": RING}
+__all__ = [
+    "ALIBI", "ALIGNS", "BLOCK", "EDGES", "INPUTS", "LAYOUTS", "MASKS", "MEMORY", "NAMED",
+    "QUICK_TEETH", "SPLIT_KEYS", "STRESS", "TEETH", "WIDTHS", "Case", "CaseInputs",
+    "Requirement", "case_cost", "default_battery", "lookup", "make_inputs", "name_of", "pick",
+    "quick_battery", "requirements", "resolve", "size_coverage", "size_summary", "sizes_of",
+]  # fmt: skip
 
 
-def resolve(cases: str | Sequence[Case | str] | None) -> tuple[Case, ...]:
+# What the pitfalls need (``checker.pitfalls`` picks its cases by these labels): the quick
+# battery holds the cheapest default case of each that the spec's battery has.
+TEETH: dict[str, Callable[[Case], bool]] = {
+    "any": lambda c: not c.packed,
+    "plain": lambda c: not c.needs and c.logits < 10 and c.inputs == "gauss" and c.n > 1
+    and c.scale is None and not c.packed,
+    # long rows and columns: the RMS of a small error everywhere stands out of rounding's
+    "plain, long": lambda c: not c.needs and c.logits < 10 and c.inputs == "gauss"
+    and min(c.n, c.m) >= 64 and c.scale is None and not c.packed,
+    "n<m": lambda c: c.n < c.m and not c.causal and c.window is None and c.scale is None
+    and not c.dropout_p and not c.packed,
+    "causal n<m": lambda c: c.causal and 1 < c.n < c.m and not c.packed,
+    "bool mask": lambda c: c.mask == "bool",
+    "float mask": lambda c: c.mask == "float" and c.logits < 10,
+    "dead rows": lambda c: c.mask.startswith("dead"),
+    "scale": lambda c: c.scale is not None,
+    "dv != d": lambda c: c.scale is None and c.value_width != c.d,
+    "dropout": lambda c: bool(c.dropout_p),
+    "gqa": lambda c: c.heads == 4 and c.kv_heads == 2,
+    "window": lambda c: c.window is not None and not c.packed,
+    "alibi": lambda c: c.alibi != "none" and not c.packed,
+    "softcap": lambda c: bool(c.softcap),
+    "softcap with alibi": lambda c: bool(c.softcap) and c.alibi != "none",
+    "alibi under gqa": lambda c: c.alibi != "none" and c.kv_heads < c.heads,
+    "kv strides": lambda c: c.memory == "kv-strides",
+    "padded keys": lambda c: not c.causal and c.n % 128 == 0 and c.m % 128 != 0
+    and not c.packed,
+    "last key of a block": lambda c: c.m % 64 == 1 and not c.packed,
+    "even square": lambda c: not c.causal and c.n == c.m and c.n % 128 == 0 and not c.packed,
+    "split causal": lambda c: c.causal and c.m >= SPLIT_KEYS and c.batch * c.heads <= 4,
+    "packed": lambda c: c.packed,
+}  # fmt: skip
+
+
+# The teeth each spec's pitfalls (``checker.pitfalls``) need.
+QUICK_TEETH: dict[str, tuple[str, ...]] = {
+    "sdpa": ("plain", "plain, long", "n<m", "causal n<m", "bool mask", "float mask", "dead rows",
+             "scale", "dv != d", "dropout", "gqa"),
+    "flash": ("any", "causal n<m", "window", "alibi", "softcap", "softcap with alibi",
+              "alibi under gqa", "kv strides", "padded keys", "last key of a block",
+              "even square", "split causal", "dropout"),
+    "flash_varlen": ("packed",),
+    "flex": (),
+}  # fmt: skip
+
+
+def quick_battery(spec: str, features: Iterable[str] | None = None) -> tuple[Case, ...]:
+    """The cheapest default case of ``spec`` for each of its ``QUICK_TEETH`` and for each value
+    of each factor (``features`` as for ``default_battery``), in the default battery's order."""
+    return _quick(spec, features_key(spec, features))
+
+
+@functools.cache
+def _quick(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
+    battery = default_battery(spec, features)
+    if spec == "ring":
+        return battery
+    by_cost = sorted(battery, key=case_cost)
+    teeth = (TEETH[label] for label in QUICK_TEETH[spec])
+    chosen = {name: None for name in (_cheapest(by_cost, test) for test in teeth) if name}
+    wanted = {(f, v) for f, values in pairs.space(spec, features).items() for v in values}
+    for case in battery:
+        if case.name in chosen:
+            wanted -= set(pairs.case_values(spec, case).items())
+    for case in by_cost:
+        held = set(pairs.case_values(spec, case).items()) & wanted
+        if held:
+            chosen[case.name] = None
+            wanted -= held
+    return tuple(case for case in battery if case.name in chosen)
+
+
+def _cheapest(by_cost: list[Case], test: Callable[[Case], bool]) -> str | None:
+    """The first case of ``by_cost`` that ``test`` accepts, preferring, in this order, more
+    than one query row (a single query hides what depends on the rows), no dropout, unsharp
+    logits and Gaussian inputs: where the half-precision baseline is close, a mistake stands
+    out most."""
+    found = [case for case in by_cost if test(case)]
+    found.sort(key=lambda c: (c.n == 1, bool(c.dropout_p), c.logits >= 10, c.inputs == "heavy"))
+    return found[0].name if found else None
+
+
+def case_cost(case: Case) -> int:
+    """The work of one call, about B * H * N * M * (D + Dv) (summed over packed sequences)."""
+    return case.heads * (case.d + case.value_width) * sum(n * m for n, m in case.lengths)
+
+
+def pick(spec: str, teeth: str, features: Iterable[str] | None = None) -> str:
+    """The name of the case the quick battery of ``spec`` holds for ``TEETH[teeth]`` (one of
+    the spec's ``QUICK_TEETH``)."""
+    if teeth not in QUICK_TEETH[spec]:
+        raise ValueError(f"{teeth!r} is not among the quick teeth of {spec}: {QUICK_TEETH[spec]}")
+    name = _cheapest(sorted(default_battery(spec, features), key=case_cost), TEETH[teeth])
+    if name is None:
+        raise ValueError(f"the {spec} battery has no case for {teeth!r}")
+    return name
+
+
+# -- by name -------------------------------------------------------------------------------------
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULT``, ``QUICK`` and ``RING``, built when first asked for."""
+    if name == "DEFAULT":
+        return _everything()
+    if name == "QUICK":
+        return unique_by_name(case for spec in GENERATED_SPECS for case in _quick(spec, None))
+    if name == "RING":
+        return default_battery("ring")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _everything() -> tuple[Case, ...]:
+    generated = (case for spec in GENERATED_SPECS for case in default_battery(spec))
+    return unique_by_name([*generated, *NAMED])
+
+
+def batteries(spec: str, features: Iterable[str] | None = None) -> dict[str, tuple[Case, ...]]:
+    """The named batteries of ``spec`` for ``features``: default, quick, stress, ring."""
+    key = features_key(spec, features)
+    return {
+        "default": default_battery(spec, key),
+        "quick": _quick(spec, key),
+        "stress": STRESS,
+        "ring": default_battery("ring"),
+    }
+
+
+def lookup(name: str, spec: str | None = None, features: Iterable[str] | None = None) -> Case:
+    """The case called ``name``: of ``spec``'s batteries for ``features``, of any spec's default
+    battery, a named, stress or ring case."""
+    pools: list[Iterable[Case]] = []
+    if spec is not None:
+        pools += batteries(spec, features).values()
+    pools += [_everything(), STRESS, default_battery("ring")]
+    for pool in pools:
+        for case in pool:
+            if case.name == name:
+                return case
+    raise ValueError(f"unknown case {name!r}; --list-cases names them")
+
+
+def resolve(
+    cases: str | Sequence[Case | str] | None,
+    spec: str | None = None,
+    features: Iterable[str] | None = None,
+) -> tuple[Case, ...]:
     """The cases named by ``cases``: None (the default battery), a battery name ("default",
-    "quick", "stress", "ring"), or a sequence of ``Case`` objects and case names from any
-    battery."""
-    if cases is None:
-        return DEFAULT
-    if isinstance(cases, str):
-        if cases not in BATTERIES:
+    "quick", "stress", "ring"), or a sequence of ``Case`` objects and case names; batteries
+    and names are ``spec``'s for ``features`` (without a spec: every spec's)."""
+    if cases is None or isinstance(cases, str):
+        name = cases or "default"
+        if name not in ("default", "quick", "stress", "ring"):
             raise ValueError(
-                f"cases must be one of {sorted(BATTERIES)} or a sequence, got {cases!r}"
+                f"cases must be one of ['default', 'quick', 'ring', 'stress'] or a sequence, "
+                f"got {cases!r}"
             )
-        return BATTERIES[cases]
-    by_name = {case.name: case for case in DEFAULT + STRESS + RING}
-    resolved = []
-    for case in cases:
-        if isinstance(case, Case):
-            resolved.append(case)
-        elif isinstance(case, str) and case in by_name:
-            resolved.append(by_name[case])
-        else:
-            raise ValueError(f"unknown case {case!r}; known: {sorted(by_name)}")
+        if spec is None:
+            return {"default": _everything(), "stress": STRESS, "ring": default_battery("ring"),
+                    "quick": __getattr__("QUICK")}[name]  # fmt: skip
+        return batteries(spec, features)[name]
+    resolved = [case if isinstance(case, Case) else _named(case, spec, features) for case in cases]
     if not resolved:
         raise ValueError("cases is empty")
     names = [case.name for case in resolved]
@@ -410,3 +226,9 @@ def resolve(cases: str | Sequence[Case | str] | None) -> tuple[Case, ...]:
         repeated = sorted({name for name in names if names.count(name) > 1})
         raise ValueError(f"cases has repeated names: {repeated}")
     return tuple(resolved)
+
+
+def _named(name: object, spec: str | None, features: Iterable[str] | None) -> Case:
+    if not isinstance(name, str):
+        raise ValueError(f"unknown case {name!r}; cases are Case objects or names")
+    return lookup(name, spec, features)

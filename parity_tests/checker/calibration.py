@@ -56,12 +56,13 @@ def calibrate(
     seeds: int,
     device: str,
     dtypes: tuple[str, ...],
-    battery: str,
+    battery: str | list[str],
     progress: Any,
     emit: Callable[[str], None],
     specs: tuple[str, ...] | None = None,
 ) -> int:
-    """Run the measurement on ``battery`` over ``range(seeds)`` and emit the tables.
+    """Run the measurement on ``battery`` (a battery's name, or case names) over
+    ``range(seeds)`` and emit the tables.
 
     Returns 0 when the constants hold (no correct kernel fails a row, every pitfall is flagged
     on every seed and dtype), else 1. ``progress`` is the CLI's progress display. ``specs``

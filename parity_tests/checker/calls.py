@@ -5,14 +5,17 @@ crosses processes), ``run_case`` (forward, backward unless forward-only, the in-
 process, ``checker.isolation`` in a child process, ``checker.ring`` on each rank (through
 ``run_protected``).
 
-The kernel gets copies of the inputs in its spec's layout, as fresh leaves, with torch seeded by
-the request's seed (the caller's generator state is restored after); the golden is computed from
-the originals, and a copy the kernel changed is an "inplace" row. Every failure of the kernel is
-an ``Outcome``, never an exception: a ``BadResult`` (a result its spec's library would not
-return) or any exception, ``SystemExit`` included, is an "error", ``KernelUnsupported`` a "skip";
-``KeyboardInterrupt`` propagates, so that Ctrl-C still stops a run. For a dropout case the
-kernel's keep-mask is read back from its output first (``_read_keep_mask``), and the golden
-applies that mask.
+The kernel gets copies of the inputs in its spec's layout, laid out in memory as the case says
+(``checker.memory``: contiguous, views of one fused buffer, k and v with different strides, a
+storage offset), as fresh leaves, with torch seeded by the request's seed (the caller's generator
+state is restored after); the golden is computed from the originals, and a copy the kernel
+changed is an "inplace" row. Every failure of the kernel is an ``Outcome``, never an exception:
+a ``BadResult`` (a result its spec's library would not return) or any exception, ``SystemExit``
+included, is an "error", ``KernelUnsupported`` a "skip"; ``KeyboardInterrupt`` propagates, so
+that Ctrl-C still stops a run. For a dropout case through SDPA's signature the kernel's
+keep-mask is read back first (``dropout.read_keep_mask``), and the golden applies that mask;
+through flash-attn's, the kernel is judged at p = 0 like any case, then its outputs at p
+(``dropout.draw_outputs``) are judged statistically (``judge.judge_draws``).
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
@@ -32,10 +35,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from . import specs
+from . import dropout, memory, specs
 from .battery import Case
-from .expected import DTYPES, Inputs, case_inputs, reference, to64
-from .judge import judge_keep, judge_lse, judge_tensor, unmeasured, wrong_dtype
+from .expected import Inputs, case_inputs, dropout_spread, reference, to64
+from .judge import judge_draws, judge_keep, judge_lse, judge_tensor, unmeasured, wrong_dtype
 from .report import KernelError, KernelRow, KernelUnsupported
 
 Kernel = Callable[..., Any]
@@ -60,7 +63,8 @@ class Request(NamedTuple):
 class Outcome(NamedTuple):
     """What one kernel call gave, as plain data (it crosses processes): ``kind`` "ok" (arrays
     out, dq, dk, dv, lse in the canonical layout, float64), "skip" or "error" (``message``; for
-    an exception ``error`` = (type, first line, traceback))."""
+    an exception ``error`` = (type, first line, traceback)); ``keep`` the keep-mask read back
+    through SDPA's signature, ``draws`` the outputs at dropout_p through flash-attn's."""
 
     kind: str
     arrays: dict[str, np.ndarray]
@@ -69,6 +73,7 @@ class Outcome(NamedTuple):
     keep: np.ndarray | None = None
     message: str = ""
     error: tuple[str, str, str] | None = None
+    draws: np.ndarray | None = None
 
 
 class BadResult(Exception):
@@ -84,9 +89,14 @@ def run_case(kernel: Kernel, request: Request) -> Outcome:
     found: dict[str, Any] = {}
 
     def call() -> tuple:
-        if case.dropout_p:
-            found["keep"] = _read_keep_mask(kernel, case, DTYPES[dtype], device, seed)
-        return _run(kernel, request, inputs, changed)
+        if case.dropout_p and spec in specs.DROPOUT_READBACK:
+            found["keep"] = dropout.read_keep_mask(kernel, case, inputs, device, seed)
+        judged = request._replace(case=specs.judged_case(spec, case))
+        value = _run(kernel, judged, inputs, changed)
+        if case.dropout_p and spec in specs.DROPOUT_DRAWS:
+            given = specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device)
+            found["draws"] = dropout.draw_outputs(kernel, spec, case, inputs, given, seed)
+        return value
 
     value, failure = run_protected(call, changed)
     keep = found.get("keep")
@@ -94,7 +104,7 @@ def run_case(kernel: Kernel, request: Request) -> Outcome:
     if failure is not None:
         return failure._replace(keep=keep)
     arrays, dtypes = value
-    return Outcome("ok", arrays, dtypes, changed, keep)
+    return Outcome("ok", arrays, dtypes, changed, keep, draws=found.get("draws"))
 
 
 def run_protected(call: Callable[[], Any], changed: list[KernelRow]) -> tuple[Any, Outcome | None]:
@@ -103,7 +113,7 @@ def run_protected(call: Callable[[], Any], changed: list[KernelRow]) -> tuple[An
     propagates)."""
     try:
         return call(), None
-    except BadResult as exc:
+    except (BadResult, dropout.ProbeError) as exc:
         return None, Outcome("error", {}, {}, changed, None, str(exc))
     except KernelUnsupported as exc:
         reason = str(exc).splitlines()[0] if str(exc) else "KernelUnsupported"
@@ -118,7 +128,9 @@ def judge_outcome(request: Request, outcome: Outcome, errors: list[KernelError])
     rows: list[KernelRow] = []
     keep = None
     if outcome.keep is not None:
-        rows.append(judge_keep(case.name, dtype, case.dropout_p, outcome.keep))
+        inputs = case_inputs(case, dtype, request.device, request.seed)
+        seen = dropout.visible(case, inputs)
+        rows.append(judge_keep(case.name, dtype, case.dropout_p, outcome.keep[seen]))
         keep = torch.from_numpy(outcome.keep).to(request.device)
     rows += outcome.changed
     if outcome.kind == "skip":
@@ -128,7 +140,12 @@ def judge_outcome(request: Request, outcome: Outcome, errors: list[KernelError])
         if outcome.error is not None:
             number = _record(errors, outcome.error, case.name, dtype)
         return rows + [unmeasured(case.name, dtype, "error", outcome.message, number)]
-    golden, baseline = reference(case, dtype, request.device, request.seed, keep)
+    judged = specs.judged_case(request.spec, case)
+    golden, baseline = reference(judged, dtype, request.device, request.seed, keep)
+    if outcome.draws is not None:
+        spread = dropout_spread(case, dtype, request.device, request.seed)
+        rows.append(judge_draws(case.name, dtype, case.dropout_p, outcome.draws,
+                                outcome.arrays["out"], spread))  # fmt: skip
     names = ("out",) if request.forward_only else TENSORS
     for tensor in names:
         row = judge_tensor(
@@ -202,13 +219,16 @@ def _run(
         name: specs.layout(spec, case, t)
         for name, t in zip("qkv", (inputs.q, inputs.k, inputs.v), strict=True)
     }
-    originals.update(specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device))
-    given = {
-        name: t.detach().clone(memory_format=torch.contiguous_format)
-        for name, t in originals.items()
-    }
+    placed = memory.place(case.memory, *originals.values(), specs.heads_first(spec, case))
+    extras = specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device)
+    originals.update(extras)
+    given = dict(zip("qkv", placed, strict=True))
+    given.update(
+        (name, t.detach().clone(memory_format=torch.contiguous_format))
+        for name, t in extras.items()
+    )
     leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
-    with torch.random.fork_rng(devices=_rng_devices(device)):
+    with torch.random.fork_rng(devices=dropout.rng_devices(device)):
         torch.manual_seed(seed)
         result = specs.invoke(spec, kernel, case, *leaves, given, want_lse)
     changed += _changed(case.name, dtype, given, originals, "forward", changed)
@@ -264,37 +284,5 @@ def _changed(case, dtype, given, originals, when: str, known: list[KernelRow]) -
     return rows
 
 
-def _read_keep_mask(
-    kernel: Kernel, case: Case, dtype: torch.dtype, device: torch.device, seed: int
-) -> torch.Tensor:
-    """The kernel's dropout keep-mask (B, H, N, M) for ``seed``, read back from its output.
-
-    With q = k = 0 every weight is 1/M before dropout, and with V the identity (Dv = M) the
-    output is the weight matrix itself: its nonzero entries are the kept ones. The real inputs
-    then run under the same torch seed, so a kernel that draws its mask from torch's generator
-    (as SDPA does) draws the same mask again.
-    """
-    b, h, n, m = case.batch, case.heads, case.n, case.m
-    q = torch.zeros(b, h, n, case.d, dtype=dtype, device=device, requires_grad=True)
-    k = torch.zeros(b, h, m, case.d, dtype=dtype, device=device, requires_grad=True)
-    v = torch.eye(m, dtype=dtype, device=device).expand(b, h, m, m).clone().requires_grad_(True)
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
-        weights = kernel(
-            q, k, v, attn_mask=None, dropout_p=case.dropout_p, is_causal=False, scale=case.scale
-        )
-    if not isinstance(weights, torch.Tensor) or weights.shape != (b, h, n, m):
-        what = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
-        raise BadResult(f"kernel returned {what} for the keep-mask probe, expected {(b, h, n, m)}")
-    return weights.detach() != 0
-
-
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _rng_devices(device: torch.device) -> list[int]:
-    """The CUDA devices whose generator state ``fork_rng`` saves and restores around a call."""
-    if device.type != "cuda":
-        return []
-    return [torch.cuda.current_device() if device.index is None else device.index]

@@ -12,8 +12,10 @@ everywhere cannot slip under,
 (the rounding of a correct kernel is about as spread as the baseline's, while a systematic error
 adds to every entry); lse as the libraries return it (a row with nothing to see may carry -inf
 or +inf; under causal ALiBi flash-attn's convention, shifted by slope_h * p_i, is recognised
-exactly, docs/derivations/alibi.md); and the kept fraction of dropout against 1 - p. Pure NumPy
-on float64 arrays: running the kernel is ``checker.calls``' job.
+exactly, docs/derivations/alibi.md); the kept fraction of dropout against 1 - p; and, where the
+signature returns no keep-mask (flash-attn's), the outputs of many draws at p against what
+dropout does to the output at p = 0 (``judge_draws``). Pure NumPy on float64 arrays: running the
+kernel is ``checker.calls``' job.
 
 Tests: tests/checker/test_judge.py
 """
@@ -122,11 +124,69 @@ def judge_keep(case: str, dtype: str, dropout_p: float, keep: np.ndarray) -> Ker
     """The kept fraction of the bool keep-mask ``keep`` against 1 - p, within DROPOUT_SIGMAS
     binomial standard deviations (row "keep"; ``golden_max`` holds 1 - p)."""
     p = dropout_p
+    if keep.size == 0:
+        nan = math.nan
+        return KernelRow(case, dtype, "keep", 0.0, nan, 1.0 - p, 0.0, "pass", "nothing visible")
     error = abs(float(np.mean(keep)) - (1.0 - p))
     bound = DROPOUT_SIGMAS * math.sqrt(p * (1.0 - p) / keep.size)
     verdict = "pass" if error <= bound else "fail"
     detail = f"kept fraction should be {1 - p:g}"
     return KernelRow(case, dtype, "keep", error, math.nan, 1.0 - p, bound, verdict, detail)
+
+
+def judge_draws(
+    case: str,
+    dtype: str,
+    dropout_p: float,
+    draws: np.ndarray,
+    center: np.ndarray,
+    spread: np.ndarray,
+) -> KernelRow:
+    """The "keep" row of dropout judged by draws: ``draws`` (K, ..., Dv) are outputs at p,
+    ``center`` (..., Dv) the kernel's own output at p = 0 and ``spread`` (..., Dv) the variance
+    sigma^2 that dropout gives each entry (``reference.dropout_variance``).
+
+    Over the R rows (the entries of one query row share their draws of the keep-mask, the rows
+    are independent), each normalised by its variance w_r = sum_c sigma^2:
+
+        moved = mean over draws and rows of sum_c (draw - center)^2 / w_r       (expected 1)
+        mean  = mean over rows of sum_c (mean of draws - center)^2 / (w_r / K)   (expected 1)
+
+    ``moved`` near 0 is a kernel that ignores dropout_p (its draws equal its p = 0 output),
+    far above 1 one that drops too much; ``mean`` above 1 one whose expectation is not the p = 0
+    output (a missing 1 / (1 - p) rescale). Each is held within DROPOUT_SIGMAS of its standard
+    deviation: at most sqrt(kappa / (K R)) for ``moved``, with kappa = max(2, p^2 / (1 - p) +
+    (1 - p)^2 / p - 1) the relative variance of a squared dropout term, Gaussian or two-point,
+    and sqrt((2 + max(0, kappa - 2) / K) / R) for ``mean``. The row's error and bound are
+    those of the test further outside its bound.
+    """
+    nan = math.nan
+    if not np.all(np.isfinite(draws)):
+        detail = "NaN or inf in an output at dropout_p"
+        return KernelRow(case, dtype, "keep", math.inf, nan, 1.0, nan, "nonfinite", detail)
+    weights = spread.sum(axis=-1)  # w_r, (...)
+    live = weights > 0  # rows with something to drop
+    rows, draw_count = int(live.sum()), draws.shape[0]
+    if rows == 0:
+        return KernelRow(case, dtype, "keep", 0.0, nan, 1.0, 0.0, "pass", "no row to drop from")
+    deviations = draws - center  # (K, ..., Dv)
+    moved = float(np.mean(np.sum(deviations**2, axis=-1)[:, live] / weights[live]))
+    mean = float(np.mean(np.sum(deviations.mean(axis=0) ** 2, axis=-1)[live]
+                         / (weights[live] / draw_count)))  # fmt: skip
+    p = dropout_p
+    kappa = max(2.0, p * p / (1.0 - p) + (1.0 - p) ** 2 / p - 1.0)
+    moved_bound = DROPOUT_SIGMAS * math.sqrt(kappa / (draw_count * rows))
+    mean_bound = DROPOUT_SIGMAS * math.sqrt((2.0 + max(0.0, kappa - 2.0) / draw_count) / rows)
+    tests = [
+        (abs(moved - 1.0), moved_bound,
+         f"draws at p = {p:g} move the output {moved:.3g} times as much as dropout does"),
+        (max(0.0, mean - 1.0), mean_bound,
+         f"the mean of {draw_count} draws is {mean:.3g} times as far from the p = 0 output as "
+         "dropout's own spread allows"),
+    ]  # fmt: skip
+    error, bound, detail = max(tests, key=lambda test: test[0] / test[1])
+    verdict = "pass" if error <= bound else "fail"
+    return KernelRow(case, dtype, "keep", error, nan, 1.0, bound, verdict, detail)
 
 
 def wrong_dtype(row: KernelRow, got: str) -> KernelRow:

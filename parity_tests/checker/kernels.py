@@ -41,7 +41,7 @@ import torch
 
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
-from .battery import Case, resolve
+from .battery import Case, default_battery, quick_battery, resolve
 from .calls import Kernel, Request, judge_outcome, run_case
 from .decode import check_decode
 from .expected import DTYPES
@@ -89,8 +89,11 @@ def check_kernel(
         device: where the inputs live.
         dtypes: torch dtypes or their names ("float64", "float32", "float16", "bfloat16").
         cases: None (the spec's default battery), "quick", "stress", "ring", or a sequence of
-            cases or names (``checker.battery``); the named batteries keep the cases the spec can
-            express, a case named explicitly that it cannot is a ValueError.
+            cases or names (``checker.battery``). The default and quick batteries are built for
+            the spec and the features claimed (every pair of the claimed features' values meets
+            in a case), and list the spec's cases that need other features as not run; the
+            stress battery keeps the cases the spec can express; a case named explicitly that
+            the spec cannot express is a ValueError.
         forward_only: judge out (and lse) only, with inputs that do not require grad.
         isolate: run every kernel call in a child process; True uses ISOLATE_TIME_LIMIT_S per
             call, a number is the limit in seconds. The kernel must pickle (a module-level
@@ -132,7 +135,7 @@ def check_kernel(
             kernel, spec, claimed, torch.device(device), names, cases, seed, progress,
             mla_metadata,
         )  # fmt: skip
-    battery = battery_for(spec, cases)
+    battery = battery_for(spec, cases, claimed)
     device = torch.device(device)
     if mla_metadata is not None:
         raise ValueError(f"mla_metadata is for the flash_mla spec only, not {spec!r}")
@@ -183,9 +186,19 @@ def load_kernel(kernel: Kernel | str) -> Kernel:
     return kernel
 
 
-def battery_for(spec: str, cases: str | Sequence[Case | str] | None) -> tuple[Case, ...]:
-    """The cases ``spec`` runs: a named battery keeps those it can express (the ring spec's
-    default is the ring battery); explicitly named cases must all be expressible."""
+def battery_for(
+    spec: str,
+    cases: str | Sequence[Case | str] | None,
+    features: Iterable[str] | None = None,
+) -> tuple[Case, ...]:
+    """The cases ``spec`` runs for a kernel claiming ``features`` (None: all the spec's): the
+    default or quick battery built for them, then the spec's own cases that need features not
+    claimed (to be listed as not run); the stress battery's cases the spec can express; the
+    ring battery for the ring spec. Explicitly named cases (looked up in the spec's batteries
+    first) must all be expressible."""
+    claimed = None if features is None else frozenset(features)
+    if claimed is not None and claimed >= specs.SPEC_FEATURES[spec] - {"lse"}:
+        claimed = None
     if cases is None or isinstance(cases, str):
         if spec == "ring" and cases in (None, "default", "quick"):
             cases = "ring"
@@ -194,16 +207,26 @@ def battery_for(spec: str, cases: str | Sequence[Case | str] | None) -> tuple[Ca
                 "the ring spec has no stress battery (its cases must split over the ranks): "
                 "run its own battery, 'ring', or name cases"
             )
-        kept = tuple(c for c in resolve(cases) if specs.cannot_express(spec, c) is None)
+        if cases in (None, "default", "quick") and claimed is not None:
+            build = quick_battery if cases == "quick" else default_battery
+            unclaimed = tuple(c for c in build(spec) if c.needs - claimed)
+            named = _unique_names(build(spec, claimed) + unclaimed)
+        else:
+            named = resolve(cases, spec)
+        kept = tuple(c for c in named if specs.cannot_express(spec, c) is None)
         if not kept:
             raise ValueError(f"the {cases or 'default'} battery has no case the {spec} spec runs")
         return kept
-    battery = resolve(cases)
+    battery = resolve(cases, spec, claimed)
     for case in battery:
         reason = specs.cannot_express(spec, case)
         if reason is not None:
             raise ValueError(f"the {spec} spec cannot run case {case.name!r}: {reason}")
     return battery
+
+
+def _unique_names(cases: tuple[Case, ...]) -> tuple[Case, ...]:
+    return tuple({case.name: case for case in cases}.values())
 
 
 def check_seed(seed: object) -> int:

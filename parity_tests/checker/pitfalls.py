@@ -4,10 +4,12 @@ Each pitfall here has the signature of ``F.scaled_dot_product_attention`` and di
 checker's own plain baseline (``reference.plain_attention``, built from ``attention_scores`` and
 ``masked_softmax``) in one step only. Several come from the tutorials this project's layers are
 drawn from (docs/pitfalls.md); those of today's options (GQA, alignment, windows, softcap, ALiBi,
-lse, varlen) are in ``checker.pitfalls_today``. ``PITFALLS`` names, for each one, its spec, a
-case of the default battery (and of the quick one) and a tensor that flags it in every dtype; the
-tests assert exactly that, and ``python -m parity_tests --calibrate 60`` measures the margin over
-seeds.
+lse, varlen) are in ``checker.pitfalls_today``, those of real tiled kernels (strides, block edges,
+split paths, the wrong head, dropout ignored) in ``checker.pitfalls_kernels``. ``PITFALLS``
+names, for each one, its spec, a case of the default battery (and of the quick one, picked by
+``battery.TEETH``) and a tensor that flags it in every dtype; the tests assert exactly that, and
+``python -m parity_tests --calibrate 60`` measures the margin over seeds on the whole default
+battery.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value width.
 
@@ -22,7 +24,9 @@ from typing import Any
 
 import torch
 
+from . import pitfalls_kernels as kernels
 from . import pitfalls_today as today
+from .battery import pick
 from .calls import Kernel
 from .reference import attention_scores, expand_kv, masked_softmax, plain_attention
 
@@ -237,8 +241,8 @@ def _dropout(probs: torch.Tensor, dropout_p: float) -> torch.Tensor:
 @dataclass(frozen=True)
 class Pitfall:
     """A broken kernel, its spec, and the (case, tensor) of the default and quick batteries that
-    flags it (for "clobbers_inputs" the tensor is the input changed in place), in the dtypes where
-    its mistake is one."""
+    flags it (for "clobbers_inputs" the tensor is the input changed in place, for
+    "ignores_dropout" the "keep" row of the draws), in the dtypes where its mistake is one."""
 
     kernel: Kernel
     case: str
@@ -247,39 +251,64 @@ class Pitfall:
     dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 
 
+def _on(spec: str, teeth: str) -> str:
+    """The case of ``spec``'s quick battery (and default) for ``battery.TEETH[teeth]``."""
+    return pick(spec, teeth)
+
+
 PITFALLS: dict[str, Pitfall] = {
-    "kv_from_query": Pitfall(kv_from_query, "plain", "out"),
-    "scale_by_d": Pitfall(scale_by_d, "plain", "out"),
-    "scale_by_dv": Pitfall(scale_by_dv, "dv>d", "out"),
-    "ignores_scale": Pitfall(ignores_scale, "scale-1/d", "out"),
+    "kv_from_query": Pitfall(kv_from_query, _on("sdpa", "plain"), "out"),
+    "scale_by_d": Pitfall(scale_by_d, _on("sdpa", "n<m"), "out"),
+    "scale_by_dv": Pitfall(scale_by_dv, _on("sdpa", "dv != d"), "out"),
+    "ignores_scale": Pitfall(ignores_scale, _on("sdpa", "scale"), "out"),
     # In float64 its result is right: a mistake only for the other dtypes.
     "returns_float64": Pitfall(
-        returns_float64, "plain", "out", dtypes=("float32", "float16", "bfloat16")
+        returns_float64, _on("sdpa", "n<m"), "out", dtypes=("float32", "float16", "bfloat16")
     ),
-    "clobbers_inputs": Pitfall(clobbers_inputs, "plain", "q"),
-    "causal_off_by_one": Pitfall(causal_off_by_one, "causal-n<m", "out"),
-    "mask_inverted": Pitfall(mask_inverted, "bool-mask", "out"),
-    "softmax_wrong_axis": Pitfall(softmax_wrong_axis, "plain", "out"),
-    "backward_without_rowsum": Pitfall(backward_without_rowsum, "plain", "dq"),
-    "dropout_not_rescaled": Pitfall(dropout_not_rescaled, "dropout", "out"),
-    "assumes_equal_lengths": Pitfall(assumes_equal_lengths, "plain", "out"),
-    "mask_before_scale": Pitfall(mask_before_scale, "float-mask", "out"),
-    "no_max_shift": Pitfall(no_max_shift, "dead-rows-bool", "out"),
-    "nan_on_dead_rows": Pitfall(nan_on_dead_rows, "dead-rows-bool", "out"),
-    "temperature_1pct": Pitfall(temperature_1pct, "plain", "out"),
-    "gqa_head_modulo": Pitfall(today.gqa_head_modulo, "gqa-2of4", "out"),
-    "gqa_no_group_sum": Pitfall(today.gqa_no_group_sum, "gqa-2of4", "dk"),
-    "flash_top_left": Pitfall(today.flash_top_left, "causal-br-n<m", "out", "flash"),
-    "window_off_by_one": Pitfall(today.window_off_by_one, "window-causal", "out", "flash"),
-    "alibi_sign": Pitfall(today.alibi_sign, "alibi-h", "out", "flash"),
-    "softcap_no_tanh_grad": Pitfall(today.softcap_no_tanh_grad, "softcap", "dq", "flash"),
-    "softcap_last": Pitfall(today.softcap_last, "softcap-alibi", "out", "flash"),
-    "lse_log2": Pitfall(today.lse_log2, "plain", "lse", "flash"),
-    "lse_without_scale": Pitfall(today.lse_without_scale, "plain", "lse", "flash"),
-    "varlen_leak": Pitfall(today.varlen_leak, "varlen", "out", "flash_varlen"),
+    "clobbers_inputs": Pitfall(clobbers_inputs, _on("sdpa", "n<m"), "q"),
+    "causal_off_by_one": Pitfall(causal_off_by_one, _on("sdpa", "causal n<m"), "out"),
+    "mask_inverted": Pitfall(mask_inverted, _on("sdpa", "bool mask"), "out"),
+    "softmax_wrong_axis": Pitfall(softmax_wrong_axis, _on("sdpa", "n<m"), "out"),
+    "backward_without_rowsum": Pitfall(backward_without_rowsum, _on("sdpa", "n<m"), "dq"),
+    "dropout_not_rescaled": Pitfall(dropout_not_rescaled, _on("sdpa", "dropout"), "out"),
+    "assumes_equal_lengths": Pitfall(assumes_equal_lengths, _on("sdpa", "n<m"), "out"),
+    "mask_before_scale": Pitfall(mask_before_scale, _on("sdpa", "float mask"), "out"),
+    "no_max_shift": Pitfall(no_max_shift, _on("sdpa", "dead rows"), "out"),
+    "nan_on_dead_rows": Pitfall(nan_on_dead_rows, _on("sdpa", "dead rows"), "out"),
+    "temperature_1pct": Pitfall(temperature_1pct, _on("sdpa", "plain, long"), "dq"),
+    "gqa_head_modulo": Pitfall(today.gqa_head_modulo, _on("sdpa", "gqa"), "out"),
+    "gqa_no_group_sum": Pitfall(today.gqa_no_group_sum, _on("sdpa", "gqa"), "dk"),
+    "flash_top_left": Pitfall(today.flash_top_left, _on("flash", "causal n<m"), "out", "flash"),
+    "window_off_by_one": Pitfall(today.window_off_by_one, _on("flash", "window"), "out", "flash"),
+    "alibi_sign": Pitfall(today.alibi_sign, _on("flash", "alibi"), "out", "flash"),
+    "softcap_no_tanh_grad": Pitfall(
+        today.softcap_no_tanh_grad, _on("flash", "softcap"), "dq", "flash"
+    ),
+    "softcap_last": Pitfall(
+        today.softcap_last, _on("flash", "softcap with alibi"), "out", "flash"
+    ),
+    "lse_log2": Pitfall(today.lse_log2, _on("flash", "any"), "lse", "flash"),
+    "lse_without_scale": Pitfall(today.lse_without_scale, _on("flash", "any"), "lse", "flash"),
+    "varlen_leak": Pitfall(today.varlen_leak, _on("flash_varlen", "packed"), "out",
+                           "flash_varlen"),
     "ring_wrong_block_offset": Pitfall(today.ring_wrong_block_offset, "ring-causal", "out", "ring"),
-}
-# The today's-option pitfalls, importable from here too (``--kernel
+    # The bugs of real tiled kernels (checker.pitfalls_kernels).
+    "k_with_v_strides": Pitfall(kernels.k_with_v_strides, _on("flash", "kv strides"), "out",
+                                "flash"),
+    "padded_keys_in_softmax": Pitfall(kernels.padded_keys_in_softmax,
+                                      _on("flash", "padded keys"), "out", "flash"),
+    "last_key_of_block_dropped": Pitfall(kernels.last_key_of_block_dropped,
+                                         _on("flash", "last key of a block"), "dv", "flash"),
+    "always_causal_backward": Pitfall(kernels.always_causal_backward,
+                                      _on("flash", "even square"), "dq", "flash"),
+    "nan_on_split_kv": Pitfall(kernels.nan_on_split_kv, _on("flash", "split causal"), "out",
+                               "flash"),
+    "alibi_by_kv_head": Pitfall(kernels.alibi_by_kv_head, _on("flash", "alibi under gqa"),
+                                "out", "flash"),
+    "ignores_dropout": Pitfall(kernels.ignores_dropout, _on("flash", "dropout"), "keep",
+                               "flash"),
+}  # fmt: skip
+# The pitfalls of today's options and of tiled kernels, importable from here too (``--kernel
 # parity_tests.checker.pitfalls:alibi_sign --spec flash``).
 gqa_head_modulo = today.gqa_head_modulo
 gqa_no_group_sum = today.gqa_no_group_sum
@@ -292,3 +321,10 @@ lse_log2 = today.lse_log2
 lse_without_scale = today.lse_without_scale
 varlen_leak = today.varlen_leak
 ring_wrong_block_offset = today.ring_wrong_block_offset
+k_with_v_strides = kernels.k_with_v_strides
+padded_keys_in_softmax = kernels.padded_keys_in_softmax
+last_key_of_block_dropped = kernels.last_key_of_block_dropped
+always_causal_backward = kernels.always_causal_backward
+nan_on_split_kv = kernels.nan_on_split_kv
+alibi_by_kv_head = kernels.alibi_by_kv_head
+ignores_dropout = kernels.ignores_dropout

@@ -3,8 +3,10 @@ one mistake each, to prove that the checker has teeth there too.
 
 Each has the signature of the spec it breaks (``Pitfall.spec`` in ``checker.pitfalls``) and is
 the checker's own plain baseline (``reference``) with one step broken; the flash-signature ones
-compute half precision in float32 and return lse in float32, as flash-attn does, so that only
-their mistake is wrong. ``checker.pitfalls.PITFALLS`` names the case and tensor that flag each.
+compute half precision in float32, return lse in float32 and draw dropout from torch's
+generator, as a correct kernel may, so that only their mistake is wrong (``_flash``, which the
+pitfalls of ``checker.pitfalls_kernels`` share). ``checker.pitfalls.PITFALLS`` names the case
+and tensor that flag each.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T packed token count.
@@ -57,11 +59,13 @@ def _first_of_group_only(t: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-           *, align="bottom-right", left_shift=0, slope_sign=1.0, soft=None,
-           lse_map=None):  # fmt: skip
-    """Correct flash-attn math on (B, N, H, D) with one optional mistake:
-    ``align`` where causal/windows/ALiBi sit, ``left_shift`` added to the window's left side,
-    ``slope_sign`` on the slopes, ``soft`` replacing the softcap, ``lse_map`` applied to lse."""
+           *, align="bottom-right", left_shift=0, slope_sign=1.0, soft=None, lse_map=None,
+           dropout_p=0.0, edit=None):  # fmt: skip
+    """Correct flash-attn math on (B, N, H, D), inverted dropout from torch's generator, with
+    one optional mistake: ``align`` where causal/windows/ALiBi sit, ``left_shift`` added to the
+    window's left side, ``slope_sign`` on the slopes, ``soft`` replacing the softcap,
+    ``lse_map`` applied to lse, ``edit(scores, v) -> (scores, v)`` changing the scores
+    (B, H, N, M) and the values (B, H, M, Dv) before the softmax."""
     dtype = q.dtype
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, L, H, W) -> (B, H, L, W)
     if dtype in _HALF:
@@ -80,7 +84,13 @@ def _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, r
         scores = soft(scores, softcap)
     if q.shape[1] != k.shape[1]:
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = (masked_softmax(scores) @ v).to(dtype).transpose(1, 2)  # (B, H, N, Dv) -> (B, N, H, Dv)
+    if edit is not None:
+        scores, v = edit(scores, v)
+    probs = masked_softmax(scores)
+    if dropout_p:
+        keep = torch.rand(probs.shape, device=probs.device) >= dropout_p
+        probs = probs * keep / (1 - dropout_p)
+    out = (probs @ v).to(dtype).transpose(1, 2)  # (B, H, N, Dv) -> (B, N, H, Dv)
     if not return_attn_probs:
         return out
     lse_of = (lambda s, _: torch.logsumexp(s, dim=-1)) if lse_map is None else lse_map
@@ -94,7 +104,7 @@ def flash_top_left(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
     """flash-attn's signature with SDPA's top-left causal alignment where bottom-right is
     specified: right whenever N == M."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, align="top-left")  # fmt: skip
+                  return_attn_probs, align="top-left", dropout_p=dropout_p)  # fmt: skip
 
 
 def window_off_by_one(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -102,7 +112,7 @@ def window_off_by_one(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                       return_attn_probs=False):  # fmt: skip
     """A window that sees one key fewer on the left (``j > p_i - left`` for ``>=``)."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, left_shift=-1)  # fmt: skip
+                  return_attn_probs, left_shift=-1, dropout_p=dropout_p)  # fmt: skip
 
 
 def alibi_sign(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -110,7 +120,7 @@ def alibi_sign(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_
                return_attn_probs=False):  # fmt: skip
     """ALiBi added with the wrong sign: far keys are favoured instead of penalised."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, slope_sign=-1.0)  # fmt: skip
+                  return_attn_probs, slope_sign=-1.0, dropout_p=dropout_p)  # fmt: skip
 
 
 class _CapWithoutChainRule(torch.autograd.Function):
@@ -131,7 +141,8 @@ def softcap_no_tanh_grad(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
                          deterministic=False, return_attn_probs=False):  # fmt: skip
     """Softcap whose backward lacks the 1 - tanh^2 factor: a right forward, wrong dq and dk."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, soft=_CapWithoutChainRule.apply)  # fmt: skip
+                  return_attn_probs, soft=_CapWithoutChainRule.apply,
+                  dropout_p=dropout_p)  # fmt: skip
 
 
 def softcap_last(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -141,7 +152,7 @@ def softcap_last(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, windo
     scores (-inf) become -softcap, so hidden keys get weight, and ALiBi's bias is capped too.
     Right with no mask, no window and no ALiBi."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, soft=_cap)  # fmt: skip
+                  return_attn_probs, soft=_cap, dropout_p=dropout_p)  # fmt: skip
 
 
 def _cap(scores: torch.Tensor, softcap: float) -> torch.Tensor:
@@ -154,7 +165,7 @@ def lse_log2(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_si
     """lse in base 2 (log2-sum-exp2, as kernels that use exp2 keep it internally) returned where
     the natural log is specified."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, lse_map=_log2)  # fmt: skip
+                  return_attn_probs, lse_map=_log2, dropout_p=dropout_p)  # fmt: skip
 
 
 def _log2(scores: torch.Tensor, scale: float) -> torch.Tensor:
@@ -170,7 +181,7 @@ def lse_without_scale(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                       return_attn_probs=False):  # fmt: skip
     """lse of the scores before the softmax scale (q k^T, not q k^T * scale)."""
     return _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                  return_attn_probs, lse_map=_unscaled)  # fmt: skip
+                  return_attn_probs, lse_map=_unscaled, dropout_p=dropout_p)  # fmt: skip
 
 
 # -- flash-attn's varlen signature -------------------------------------------------------------
@@ -189,7 +200,9 @@ def varlen_leak(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if alibi_slopes is not None and alibi_slopes.ndim == 2:
             slopes = alibi_slopes[s : s + 1]
         parts = (t[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1]))  # (L, H, W) -> (1, L, H, W)
-        out, lse, _ = _flash(*parts, softmax_scale, causal, window_size, softcap, slopes, True)
+        out, lse, _ = _flash(
+            *parts, softmax_scale, causal, window_size, softcap, slopes, True, dropout_p=dropout_p
+        )
         outs.append(out[0])
         lses.append(lse[0])
     out, lse = torch.cat(outs), torch.cat(lses, dim=1)

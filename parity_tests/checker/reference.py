@@ -176,6 +176,34 @@ def plain_attention_lse(
     return out, torch.logsumexp(scores.detach(), dim=-1)
 
 
+def dropout_variance(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    **options: Any,
+) -> torch.Tensor:
+    """The variance of each output entry under inverted dropout: with P' = P * keep / (1 - p),
+    keep ~ Bernoulli(1 - p) per (row, key), Var(O_ic) = p / (1 - p) * sum_j P_ij^2 V_jc^2.
+
+    Args:
+        query: (B, H, N, D); key: (B, H_kv, M, D); value: (B, H_kv, M, Dv); ``options`` as
+            ``attention_scores``' keywords (align, window, softcap, alibi_slopes).
+
+    Returns:
+        (B, H, N, Dv), in the inputs' dtype (float64 for an exact answer).
+    """
+    scores = attention_scores(query, key, None, is_causal, scale, enable_gqa=enable_gqa, **options)
+    probs = masked_softmax(scores)
+    if enable_gqa:
+        value = expand_kv(value, query.shape[-3])
+    rate = dropout_p / (1.0 - dropout_p)
+    return rate * (probs * probs) @ (value * value)  # (B, H, N, M) @ (B, H, M, Dv)
+
+
 def plain_varlen(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -196,6 +224,25 @@ def plain_varlen(
         out (T_q, H, Dv) and lse (H, T_q).
     """
     outs, lses = [], []
+    for q, k, v, slopes in per_sequence(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                                        alibi_slopes):  # fmt: skip
+        out, lse = plain_attention_lse(q, k, v, alibi_slopes=slopes, **options)
+        outs.append(out[0].transpose(0, 1))  # (1, H, n_s, Dv) -> (n_s, H, Dv)
+        lses.append(lse[0])  # (H, n_s)
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def per_sequence(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    alibi_slopes: torch.Tensor | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Each packed sequence alone: q (1, H, n_s, D), k (1, H_kv, m_s, D), v (1, H_kv, m_s, Dv)
+    and its ALiBi slopes ((H,), row s of (S, H) slopes)."""
+    found = []
     bounds = list(zip(cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), strict=True))
     for s, ((q0, k0), (q1, k1)) in enumerate(zip(bounds, bounds[1:], strict=False)):
         slopes = alibi_slopes
@@ -205,7 +252,5 @@ def plain_varlen(
             t[start:stop].transpose(0, 1)[None]  # (L, H, W) -> (1, H, L, W)
             for t, start, stop in ((query, q0, q1), (key, k0, k1), (value, k0, k1))
         )
-        out, lse = plain_attention_lse(q, k, v, alibi_slopes=slopes, **options)
-        outs.append(out[0].transpose(0, 1))  # (1, H, n_s, Dv) -> (n_s, H, Dv)
-        lses.append(lse[0])  # (H, n_s)
-    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+        found.append((q, k, v, slopes))
+    return found

@@ -41,6 +41,7 @@ Tests: tests/checker/test_specs.py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import warnings
@@ -51,6 +52,7 @@ import torch
 
 from .battery import Case
 from .decode_battery import DECODE_SPECS
+from .pairs import ALIGN
 
 FEATURES = ("mask", "causal", "dropout", "gqa", "window", "softcap", "alibi", "lse", "dv")
 # The decode specs' own options: rotary embedding of the new keys, a paged cache, appending new
@@ -61,8 +63,10 @@ FEATURES += DECODE_FEATURES
 # The features each spec can express; each is also the spec's default set.
 SPEC_FEATURES: dict[str, frozenset[str]] = {
     "sdpa": frozenset({"mask", "causal", "dropout", "gqa", "dv"}),
-    "flash": frozenset({"causal", "window", "softcap", "alibi", "gqa", "lse", "dv"}),
-    "flash_varlen": frozenset({"causal", "window", "softcap", "alibi", "gqa", "lse", "dv"}),
+    "flash": frozenset({"causal", "window", "softcap", "alibi", "gqa", "lse", "dv", "dropout"}),
+    "flash_varlen": frozenset(
+        {"causal", "window", "softcap", "alibi", "gqa", "lse", "dv", "dropout"}
+    ),
     "flex": frozenset({"mask", "causal", "window", "softcap", "alibi", "gqa", "lse", "dv"}),
     "ring": frozenset({"causal", "window", "softcap", "gqa", "dv"}),
     "flash_kvcache": frozenset(
@@ -71,7 +75,10 @@ SPEC_FEATURES: dict[str, frozenset[str]] = {
     "flash_mla": frozenset({"causal", "lse"}),
 }
 SPECS = tuple(SPEC_FEATURES)
-_ALIGN = {"sdpa": "top-left", "flash": "bottom-right", "flash_varlen": "bottom-right"}
+# How dropout is judged: the keep-mask read back (SDPA's signature), or draws judged
+# statistically (flash-attn's, which returns no mask).
+DROPOUT_READBACK = ("sdpa",)
+DROPOUT_DRAWS = ("flash", "flash_varlen")
 
 
 def check_spec(spec: object) -> str:
@@ -110,6 +117,8 @@ def cannot_express(spec: str, case: Case) -> str | None:
             return "the ring spec is self-attention (N = M) with no mask"
         if case.dropout_p or case.alibi != "none":
             return "the ring spec has no dropout and no ALiBi"
+        if case.memory != "contiguous":
+            return "the ring spec's ranks get shards of their own, contiguous"
         return None
     if case.layout != "contiguous":
         return "only the ring spec shards a sequence"
@@ -117,14 +126,30 @@ def cannot_express(spec: str, case: Case) -> str | None:
         return "packed sequences need the flash_varlen spec"
     if case.mask != "none" and spec not in ("sdpa", "flex"):
         return f"{spec} takes no attention mask"
-    if case.dropout_p and spec != "sdpa":
-        return f"the checker reads a dropout mask back only through SDPA's signature, not {spec}'s"
+    if spec == "sdpa" and case.mask != "none" and case.causal:
+        return "SDPA takes attn_mask or is_causal, not both"
+    if case.dropout_p and spec not in DROPOUT_READBACK + DROPOUT_DRAWS:
+        return f"{spec} has no dropout"
     if spec == "sdpa" and (case.window is not None or case.softcap or case.alibi != "none"):
         return "SDPA's signature has no window, softcap or ALiBi"
-    align = _ALIGN.get(spec)
+    align = ALIGN.get(spec) if spec != "ring" else None
     if align is not None and case.positioned and case.align != align:
         return f"{spec} aligns causal, windows and ALiBi {align}, the case {case.align}"
     return None
+
+
+def judged_case(spec: str, case: Case) -> Case:
+    """The case whose golden the kernel's output, gradients and lse are judged against: for a
+    spec whose dropout is judged by draws, the case at p = 0 (the draws are judged apart)."""
+    if case.dropout_p and spec in DROPOUT_DRAWS:
+        return dataclasses.replace(case, dropout_p=0.0)
+    return case
+
+
+def heads_first(spec: str, case: Case) -> bool:
+    """Whether the spec's layout puts the heads axis before the length axis ((B, H, L, W)),
+    rather than after it (flash-attn's (B, L, H, W), packed (T, H, W))."""
+    return spec not in ("flash", "flash_varlen") and not case.packed
 
 
 def layout(spec: str, case: Case, t: torch.Tensor) -> torch.Tensor:
@@ -252,6 +277,8 @@ def _flash_keywords(case: Case, slopes: torch.Tensor | None, want_lse: bool) -> 
     """flash-attn's keywords that differ from their defaults. ``window_size`` uses -1 for an
     unbounded side; under causal the right side is 0 (what flash-attn sets itself)."""
     kwargs: dict[str, Any] = {}
+    if case.dropout_p:
+        kwargs["dropout_p"] = case.dropout_p
     if case.scale is not None:
         kwargs["softmax_scale"] = case.scale
     if case.causal:

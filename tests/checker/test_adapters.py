@@ -1,5 +1,5 @@
 """``torch_attention`` behind flash-attn's signatures: a correct kernel of the "flash" and
-"flash_varlen" specs, lse included, in float32 and bfloat16."""
+"flash_varlen" specs, lse and dropout (judged by draws) included."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from parity_tests.checker import adapters
     ("spec", "kernel"),
     [("flash", adapters.flash_attn_func), ("flash_varlen", adapters.flash_attn_varlen_func)],
 )
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_correct_flash_kernel_passes_its_spec(spec, kernel, dtype):
-    report = check_kernel(kernel, spec=spec, dtypes=[dtype], cases="quick")
+def test_a_correct_flash_kernel_passes_its_spec(spec, kernel):
+    # bfloat16, the loosest dtype; every dtype over 60 seeds: python -m parity_tests --calibrate
+    report = check_kernel(kernel, spec=spec, dtypes=["bfloat16"], cases="quick")
 
     assert report.passed, report.failures
-    assert "lse" in {row.tensor for row in report.rows}
+    assert {"lse", "keep"} <= {row.tensor for row in report.rows}
     assert report.coverage == 1.0

@@ -1,188 +1,146 @@
-"""The batteries: what the default battery covers (today's options included), what --quick keeps,
-what each case needs from a kernel, and how inputs are drawn."""
+"""The batteries built by code: each spec's default battery meets its size requirements (block
+edges, split-KV paths, head widths), names each case by what it holds, keeps the quick battery
+as its cheapest cases that still hold every value and what every pitfall needs, grows a
+narrower battery for fewer features from the full one, and finds named cases. (Pair coverage:
+test_pairs.py.)"""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
+from parity_tests.checker import battery, generate, pairs
 from parity_tests.checker.battery import (
     DEFAULT,
     QUICK,
     RING,
     STRESS,
-    Case,
-    make_inputs,
+    default_battery,
+    name_of,
+    quick_battery,
     resolve,
 )
+from parity_tests.checker.named import NAMED
 
-BY_NAME = {case.name: case for case in DEFAULT}
-
-
-def test_default_battery_covers_what_the_policy_promises():
-    cases = DEFAULT
-
-    assert {c.batch for c in cases} >= {1, 2} and {c.heads for c in cases} >= {1, 2, 3}
-    assert any(c.n != c.m and c.n % 2 and c.m % 2 for c in cases)
-    assert min(c.d for c in cases) <= 16 and max(c.d for c in cases) >= 128
-    assert any(c.d % 2 for c in cases)
-    assert any(c.causal and c.n == c.m for c in cases)
-    assert any(c.causal and c.n < c.m for c in cases) and any(c.causal and c.n > c.m for c in cases)
-    assert {c.mask for c in cases} == {"none", "bool", "float", "dead-bool", "dead-float"}
-    assert any(c.scale is not None for c in cases) and any(c.scale is None for c in cases)
-    assert any(c.logits >= 10 for c in cases) and any(c.inputs == "heavy" for c in cases)
-    assert any(c.dropout_p for c in cases)
+SPECS = ("sdpa", "flash", "flash_varlen", "flex")
 
 
-def test_default_battery_covers_todays_options():
-    cases = DEFAULT
-    br = [c for c in cases if c.causal and c.align == "bottom-right" and not c.packed]
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_size_requirement_is_met_by_the_cases(spec):
+    met = battery.size_coverage(spec, default_battery(spec))
 
-    assert {c.kv_heads for c in cases if c.heads == 4} >= {1, 2, 4}
-    assert any(c.n < c.m for c in br) and any(c.n > c.m for c in br)
-    assert any(c.n == 1 and c.m > 100 for c in br)  # a decode step against a long cache
-    windows = [c.window for c in cases if c.window is not None]
-    assert any(right is None or right == 0 for _, right in windows)  # one-sided
-    assert any(left and right for left, right in windows)  # two-sided
-    assert {c.align for c in cases if c.window is not None and c.n != c.m} == {
-        "top-left",
-        "bottom-right",
-    }
-    assert any(c.softcap and c.logits >= 3 * c.softcap for c in cases)  # the cap bends
-    assert {c.alibi for c in cases} == {"none", "H", "BH"}
-    assert any(c.alibi != "none" and c.causal and c.n != c.m for c in cases)
-    packed = [c for c in cases if c.packed]
-    lengths = [n for c in packed for n, _ in c.seqlens]
-    assert packed and 1 in lengths and len(set(lengths)) > 2
+    assert len(met) > 40 and all(met.values()), [label for label, ok in met.items() if not ok]
 
 
-@pytest.mark.parametrize(
-    ("name", "needs"),
-    [
-        ("plain", set()),
-        ("dropout", {"dropout"}),
-        ("gqa-1of4-causal", {"gqa", "causal"}),
-        ("window-causal", {"window", "causal"}),
-        ("alibi-bh-causal", {"alibi", "causal"}),
-        ("dv<d", {"dv"}),
-        ("float-mask", {"mask"}),
-        ("softcap", {"softcap"}),
-        ("varlen-causal-gqa", {"causal", "gqa"}),
-    ],
-)
-def test_a_case_needs_the_features_its_options_use(name, needs):
-    assert BY_NAME[name].needs == needs
+def test_the_size_requirements_name_the_block_edges_split_paths_and_head_widths():
+    labels = [r.label for r in battery.requirements("flash")]
+
+    assert {f"N = {n}" for n in battery.EDGES} <= set(labels)
+    assert {f"M = {m}, causal" for m in battery.EDGES} <= set(labels)
+    assert "non-causal, N a multiple of 128 and M not (zero-padded keys)" in labels
+    assert any(label.startswith("split-KV, causal") for label in labels)
+    assert {f"D = {d}, N > M" for d in battery.WIDTHS} <= set(labels)
+    assert "an odd D" in labels
+    assert not any(", causal" in r.label for r in battery.requirements("flash", {"dv"}))
 
 
-def test_gqa_and_packed_inputs_have_their_shapes():
-    gqa, packed = BY_NAME["gqa-2of4"], BY_NAME["varlen"]
+def test_the_split_kv_cases_have_many_keys_and_few_rows():
+    split = [c for c in default_battery("flash") if c.m >= battery.SPLIT_KEYS]
 
-    g, p = make_inputs(gqa, seed=0), make_inputs(packed, seed=0)
-
-    assert g.q.shape == (2, 4, 37, 32) and g.k.shape == (2, 2, 113, 32) == g.v.shape
-    assert p.q.shape == (122, 2, 32) and p.k.shape == (234, 2, 32) and p.dout.shape == (122, 2, 32)
-    cu_q, cu_k = packed.cu_seqlens
-    assert cu_q.tolist() == [0, 37, 38, 102, 122] and cu_k.tolist() == [0, 113, 177, 214, 234]
+    assert {c.causal for c in split} == {False, True}
+    assert all(c.batch * c.heads <= 4 for c in split)
 
 
-def test_alibi_slopes_per_head_and_per_batch_differ_between_batch_elements():
-    per_head = make_inputs(BY_NAME["alibi-h"], seed=0).alibi_slopes
-    per_batch = make_inputs(BY_NAME["alibi-bh-causal"], seed=0).alibi_slopes
+@pytest.mark.parametrize("spec", SPECS)
+def test_each_generated_case_is_named_by_what_it_holds(spec):
+    cases = default_battery(spec)
 
-    assert per_head.shape == (4,) and np.all(per_head > 0)
-    assert per_batch.shape == (2, 2) and not np.array_equal(per_batch[0], per_batch[1])
+    assert all(case.name == name_of(case) for case in cases)
+    assert len({case.name for case in cases}) == len(cases)
 
 
-def test_ring_cases_are_self_attention_that_two_to_four_ranks_can_split():
+def test_a_name_says_the_mask_first_then_the_options_and_the_sizes():
+    case = battery.Case("x", 1, 4, 127, 257, 64, heads_kv=2, mask="dead-bool", dv=32,
+                        memory="kv-strides")  # fmt: skip
+
+    assert name_of(case) == "dead-bool-gqa-dv<-kvstrides-127x257-d64"
+
+
+def test_no_top_left_causal_case_has_a_single_query():
+    # Query 0 would see key 0 alone: dq and dk exactly 0, nothing to judge.
+    for spec in ("sdpa", "flex"):
+        assert not any(
+            c.causal and c.align == "top-left" and c.n == 1 for c in default_battery(spec)
+        )
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_quick_battery_is_cheap_cases_of_the_default_holding_every_value(spec):
+    quick, default = quick_battery(spec), default_battery(spec)
+
+    assert set(quick) < set(default)
+    held = {item for case in quick for item in pairs.case_values(spec, case).items()}
+    wanted = {(f, v) for f, values in pairs.space(spec).items() for v in values if v != pairs.NA}
+    assert wanted <= held
+
+
+def test_the_quick_battery_holds_the_case_of_each_teeth_the_spec_has():
+    names = {case.name for case in quick_battery("flash")}
+
+    for teeth in ("alibi under gqa", "kv strides", "padded keys", "split causal", "dropout"):
+        assert battery.pick("flash", teeth) in names
+
+
+def test_a_narrower_battery_keeps_the_full_ones_cases_it_can_run():
+    full = default_battery("sdpa")
+    narrow = default_battery("sdpa", {"mask", "causal", "dropout"})
+
+    runnable = [case for case in full if case.needs <= {"mask", "causal", "dropout"}]
+    assert runnable and set(runnable) <= set(narrow)
+    assert all(case.needs <= {"mask", "causal", "dropout"} for case in narrow)
+
+
+def test_the_batteries_are_the_same_in_every_process():
+    assert default_battery("flex") == generate._default.__wrapped__("flex", None)
+
+
+def test_default_holds_every_specs_battery_and_the_named_cases():
+    names = {case.name for case in DEFAULT}
+
+    assert {case.name for case in NAMED} <= names
+    for spec in SPECS:
+        assert {case.name for case in default_battery(spec)} <= names
+    assert set(QUICK) <= set(DEFAULT)
+
+
+def test_the_ring_battery_grows_from_the_named_ring_cases_and_splits_over_ranks():
+    assert [case.name for case in RING[:6]] == [
+        "ring-plain", "ring-causal", "ring-causal-zigzag", "ring-gqa", "ring-window",
+        "ring-softcap",
+    ]  # fmt: skip
     assert all(c.n == c.m and c.n % 8 == 0 for c in RING)
     assert {c.layout for c in RING} == {"contiguous", "zigzag"}
-
-
-def test_default_battery_has_dv_unlike_d_with_the_default_scale_both_ways():
-    # A kernel that takes its default scale from v.shape[-1] is right whenever Dv == D.
-    default_scale = [c for c in DEFAULT if c.scale is None]
-
-    assert any(c.value_width > c.d for c in default_scale)
-    assert any(c.value_width < c.d for c in default_scale)
-
-
-def test_quick_battery_keeps_a_given_scale_and_dv_unlike_d():
-    assert all(case in DEFAULT for case in QUICK)
-    assert any(c.scale is not None for c in QUICK)
-    assert any(c.scale is None and c.value_width != c.d for c in QUICK)
-
-
-def test_shape_names_every_size_by_its_legend_letter():
-    case = Case("c", 2, 3, 5, 7, 11, dv=13)
-
-    assert case.shape == {"B": 2, "H": 3, "N": 5, "M": 7, "D": 11, "Dv": 13}
-    assert Case("c", 1, 1, 1, 1, 4).shape["Dv"] == 4
-
-
-def test_inputs_have_the_case_shapes():
-    case = BY_NAME["dv<d"]
-
-    inputs = make_inputs(case, seed=0)
-
-    b, h, n, m, d, dv = case.shape.values()
-    assert inputs.q.shape == (b, h, n, d) and inputs.k.shape == (b, h, m, d)
-    assert inputs.v.shape == (b, h, m, dv) and inputs.dout.shape == (b, h, n, dv)
-
-
-def test_same_seed_same_inputs_other_seed_other_inputs():
-    case = BY_NAME["plain"]
-
-    first, again, other = make_inputs(case, 0), make_inputs(case, 0), make_inputs(case, 1)
-
-    assert all(np.array_equal(a, b) for a, b in zip(first[:3], again[:3], strict=True))
-    assert not np.array_equal(first.q, other.q)
-
-
-@pytest.mark.parametrize("name", ["dead-rows-bool", "dead-rows-float"])
-def test_dead_row_cases_have_fully_masked_rows_and_no_accidental_ones(name):
-    inputs = make_inputs(BY_NAME[name], seed=0)
-
-    allowed = inputs.attn_mask if inputs.attn_mask.dtype == bool else inputs.attn_mask == 0
-    rows_alive = allowed.any(axis=-1)  # (B, H, N)
-    assert not rows_alive.all()
-    assert rows_alive.any(axis=-1).all()
-
-
-@pytest.mark.parametrize("name", ["bool-mask", "float-mask"])
-def test_mask_cases_leave_every_row_something_to_attend(name):
-    inputs = make_inputs(BY_NAME[name], seed=0)
-
-    mask = inputs.attn_mask
-    allowed = mask if mask.dtype == bool else np.isfinite(mask)
-    assert allowed.any(axis=-1).all()
 
 
 def test_resolve_names_batteries_and_cases():
     assert resolve(None) == DEFAULT and resolve("quick") == QUICK and resolve("stress") == STRESS
     assert resolve("ring") == RING
-    assert resolve(["plain", STRESS[0], "ring-gqa"]) == (BY_NAME["plain"], STRESS[0], RING[3])
+    assert resolve("default", "flex") == default_battery("flex")
+    some = default_battery("flash")[3]
+    assert resolve(["plain", STRESS[0], "ring-gqa", some.name]) == (
+        NAMED[1], STRESS[0], RING[3], some,
+    )  # fmt: skip
+
+
+def test_a_name_of_a_narrower_battery_resolves_in_its_context():
+    features = {"mask", "causal", "dropout"}
+    own = [c for c in default_battery("sdpa", features) if c not in default_battery("sdpa")]
+
+    assert resolve([own[0].name], "sdpa", features) == (own[0],)
+    with pytest.raises(ValueError, match="unknown case"):
+        resolve([own[0].name])
 
 
 @pytest.mark.parametrize("cases", [["no-such-case"], "everything", [], ["plain", "plain"]])
 def test_resolve_refuses_unknown_or_empty(cases):
     with pytest.raises(ValueError):
         resolve(cases)
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"mask": "striped"},
-        {"inputs": "uniform"},
-        {"causal": True, "mask": "bool"},
-        {"dropout_p": 0.1, "causal": True},
-        {"heads_kv": 3},
-        {"window": (-1, 2)},
-        {"align": "centre"},
-        {"alibi": "per-token"},
-        {"layout": "striped"},
-    ],
-)
-def test_a_case_refuses_what_it_cannot_run(kwargs):
-    with pytest.raises(ValueError, match="case bad"):
-        Case("bad", 1, 1, 4, 4, 4, **kwargs)

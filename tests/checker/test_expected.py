@@ -11,11 +11,12 @@ import torch.nn.functional as F
 
 from parity_tests import check_kernel
 from parity_tests.checker import adapters
-from parity_tests.checker.battery import DEFAULT, make_inputs
+from parity_tests.checker.case import make_inputs
 from parity_tests.checker.expected import case_inputs, to64
+from parity_tests.checker.named import NAMED
 from parity_tests.tolerances import FLOAT32_RTOL
 
-BY_NAME = {case.name: case for case in DEFAULT}
+BY_NAME = {case.name: case for case in NAMED}
 
 
 def test_a_cases_inputs_are_cast_once_and_shared_a_bool_mask_staying_bool():
@@ -36,7 +37,7 @@ def test_float32_baseline_tracks_the_golden_to_float32_rounding():
     # The bound scales with the baseline's error, so a harness bug that hits kernel and baseline
     # alike (a dropped scale, a flipped mask) would widen the bound and hide itself; in float32
     # the baseline must stay at float32 rounding of the golden.
-    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"])
+    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], cases="quick")
 
     for row in report.rows:
         if row.tensor != "keep":

@@ -14,7 +14,6 @@ from parity_tests.checker.kernels import battery_for
 from parity_tests.checker.pitfalls import PITFALLS
 from parity_tests.checker.targets import torch_attention_kernel
 
-DTYPES = ("float32", "float16", "bfloat16")
 CLASSIC = sorted(
     name
     for name, pitfall in PITFALLS.items()
@@ -47,19 +46,19 @@ def test_a_one_percent_temperature_error_is_flagged_in_bfloat16_by_the_bias_stat
 
     by_max = {row.case for row in report.rows if row.verdict == "fail"}
     by_rms = {row.case for row in report.rows if row.verdict == "bias"}
-    assert set(report.groups.values()) == {"fail"}  # every case is flagged
-    assert len(by_max) < len(report.groups)  # which the max bound alone does not do
-    assert by_rms == {case for case, _ in report.groups}
+    assert not report.passed
+    assert by_rms - by_max  # cases that the max bound alone would pass
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "kernel",
-    [F.scaled_dot_product_attention, torch_attention_kernel("math")],
-    ids=["sdpa", "torch_attention-math"],
+    ("kernel", "dtype"),
+    [(F.scaled_dot_product_attention, "bfloat16"), (torch_attention_kernel("math"), "float16")],
+    ids=["sdpa-bfloat16", "torch_attention-math-float16"],
 )
 def test_correct_kernels_pass_so_no_false_positives(kernel, dtype):
-    report = check_kernel(kernel, dtypes=[dtype], seed=1)
+    # The quick battery holds every value of every factor; the default battery over 60 seeds in
+    # every dtype is python -m parity_tests --calibrate 60.
+    report = check_kernel(kernel, dtypes=[dtype], cases="quick", seed=1)
 
     assert report.passed, report.failures
 

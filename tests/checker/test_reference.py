@@ -13,7 +13,8 @@ import torch
 
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
-from parity_tests.checker.battery import DEFAULT, make_inputs
+from parity_tests.checker.case import make_inputs
+from parity_tests.checker.named import NAMED
 from parity_tests.checker.reference import (
     attention_scores,
     masked_softmax,
@@ -24,7 +25,7 @@ from parity_tests.checker.reference import (
 
 from ..conftest import assert_close, to_numpy, to_torch
 
-BY_NAME = {case.name: case for case in DEFAULT}
+BY_NAME = {case.name: case for case in NAMED}
 
 
 def _options(case) -> dict:
