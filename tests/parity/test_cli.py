@@ -138,7 +138,7 @@ def test_builtin_targets_show_expected_failures_as_xfail(monkeypatch, capsys):
     assert re.search(r"xfail dead-[^:]*: nn.MultiheadAttention with need_weights=True", out)
     assert re.search(r"not-run \S+.*: needs (dv, )?gqa.*, not in the kernel's features", out)
     judged = r"pass: \d+ of \d+ case-dtype groups judged \(\d+%\)"
-    assert re.search(judged + r", 1 expected failure, .*\d+ not run", out)
+    assert re.search(judged + r", [1-9]\d* expected failures?, .*\d+ not run", out)
 
 
 def _raises_with_a_compiler_log(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -487,9 +487,10 @@ def test_list_cases_lists_only_the_cases_named(capsys):
     code = main(["--list-cases", "--spec", "flash", "--case", "softcap", "--case", "causal-n<m"])
 
     out = capsys.readouterr().out.splitlines()
-    assert code == 0 and out[0] == "named cases, flash spec: case, B H N M D Dv, what it needs"
-    assert [line.split()[0] for line in out[1:]] == ["softcap", "causal-n<m"]
-    assert "not in this spec" in out[2]
+    assert code == 0 and out[0] == "named cases, flash spec: 2 cases"
+    assert out[1].split() == ["case", "B", "H", "N", "M", "D", "Dv", "needs"]
+    assert [line.split()[0] for line in out[2:]] == ["softcap", "causal-n<m"]
+    assert "not in this spec" in out[3]
 
 
 def test_version_names_the_project_and_its_version(capsys):
