@@ -41,6 +41,7 @@ import importlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -91,7 +92,7 @@ def _main(argv: list[str], prog: str) -> int:
 
             battery = "quick" if args.quick else "default"
             return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)
-        return _run(args, argv, devices, kernels, progress)
+        return _run(args, argv, devices, kernels, progress, prog)
     except KeyboardInterrupt:
         progress.done()
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -178,8 +179,52 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         const=True,
         type=_seconds,
         metavar="SECONDS",
-        help="run each call of --kernel in a child process (a crash or a hang is an error "
-        "verdict); SECONDS is the time limit per call",
+        help="run each call of --kernel in a child process that imports it as MODULE:FUNCTION "
+        "(a crash or a hang is an error verdict); --isolate SECONDS is the older spelling of "
+        "--isolate --timeout SECONDS",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --isolate: the time limit of one call; a child past it is ended, the case "
+        "an error (default 300)",
+    )
+    parser.add_argument(
+        "--head-dims",
+        type=_widths,
+        metavar="D,D,...",
+        help="the head widths --kernel takes (D and Dv), e.g. 16,32,64,128; cases with others "
+        "are not run, and their nearest cases inside the limits are",
+    )
+    parser.add_argument(
+        "--seqlen-multiple",
+        type=int,
+        metavar="K",
+        help="--kernel takes lengths that are multiples of K only (others: as --head-dims)",
+    )
+    parser.add_argument(
+        "--equal-lengths",
+        action="store_true",
+        help="--kernel takes N = M only (others: as --head-dims)",
+    )
+    parser.add_argument(
+        "--contiguous-only",
+        action="store_true",
+        help="--kernel takes contiguous q, k, v only (others: as --head-dims)",
+    )
+    parser.add_argument(
+        "--fuzz",
+        type=int,
+        metavar="N",
+        help="judge --kernel on N random cases drawn from its spec's options, sizes and "
+        "layouts (with --seed); each failing one is printed with the command that reruns it",
+    )
+    parser.add_argument(
+        "--fuzz-case",
+        type=int,
+        metavar="I",
+        help="judge --kernel on drawn case I of --fuzz (the same --seed) alone",
     )
     parser.add_argument(
         "--world-size", type=int, metavar="W", help="ranks of the ring spec (default 2)"
@@ -244,6 +289,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from exc
+    if min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"head widths must be >= 1, got {text!r}")
+    return widths
+
+
 def _seed(text: str) -> int:
     try:
         return _kernels().check_seed(int(text))
@@ -277,6 +332,13 @@ def _given(args: argparse.Namespace) -> set[str]:
         "--features": args.features,
         "--forward-only": args.forward_only,
         "--isolate": args.isolate,
+        "--timeout": args.timeout,
+        "--head-dims": args.head_dims,
+        "--seqlen-multiple": args.seqlen_multiple,
+        "--equal-lengths": args.equal_lengths,
+        "--contiguous-only": args.contiguous_only,
+        "--fuzz": args.fuzz,
+        "--fuzz-case": args.fuzz_case,
         "--world-size": args.world_size,
         "--case": args.case,
         "--dtype": args.dtype,
@@ -329,13 +391,19 @@ def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("--quick chooses a battery and --case names the cases: give one of them")
 
 
+# The options of --kernel (the built-in targets have their own).
+KERNEL_OPTIONS = (
+    "--spec", "--features", "--forward-only", "--isolate", "--timeout", "--world-size",
+    "--head-dims", "--seqlen-multiple", "--equal-lengths", "--contiguous-only", "--fuzz",
+    "--fuzz-case",
+)  # fmt: skip
+LIMIT_OPTIONS = ("--head-dims", "--seqlen-multiple", "--equal-lengths", "--contiguous-only")
+
+
 def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Options of ``--kernel`` need one; features and cases must exist and fit the spec."""
-    given = [
-        name
-        for name in ("--spec", "--features", "--forward-only", "--isolate", "--world-size")
-        if name in _given(args)
-    ]
+    """Options of ``--kernel`` need one; features, limits and cases must exist and fit the spec,
+    the cases asked for must lie inside the limits; the cases --fuzz draws are drawn here."""
+    given = [name for name in KERNEL_OPTIONS if name in _given(args)]
     if given and not args.kernel:
         verb = "applies" if len(given) == 1 else "apply"
         parser.error(f"{', '.join(given)} {verb} to --kernel; the built-in targets have their own")
@@ -344,25 +412,76 @@ def _check_kernel_options(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--world-size is for --spec ring")
     if args.world_size is not None and args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    _check_isolation(parser, args, spec)
     from .checker import specs
 
-    battery_for = _kernels().battery_for
+    kernels = _kernels()
     try:
         args.feature_set = _features(spec, args.features)
+        args.limits = _limits(spec, args)
         if args.case:
             _named_cases(args.case, spec if args.kernel else None, args.feature_set)
             if args.kernel and spec not in specs.DECODE_SPECS:
-                battery_for(spec, args.case)
+                claimed = specs.resolve_features(spec, args.feature_set)
+                kernels.within_limits(spec, args.case, claimed, args.limits)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    args.drawn = _drawn(parser, args, spec)
     if args.kernel and spec == "ring":
         from .checker.ring import check_world_size
 
         world = 2 if args.world_size is None else args.world_size
         try:
-            check_world_size(battery_for("ring", args.case or None), world)
+            check_world_size(kernels.battery_for("ring", args.case or None), world)
         except ValueError as exc:
             parser.error(f"--world-size {world}: {exc}")
+
+
+def _check_isolation(parser: argparse.ArgumentParser, args: argparse.Namespace, spec: str) -> None:
+    """--timeout limits an isolated call, given once; the ring and decode specs run their own
+    way."""
+    from .checker import specs
+
+    if args.timeout is not None and args.isolate is None:
+        parser.error("--timeout limits an isolated call: add --isolate")
+    if args.timeout is not None and args.isolate is not True:
+        parser.error("give the time limit once: --isolate --timeout SECONDS")
+    if args.isolate is not None and (spec == "ring" or spec in specs.DECODE_SPECS):
+        how = "in spawned ranks of its own" if spec == "ring" else "in this process"
+        parser.error(f"--isolate does not apply to --spec {spec}: it runs {how}")
+
+
+def _limits(spec: str, args: argparse.Namespace) -> Any:
+    """The ``KernelLimits`` the limit options declare (None: none given), checked for the spec."""
+    from .checker.limits import KernelLimits, check_spec
+
+    if not set(LIMIT_OPTIONS) & _given(args):
+        return None
+    multiple = 1 if args.seqlen_multiple is None else args.seqlen_multiple
+    limits = KernelLimits(args.head_dims, multiple, args.equal_lengths, args.contiguous_only)
+    check_spec(spec, limits)
+    return limits
+
+
+def _drawn(parser: argparse.ArgumentParser, args: argparse.Namespace, spec: str) -> Any:
+    """The cases --fuzz N (or --fuzz-case I) draws for --kernel, or None."""
+    if args.fuzz is None and args.fuzz_case is None:
+        return None
+    from .checker.fuzz import fuzz_case, fuzz_cases
+
+    if args.fuzz is not None and args.fuzz_case is not None:
+        parser.error("--fuzz draws cases and --fuzz-case reruns one of them: give one")
+    if args.fuzz is not None and args.fuzz < 1:
+        parser.error(f"--fuzz takes a number of cases >= 1, got {args.fuzz}")
+    option = "--fuzz" if args.fuzz is not None else "--fuzz-case"
+    _refuse(parser, _given(args) & {"--case", "--quick", "--stress"}, f"{option} draws its cases")
+    seed = 0 if args.seed is None else args.seed
+    try:
+        if args.fuzz is not None:
+            return fuzz_cases(spec, args.fuzz, seed, args.feature_set, args.limits)
+        return (fuzz_case(spec, args.fuzz_case, seed, args.feature_set, args.limits),)
+    except ValueError as exc:
+        parser.error(f"{option}: {exc}")
 
 
 def _features(spec: str, features: str | None) -> frozenset[str] | None:
@@ -400,22 +519,27 @@ def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     --quick, --stress and --case apply."""
     from .checker import battery as batteries
     from .checker import pairs, specs
+    from .checker.limits import allowed_pairs
 
-    allowed = {"--list-cases", "--spec", "--features", "--quick", "--stress", "--case"}
+    allowed = {"--list-cases", "--spec", "--features", "--quick", "--stress", "--case",
+               *LIMIT_OPTIONS}  # fmt: skip
     _refuse(parser, _given(args) - allowed, "--list-cases prints the cases and exits")
     spec = args.spec or "sdpa"
     if spec in specs.DECODE_SPECS:
         return _list_decode_cases(parser, args, spec)
+    kernels = _kernels()
     try:
         features = _features(spec, args.features)
+        limits = _limits(spec, args)
+        claimed = specs.resolve_features(spec, features)
+        if args.case:
+            _refuse(parser, _given(args) & {"--quick", "--stress"}, "--case names the cases")
+            named = _named_cases(args.case, spec, features)
+            if limits is not None:
+                kernels.within_limits(spec, list(args.case), claimed, limits)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if args.case:
-        _refuse(parser, _given(args) & {"--quick", "--stress"}, "--case names the cases to list")
-        try:
-            named = _named_cases(args.case, spec, features)
-        except ValueError as exc:
-            parser.error(str(exc))
         width = max(20, *(len(case.name) for case in named))
         print(f"named cases, {spec} spec: {len(named)} cases")
         _print_header(width)
@@ -424,28 +548,33 @@ def _list_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         return 0
     name = "stress" if args.stress else "quick" if args.quick else "default"
     try:
-        cases = _kernels().battery_for(spec, name, features)
+        cases, excluded = kernels.within_limits(spec, name, claimed, limits)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if spec == "ring" and name != "stress":
         name = "ring"
     width = max(20, *(len(case.name) for case in cases + batteries.NAMED))
-    claimed = "" if features is None else f", features {','.join(sorted(features))}"
-    print(f"{name} battery, {spec} spec{claimed}: {len(cases)} cases")
+    said = "" if features is None else f", features {','.join(sorted(features))}"
+    said += "" if limits is None else f", limits {limits.declared}"
+    print(f"{name} battery, {spec} spec{said}: {len(cases)} cases")
     _print_header(width)
     for case in cases:
-        _print_case(case, width, features, spec)
+        _print_case(case, width, features, spec, excluded)
     if name != "stress":
-        held = [case for case in cases if features is None or not case.needs - features]
+        held = [case for case in cases if case.needs <= claimed and case.name not in excluded]
         found = pairs.coverage(spec, held, features)
         met = batteries.size_coverage(spec, held, features)
-        print(f"pair coverage: {found.required - len(found.missing)} of {found.required} pairs "
-              f"of values of {len(found.counts)} factors meet in a case "
-              f"({found.fraction:.0%}); cases holding each value:")  # fmt: skip
+        owed = allowed_pairs(spec, limits, features)
+        missing = found.missing & owed
+        share = f"{1 - len(missing) / max(len(owed), 1):.0%}"
+        share += "" if limits is None else f"; the limits allow {len(owed)} of {found.required}"
+        print(f"pair coverage: {len(owed) - len(missing)} of {len(owed)} pairs of values of "
+              f"{len(found.counts)} factors meet in a case ({share}); cases holding each "
+              "value:")  # fmt: skip
         for factor, counts in found.counts.items():
             print(f"  {factor}: " + ", ".join(f"{value} {count}" for value, count in
                                              counts.items()))  # fmt: skip
-        for first, second in sorted(found.missing):
+        for first, second in sorted(missing):
             print(f"  missing: {first[0]}={first[1]} with {second[0]}={second[1]}")
         if met:
             print(f"size requirements: {sum(met.values())} of {len(met)} met")
@@ -489,8 +618,11 @@ def _print_header(width: int) -> None:
     print(f"{'case':{width}} {'B':>4} {'H':>4} {'N':>4} {'M':>4} {'D':>4} {'Dv':>4}  needs")
 
 
-def _print_case(case: Any, width: int, features: Any, spec: str) -> None:
-    """One line of ``--list-cases``: name, shape, needs, and why the spec does not run it."""
+def _print_case(
+    case: Any, width: int, features: Any, spec: str, excluded: dict | None = None
+) -> None:
+    """One line of ``--list-cases``: name, shape, needs, and why the spec does not run it (or
+    the kernel's features or limits)."""
     from .checker import specs
 
     shape = " ".join(f"{value:>4}" for value in case.shape.values())
@@ -499,6 +631,9 @@ def _print_case(case: Any, width: int, features: Any, spec: str) -> None:
     note = f"  (not in this spec: {reason})" if reason else ""
     if not reason and features is not None and case.needs - features:
         note = "  (not run: needs features not declared)"
+    elif not reason and excluded and case.name in excluded:
+        why, instead = excluded[case.name]
+        note = f"  (not run, outside the kernel's limits: {why}; judged instead: {instead})"
     print(f"{case.name:{width}} {shape}  {needs}{note}")
 
 
@@ -537,13 +672,15 @@ def _load_kernel(
         parser.error(f"--kernel {spec!r}: {attribute} is not callable (its type is {what})")
     return Target(
         spec,
-        kernel,
+        spec,  # by its name: an isolated call's child imports it as the user named it
         dtypes,
         spec=args.spec,
         features=args.feature_set,
         forward_only=args.forward_only,
         isolate=False if args.isolate is None else args.isolate,
         world_size=args.world_size,
+        limits=args.limits,
+        timeout=args.timeout,
     )
 
 
@@ -553,6 +690,7 @@ def _run(
     devices: list[str],
     kernels: list[Any],
     progress: _Progress,
+    prog: str,
 ) -> int:
     """Run the parts asked for, print the tables (``--verbose``: every group too), the failing
     rows, the totals and the verdict; write the JSON."""
@@ -575,6 +713,10 @@ def _run(
             "features": None if args.feature_set is None else sorted(args.feature_set),
             "forward_only": args.forward_only,
             "isolate": args.isolate,
+            "timeout": args.timeout,
+            "limits": None if args.limits is None else args.limits.declared,
+            "fuzz": args.fuzz,
+            "fuzz_case": args.fuzz_case,
         },
         "verdict": None,
         "layers": None,
@@ -584,7 +726,9 @@ def _run(
     verdicts, failing, totals = [], [], []
     checks: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
-    battery: str | list[str] = args.case or ("quick" if args.quick else "default")
+    battery: str | list[str] | tuple = args.case or ("quick" if args.quick else "default")
+    if args.drawn is not None:
+        battery = args.drawn
     if not args.no_layers and not kernels:
         rows = _run_layers(devices, args.quick, progress)
         progress.done()
@@ -619,6 +763,12 @@ def _run(
         for line in failing:
             print(line)
         print()
+    reruns = _reruns(prog, args, checks)
+    if reruns:
+        print(f"== each failing drawn case, rerun alone ({len(reruns)}) ==")
+        for line in reruns:
+            print(line)
+        print()
     errors = sum(len(check["errors"]) for check in checks + findings)
     if errors and not args.verbose:
         print(
@@ -640,6 +790,54 @@ def _run(
         with open(args.json, "w", encoding="utf-8") as stream:
             json.dump(render.jsonable(result), stream, indent=1, allow_nan=False)
     return 1 if result["verdict"] == "fail" else 0
+
+
+def _reruns(prog: str, args: argparse.Namespace, checks: list[dict[str, Any]]) -> list[str]:
+    """For each drawn case that failed, the one command that reruns it alone (its target,
+    device and failing dtypes, the same options and seed, ``--fuzz-case``)."""
+    if not args.drawn:
+        return []
+    from .checker.report import FAILED_GROUPS
+
+    index = {case.name: i for i, case in enumerate(args.drawn)}
+    if args.fuzz_case is not None:
+        index = dict.fromkeys(index, args.fuzz_case)
+    lines = []
+    for check in checks:
+        failed: dict[str, list[str]] = {}
+        for group in check["groups"]:
+            if group["status"] in FAILED_GROUPS:
+                failed.setdefault(group["case"], []).append(group["dtype"])
+        for case, dtypes in failed.items():
+            options = _rerun_options(args, check["target"], check["device"], dtypes)
+            lines.append(f"{case}: {prog} {shlex.join(options)} --fuzz-case {index[case]}")
+    return lines
+
+
+def _rerun_options(
+    args: argparse.Namespace, target: str, device: str, dtypes: list[str]
+) -> list[str]:
+    """The options that made ``target``'s check, on ``device`` in ``dtypes`` only."""
+    options = ["--kernel", target, "--spec", args.spec]
+    if args.features is not None:
+        options += ["--features", args.features]
+    if args.forward_only:
+        options.append("--forward-only")
+    if args.isolate is not None:
+        options += ["--isolate"] + ([] if args.isolate is True else [f"{args.isolate:g}"])
+    if args.timeout is not None:
+        options += ["--timeout", f"{args.timeout:g}"]
+    declared = {} if args.limits is None else args.limits.declared
+    if "head_dims" in declared:
+        options += ["--head-dims", ",".join(map(str, declared["head_dims"]))]
+    if "seqlen_multiple" in declared:
+        options += ["--seqlen-multiple", str(declared["seqlen_multiple"])]
+    options += [f"--{name.replace('_', '-')}" for name in ("equal_lengths", "contiguous_only")
+                if name in declared]  # fmt: skip
+    options += ["--device", device]
+    for dtype in dtypes:
+        options += ["--dtype", dtype]
+    return options + ["--seed", str(args.seed)]
 
 
 def _run_layers(devices: list[str], quick: bool, progress: _Progress) -> list[dict[str, Any]]:
@@ -671,7 +869,7 @@ def _run_kernels(
     from .checker.targets import builtin_targets
 
     checks = []
-    name = battery if isinstance(battery, str) else "cases"
+    name = battery if isinstance(battery, str) else "fuzz" if args.drawn else "cases"
     dtypes = tuple(args.dtype or _kernels().DEFAULT_DTYPES)
     for device in devices:
         for target in kernels or builtin_targets(device, dtypes):
@@ -747,11 +945,14 @@ def _print_layer_summary(rows: list[dict[str, Any]]) -> str:
 
 
 def _layer_counts(groups: int, failing: int) -> dict[str, int]:
-    """A layer's groups counted as a kernel check's are: every group is judged (the registry has
-    no expected failures, skips or features)."""
+    """A layer's groups counted as a kernel check's are: every group is judged, a failing one
+    flagged (the registry has no expected failures, skips, features or refusals)."""
     return {
         "judged": groups,
         "failing": failing,
+        "flagged": failing,
+        "refused": 0,
+        "error": 0,
         "expected_failures": 0,
         "skipped": 0,
         "not_run": 0,

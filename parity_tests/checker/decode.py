@@ -42,7 +42,7 @@ import torch
 
 from numpy_attention.paged import kvcache_attention_forward, rotate_new_tokens
 
-from .calls import BadResult, Outcome, run_protected
+from .calls import BadResult, Outcome, failed_row, run_protected
 from .decode_battery import DecodeCase, make_decode_inputs, resolve_decode
 from .decode_reference import plain_kvcache, plain_mla
 from .expected import DTYPES, to64
@@ -354,11 +354,9 @@ def judge_decode(
     """The rows of one case and dtype from what the kernel gave."""
     case, dtype = request.case, request.dtype
     rows = list(outcome.changed)
-    if outcome.kind == "skip":
-        return rows + [unmeasured(case.name, dtype, "skip", outcome.message)]
-    if outcome.kind == "error":
-        number = 0 if outcome.error is None else _record(errors, outcome.error, case.name, dtype)
-        return rows + [unmeasured(case.name, dtype, "error", outcome.message, number)]
+    if outcome.kind != "ok":  # "skip", "refused" or "error"
+        return rows + [failed_row(case.name, dtype, outcome.kind, outcome.message,
+                                  outcome.error, errors)]  # fmt: skip
     golden, baseline, slots = decode_expected(case, dtype, request.device, request.seed)
     arrays = outcome.arrays
     row = judge_tensor(case.name, dtype, "out", arrays["out"], golden["out"], baseline["out"])
@@ -413,17 +411,6 @@ def _dtype_checked(row: KernelRow, got: str, expected: str) -> KernelRow:
         return wrong_dtype(row, got)
     detail = f"lse is {got}, the libraries return {expected} for inputs of {row.dtype}"
     return dataclasses.replace(row, verdict="dtype", detail=detail)
-
-
-def _record(errors: list[KernelError], error: tuple[str, str, str], case: str, dtype: str) -> int:
-    """The number of ``error`` in ``errors``, adding it if no equal exception was seen before."""
-    kind, message, text = error
-    for entry in errors:
-        if entry.traceback == text:
-            entry.where.append((case, dtype))
-            return entry.number
-    errors.append(KernelError(len(errors) + 1, kind, message, text, [(case, dtype)]))
-    return len(errors)
 
 
 def _name(dtype: torch.dtype) -> str:

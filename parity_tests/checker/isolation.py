@@ -3,11 +3,15 @@ compiled code, an abort) or hangs gets an "error" verdict instead of killing or 
 checker: ``check_kernel(..., isolate=True)``.
 
 One child process (``multiprocessing``'s "spawn": a fresh interpreter, safe whatever threads the
-parent runs) serves the calls one after another, so torch is imported once, not per case. The
-kernel is sent to it by pickle, which is why an isolated kernel must be a module-level function
-(or "module:function", or a ``functools.partial`` of one): the child imports its module. A child
-that dies is reported with the signal that killed it, and a new one serves the next call; a
-call that does not answer within the time limit is a hang: its child is killed.
+parent runs) serves the calls one after another, so torch is imported once, not per case. A
+kernel given as "module:function" is imported by the child by that very name, as the user gave
+it: a function that a module re-exports after patching something at import (a shim setting an
+environment variable, replacing a library's function) keeps its patches there, where a pickled
+function would be imported from the module that defined it (its ``__module__``) and lose them.
+Any other kernel is sent by pickle, which is why it must be a module-level function (or a
+``functools.partial`` of one). A child that dies is reported with the signal that killed it,
+and a new one serves the next call; a call that does not answer within the time limit
+(``check_kernel``'s ``timeout``) is a hang: its child is killed.
 
 What the child writes (its stdout and stderr, a C library's messages included) goes to a file,
 not to the terminal: a call that fails carries what the child wrote during it in its error
@@ -35,7 +39,7 @@ import tempfile
 from multiprocessing import resource_tracker
 from typing import Any
 
-from .calls import Kernel, Outcome, Request, run_case
+from .calls import Kernel, Outcome, Request, load_kernel, run_case
 
 # A child that has not imported torch and unpickled the kernel within this many seconds is
 # stopped: starting is not the kernel's time.
@@ -49,9 +53,9 @@ OUTPUT_LIMIT_BYTES = 64 * 1024
 class IsolatedKernel:
     """``kernel`` behind a child process: ``self(request)`` gives its ``Outcome``."""
 
-    def __init__(self, kernel: Kernel, limit: float) -> None:
+    def __init__(self, kernel: Kernel | str, limit: float) -> None:
         try:
-            self._payload = pickle.dumps(kernel)
+            self._payload = pickle.dumps(kernel)  # a "module:function" string as it is
         except Exception as exc:  # what pickle raises for closures, lambdas, local classes
             raise TypeError(
                 "isolate=True sends the kernel to a child process by pickle, and "
@@ -175,13 +179,24 @@ def _failure(kind: str, message: str, output: str) -> Outcome:
 
 
 def _with_output(outcome: Outcome, output: str) -> Outcome:
-    """``outcome`` with what the child wrote during the call added to its error, if it failed."""
-    if outcome.kind != "error" or not output:
+    """``outcome`` with what the child wrote during the call added to its error, if the call
+    (or only its backward) raised or failed."""
+    if not output:
         return outcome
-    if outcome.error is None:
-        return outcome._replace(error=("error", outcome.message, _text(outcome.message, output)))
-    kind, message, text = outcome.error
-    return outcome._replace(error=(kind, message, _text(text.rstrip("\n"), output)))
+    if outcome.kind in ("error", "refused"):
+        return outcome._replace(error=_noted(outcome.message, outcome.error, output))
+    if outcome.backward is not None and outcome.backward[0] in ("error", "refused"):
+        kind, message, error = outcome.backward
+        return outcome._replace(backward=(kind, message, _noted(message, error, output)))
+    return outcome
+
+
+def _noted(message: str, error: tuple[str, str, str] | None, output: str) -> tuple[str, str, str]:
+    """``error`` (or, for a failure that raised nothing, ``message``) with ``output`` added."""
+    if error is None:
+        return "error", message, _text(message, output)
+    kind, first, text = error
+    return kind, first, _text(text.rstrip("\n"), output)
 
 
 def _text(head: str, output: str) -> str:
@@ -223,7 +238,7 @@ def _serve(conn: Any, payload: bytes, folder: str) -> None:
     os.close(fd)
     _keep_ledger(os.path.join(folder, "ledger"))
     try:
-        kernel = pickle.loads(payload)
+        kernel = load_kernel(pickle.loads(payload))
     except BaseException as exc:  # reported to the parent as the reason, whatever it is
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return

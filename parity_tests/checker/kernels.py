@@ -18,11 +18,16 @@ The checker also refuses what no correct kernel does, as failing verdicts rather
 (``checker.calls`` makes each call and judges what it gave, the keep-mask of dropout included):
 NaN or inf where the golden is finite, a result of another dtype than the inputs (lse: float32
 for half-precision inputs), a result of another shape or layout, inputs changed in place (the
-kernel gets copies; the golden is computed from the originals), an exception (``SystemExit``
-included; ``KeyboardInterrupt`` is left to propagate, so that Ctrl-C still stops a run). With
-``isolate=True`` every call runs in a child process (``checker.isolation``): a crash or a hang is
-an "error" verdict naming the signal or the time limit. ``forward_only=True`` judges out (and
-lse) with no backward, on inputs that do not require grad.
+kernel gets copies; the golden is computed from the originals), an exception: a refusal
+("refused": ``ValueError``, ``NotImplementedError``, ``AssertionError``, ``TypeError``) apart
+from any other ("error", ``SystemExit`` included; ``KeyboardInterrupt`` is left to propagate, so
+that Ctrl-C still stops a run), the forward judged when only the backward raised. With
+``isolate=True`` every call runs in a child process (``checker.isolation``): a crash or a hang
+past ``timeout`` is an "error" verdict naming the signal or the time limit.
+``forward_only=True`` judges out (and lse) with no backward, on inputs that do not require
+grad. ``limits=KernelLimits(...)`` (``checker.limits``) declares the head widths, lengths and
+layouts a kernel takes: a case outside them is "not run", and its nearest case inside them is
+judged instead.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
@@ -32,7 +37,7 @@ Tests: tests/checker/test_kernels.py (one call, made and judged: tests/checker/t
 
 from __future__ import annotations
 
-import importlib
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -42,11 +47,14 @@ import torch
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
 from .battery import Case, default_battery, quick_battery, resolve
-from .calls import Kernel, Request, judge_outcome, run_case
+from .calls import Kernel, Request, judge_outcome, load_kernel, run_case
 from .decode import check_decode
 from .expected import DTYPES
 from .isolation import IsolatedKernel
 from .judge import unmeasured
+from .limits import KernelLimits, not_run, outside
+from .limits import apply as apply_limits
+from .limits import check_spec as check_limits
 from .report import KernelReport
 from .ring import check_ring
 
@@ -63,8 +71,10 @@ def check_kernel(
     device: str | torch.device = "cpu",
     dtypes: Sequence[torch.dtype | str] = DEFAULT_DTYPES,
     cases: str | Sequence[Case | str] | None = None,
+    limits: KernelLimits | None = None,
     forward_only: bool = False,
     isolate: bool | float = False,
+    timeout: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     world_size: int | None = None,
@@ -75,11 +85,13 @@ def check_kernel(
     Args:
         kernel: a callable with the signature of ``spec`` (``checker.specs``), or the string
             "module:function" (the robust form for ``isolate`` and the ring spec, whose child
-            processes import it). For "sdpa": ``kernel(query, key, value, attn_mask=None,
-            dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False)`` with query
-            (B, H, N, D), returning (B, H, N, Dv) in the inputs' dtype, differentiable by
-            autograd (``enable_gqa`` is passed only to cases with fewer KV heads). Dropout must
-            draw from torch's default generator (the checker reads the keep-mask back).
+            processes import it by that name: a function that a module re-exports after
+            patching something at import keeps its patches there). For "sdpa": ``kernel(query,
+            key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False)`` with query (B, H, N, D), returning (B, H, N, Dv) in the inputs'
+            dtype, differentiable by autograd (``enable_gqa`` is passed only to cases with
+            fewer KV heads). Dropout must draw from torch's default generator (the checker reads
+            the keep-mask back).
         spec: "sdpa", "flash", "flash_varlen", "flex", "ring", or a decode spec,
             "flash_kvcache" or "flash_mla" (``checker.decode``: their own battery, forward
             only by nature; ``cases`` None, "default" or "quick" runs it).
@@ -93,11 +105,17 @@ def check_kernel(
             the spec and the features claimed (every pair of the claimed features' values meets
             in a case), and list the spec's cases that need other features as not run; the
             stress battery keeps the cases the spec can express; a case named explicitly that
-            the spec cannot express is a ValueError.
+            the spec cannot express, or that lies outside ``limits``, is a ValueError.
+        limits: the head widths, lengths and memory layouts the kernel takes
+            (``KernelLimits``, ``checker.limits``; None: any). A case of a battery outside them
+            is "not run", and the battery holds its nearest case inside them instead.
         forward_only: judge out (and lse) only, with inputs that do not require grad.
-        isolate: run every kernel call in a child process; True uses ISOLATE_TIME_LIMIT_S per
-            call, a number is the limit in seconds. The kernel must pickle (a module-level
-            function, or "module:function").
+        isolate: run every kernel call in a child process, which imports a "module:function"
+            kernel by that name and gets any other by pickle (a module-level function, or a
+            ``functools.partial`` of one). A number is the older spelling of
+            ``isolate=True, timeout=number``.
+        timeout: the time limit of one isolated call in seconds (default
+            ``ISOLATE_TIME_LIMIT_S``): a call past it is an "error" (a hang), its child ended.
         seed: an integer in [0, 2**64): draws the inputs and seeds torch around each kernel
             call; the same seed gives the same verdict.
         progress: called with a short message before each case.
@@ -108,58 +126,76 @@ def check_kernel(
 
     Returns:
         A ``KernelReport`` with one row per (case, dtype, tensor); a case where the kernel raised
-        has one "error" or "skip" row (the exception, once per distinct one, in
-        ``report.errors``), a case not run one "not-run" row; a dropout case has one more row
-        "keep" for the kept fraction; an input changed in place adds an "inplace" row naming it.
+        has one "refused", "error" or "skip" row (the exception, once per distinct one, in
+        ``report.errors``), and when only its backward raised, that row after the forward's
+        out (and lse), judged; a case not run one "not-run" row; a dropout case has one more
+        row "keep" for the kept fraction; an input changed in place adds an "inplace" row
+        naming it.
 
     Raises:
         TypeError: ``kernel`` is neither callable nor "module:function", ``seed`` is not an
-            integer, or an isolated kernel does not pickle.
-        ValueError: an unknown spec, feature, dtype or case, a case the spec cannot express, an
-            empty list of dtypes or cases, ``seed`` out of range, or ``world_size`` outside the
-            ring spec.
+            integer, ``limits`` is not a ``KernelLimits``, or an isolated kernel does not
+            pickle.
+        ValueError: an unknown spec, feature, dtype or case, a case the spec cannot express or
+            named outside the limits, limits the spec's battery cannot honour, an empty list of
+            dtypes or cases, ``seed`` out of range, a time limit that is not > 0 (given twice,
+            or without isolation), isolation of the ring or decode specs, ``world_size``
+            outside the ring spec.
     """
+    given = kernel
     kernel = load_kernel(kernel)
     spec = specs.check_spec(spec)
     claimed = specs.resolve_features(spec, features)
     check_seed(seed)
     if not isinstance(forward_only, bool):
         raise TypeError(f"forward_only must be a bool, got {type(forward_only).__name__}")
+    if limits is not None and not isinstance(limits, KernelLimits):
+        raise TypeError(f"limits must be a KernelLimits, got {type(limits).__name__}")
+    if limits is not None:
+        check_limits(spec, limits)
+    declared = {} if limits is None else limits.declared
+    limit = time_limit(isolate, timeout)
     names = [_dtype_name(dtype) for dtype in dtypes]
     if not names:
         raise ValueError("dtypes is empty")
     if spec in specs.DECODE_SPECS:
-        if isolate is not False or world_size is not None:
+        if limit is not None or world_size is not None:
             raise ValueError(f"the {spec} spec runs in this process, without ranks")
-        return check_decode(
+        report = check_decode(
             kernel, spec, claimed, torch.device(device), names, cases, seed, progress,
             mla_metadata,
         )  # fmt: skip
-    battery = battery_for(spec, cases, claimed)
+        report.limits = declared
+        return report
+    battery, excluded = within_limits(spec, cases, claimed, limits)
     device = torch.device(device)
     if mla_metadata is not None:
         raise ValueError(f"mla_metadata is for the flash_mla spec only, not {spec!r}")
     if spec == "ring":
+        if limit is not None:
+            raise ValueError("the ring spec runs in spawned ranks of its own: no isolate")
         world = 2 if world_size is None else world_size
-        return check_ring(
-            kernel, claimed, device, names, battery, forward_only, seed, world, progress
-        )
+        inside = tuple(case for case in battery if case.name not in excluded)
+        report = check_ring(given, claimed, device, names, inside, forward_only, seed, world,
+                            progress)  # fmt: skip
+        return _with_excluded(report, battery, names, claimed, excluded, declared)
     if world_size is not None:
         raise ValueError(f"world_size is for the ring spec only, not {spec!r}")
     report = KernelReport(
         getattr(kernel, "__name__", repr(kernel)),
         str(device),
         cases={case.name: case for case in battery},
+        limits=declared,
+        excluded=excluded,
     )
-    call = _isolated_runner(kernel, isolate) if isolate is not False else None
+    call = IsolatedKernel(given, limit) if limit is not None else None
     try:
         for case in battery:
             for name in names:
                 if progress is not None:
                     progress(f"{report.kernel} {case.name} {name}")
-                missing = case.needs - claimed
-                if missing:
-                    detail = f"needs {', '.join(sorted(missing))}, not in the kernel's features"
+                detail = not_run(case, claimed, excluded)
+                if detail is not None:
                     report.rows.append(unmeasured(case.name, name, "not-run", detail))
                     continue
                 request = Request(spec, case, name, device, seed, forward_only, "lse" in claimed)
@@ -171,19 +207,47 @@ def check_kernel(
     return report
 
 
-def load_kernel(kernel: Kernel | str) -> Kernel:
-    """``kernel`` itself if callable; "module:function" (dots allowed in both parts) imported."""
-    if isinstance(kernel, str) and ":" in kernel:
-        module_name, _, attribute = kernel.partition(":")
-        found: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-        kernel = found
-    if not callable(kernel):
-        raise TypeError(
-            f"kernel must be callable or 'module:function', got {type(kernel).__name__}"
-        )
-    return kernel
+def within_limits(
+    spec: str,
+    cases: str | Sequence[Case | str] | None,
+    claimed: frozenset[str],
+    limits: KernelLimits | None,
+) -> tuple[tuple[Case, ...], dict[str, tuple[str, str]]]:
+    """The cases ``spec`` runs (``battery_for``) for a kernel claiming ``claimed`` with
+    ``limits``: a battery holds, after each case outside them, its nearest case inside them;
+    and for each case outside them (why, the case judged instead). A case named explicitly
+    outside them is a ValueError: the limits exclude what was asked for."""
+    battery = battery_for(spec, cases, claimed)
+    if limits is None:
+        return battery, {}
+    if cases is not None and not isinstance(cases, str):
+        for case in battery:
+            why = outside(limits, case) if case.needs <= claimed else None
+            if why is not None:
+                raise ValueError(f"case {case.name!r} is outside the kernel's limits: {why}")
+        return battery, {}
+    return apply_limits(limits, battery, claimed)
+
+
+def _with_excluded(
+    report: KernelReport,
+    battery: tuple[Case, ...],
+    dtypes: list[str],
+    claimed: frozenset[str],
+    excluded: dict[str, tuple[str, str]],
+    declared: dict[str, Any],
+) -> KernelReport:
+    """``report`` of the cases inside the limits, with a "not-run" row per dtype of each case
+    outside them, every row in the battery's order."""
+    cases = {case.name: case for case in battery}
+    rows = list(report.rows)
+    for name in excluded:
+        detail = not_run(cases[name], claimed, excluded) or ""
+        rows += [unmeasured(name, dtype, "not-run", detail) for dtype in dtypes]
+    order = {name: i for i, name in enumerate(cases)}
+    report.rows = sorted(rows, key=lambda row: order[row.case])
+    report.cases, report.limits, report.excluded = cases, declared, excluded
+    return report
 
 
 def battery_for(
@@ -238,14 +302,29 @@ def check_seed(seed: object) -> int:
     return int(seed)
 
 
-def _isolated_runner(kernel: Kernel, isolate: bool | float) -> IsolatedKernel:
-    if isolate is True:
-        limit = ISOLATE_TIME_LIMIT_S
-    elif isinstance(isolate, (int, float)) and not isinstance(isolate, bool) and isolate > 0:
-        limit = float(isolate)
-    else:
-        raise ValueError(f"isolate must be a bool or a time limit in seconds > 0, got {isolate!r}")
-    return IsolatedKernel(kernel, limit)
+def time_limit(isolate: bool | float, timeout: float | None) -> float | None:
+    """The time limit of an isolated call in seconds, None when the calls are not isolated:
+    ``timeout``, or the older ``isolate=SECONDS``, else ``ISOLATE_TIME_LIMIT_S``."""
+    for name, value in (("isolate", isolate), ("timeout", timeout)):
+        if value is None or (value is True or value is False) and name == "isolate":
+            continue
+        if not _positive_seconds(value):
+            kind = "a bool or a time limit" if name == "isolate" else "a time limit"
+            raise ValueError(f"{name} must be {kind} in seconds > 0, got {value!r}")
+    if isolate is False:
+        if timeout is not None:
+            raise ValueError("timeout limits an isolated call: it needs isolate=True")
+        return None
+    if isolate is not True:
+        if timeout is not None:
+            raise ValueError("give the time limit once: isolate=True, timeout=SECONDS")
+        return float(isolate)
+    return ISOLATE_TIME_LIMIT_S if timeout is None else float(timeout)
+
+
+def _positive_seconds(value: object) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and 0 < value < math.inf  # type: ignore[operator]
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:

@@ -3,10 +3,12 @@ summary of failing rows, and the JSON form of ``--json`` (schema: docs/kernel-ve
 "The JSON report").
 
 A *check* is one target checked on one device and battery, as a plain dict: the report's rows
-grouped by (case, dtype), each group with its shape and its status ("pass", "fail", "skip", or,
-against ``targets.EXPECTED_FAILURES``, "xfail" / "xpass"), the distinct exceptions once each, and
-the verdict with the fraction of the battery it covers (expected failures counted apart). Verdicts
-and statuses are the same lowercase strings in the tables and in the JSON.
+grouped by (case, dtype), each group with its shape and its status ("pass"; "fail", "error" or
+"refused", the three ways to fail; "skip", "not-run", or, against
+``targets.EXPECTED_FAILURES``, "xfail" / "xpass"), the distinct exceptions once each, the
+kernel's limits with the cases they excluded, and the verdict with the fraction of the battery
+it covers (expected failures counted apart). Verdicts and statuses are the same lowercase
+strings in the tables and in the JSON.
 
 Two views for people: ``print_summary`` (the main job's table: one line per target with its
 verdict and counts, one line per expected failure with its reason) and ``print_checks`` (every
@@ -28,6 +30,7 @@ from typing import Any
 
 from .. import DISTRIBUTION, __version__
 from .report import (
+    FAILED_GROUPS,
     FAILING,
     FAILING_GROUPS,
     KernelReport,
@@ -40,7 +43,11 @@ from .targets import expected_failure
 
 # 2: a check's coverage counts expected failures apart ("judged" no longer includes them);
 # the project's version and the packages the run imported are recorded.
-SCHEMA_VERSION = 2
+# 3: three outcomes never mixed: a group's status "fail" is wrong numbers only, "error" and
+# "refused" are new statuses (and "refused" a new verdict), coverage counts them apart
+# ("flagged", "refused", "error") and the groups outside the kernel's limits
+# ("outside_limits"); a check names its limits, and settings the limits, timeout and fuzz.
+SCHEMA_VERSION = 3
 TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "lse", "keep")
 SHAPE_KEYS = ("B", "H", "N", "M", "D", "Dv")
 _WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4}
@@ -72,6 +79,7 @@ def check_entry(
             }
         )
     statuses = [group["status"] for group in groups]
+    outside = report.outside_limits
     return {
         "target": target,
         "spec": spec,
@@ -80,8 +88,17 @@ def check_entry(
         "battery": battery,
         "judged": judged,
         "verdict": ("pass" if statuses_pass(statuses) else "fail") if judged else None,
-        "summary": coverage_summary(statuses),
-        "coverage": coverage_counts(statuses),
+        "summary": coverage_summary(statuses, outside),
+        "coverage": coverage_counts(statuses, outside),
+        "limits": {
+            "declared": report.limits,
+            "excluded": [
+                {"case": case, "why": why, "instead": instead}
+                for case, (why, instead) in report.excluded.items()
+            ],
+        }
+        if report.limits
+        else None,
         "groups": groups,
         "errors": [
             {
@@ -116,7 +133,7 @@ def _status(target, case, dtype, device, rows, judged: bool) -> tuple[str, str]:
     if status in ("skip", "not-run"):
         return status, next(row.detail for row in rows if row.verdict == status)
     failed = [row.detail or "" for row in rows if row.failed]
-    if expected is not None and status == "fail" and expected.explains(failed):
+    if expected is not None and status in FAILED_GROUPS and expected.explains(failed):
         return "xfail", expected.reason
     if expected is not None and status != "fail" and expected.strict:
         return "xpass", "expected to fail: " + expected.reason
@@ -125,8 +142,9 @@ def _status(target, case, dtype, device, rows, judged: bool) -> tuple[str, str]:
 
 def _why(row: Any) -> str:
     """What a failed row says in a table note: the exception's number, not its message."""
-    if row.verdict == "error":
-        return f"exception #{row.exception}" if row.exception else row.detail
+    if row.verdict in ("error", "refused"):
+        number = f"exception #{row.exception}" if row.exception else row.detail
+        return number if row.verdict == "error" else f"refused: {number}"
     if row.verdict in ("inplace", "dtype"):
         return row.detail
     if row.verdict == "nonfinite":
@@ -178,10 +196,12 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
     emit("")
 
 
-# The columns of the main job's summary tables, layers and kernels alike.
+# The columns of the main job's summary tables, layers and kernels alike: the judged groups,
+# and of them the three ways to fail apart (an unexpected pass fails the verdict too, on a line
+# of its own).
 SUMMARY_HEADER = (
-    f"{'device':7} {'target':40} {'verdict':7} {'judged':>6} {'failing':>7} {'xfail':>5} "
-    f"{'skipped':>7} {'not-run':>7} {'total':>5}  worst error / bound"
+    f"{'device':7} {'target':40} {'verdict':7} {'judged':>6} {'flagged':>7} {'refused':>7} "
+    f"{'error':>5} {'xfail':>5} {'skipped':>7} {'not-run':>7} {'total':>5}  worst error / bound"
 )
 
 
@@ -190,9 +210,10 @@ def summary_line(device: str, name: str, verdict: str | None, counts: dict, wors
     findings that are not judged), its groups counted by ``report.coverage_counts``, and its
     largest error / bound among the judged rows."""
     return (
-        f"{device:7} {name:40} {verdict or '-':7} {counts['judged']:>6} {counts['failing']:>7} "
-        f"{counts['expected_failures']:>5} {counts['skipped']:>7} {counts['not_run']:>7} "
-        f"{counts['total']:>5}  {_number(worst, '.2g') if not math.isnan(worst) else '-'}"
+        f"{device:7} {name:40} {verdict or '-':7} {counts['judged']:>6} {counts['flagged']:>7} "
+        f"{counts['refused']:>7} {counts['error']:>5} {counts['expected_failures']:>5} "
+        f"{counts['skipped']:>7} {counts['not_run']:>7} {counts['total']:>5}  "
+        f"{_number(worst, '.2g') if not math.isnan(worst) else '-'}"
     )
 
 
@@ -223,8 +244,9 @@ def total_line(checks: list[dict]) -> str:
     counts = {key: sum(check["coverage"][key] for check in checks) for key in _COUNTED}
     groups = (
         f"{counts['judged']} of {counts['total']} case-dtype groups judged, "
-        f"{counts['failing']} failing, {counts['expected_failures']} expected failures, "
-        f"{counts['skipped']} skipped, {counts['not_run']} not run"
+        f"{counts['flagged']} flagged, {counts['refused']} refused, {counts['error']} errors, "
+        f"{counts['expected_failures']} expected failures, {counts['skipped']} skipped, "
+        f"{counts['not_run']} not run"
     )
     verdicts = [check["verdict"] for check in checks]
     if checks and verdicts[0] is None:  # the stress battery: findings, no verdict
@@ -234,7 +256,9 @@ def total_line(checks: list[dict]) -> str:
     return f"{verdict}, {passed} of {len(checks)} targets on {devices} pass; {groups}"
 
 
-_COUNTED = ("judged", "failing", "expected_failures", "skipped", "not_run", "total")
+_COUNTED = (
+    "judged", "flagged", "refused", "error", "expected_failures", "skipped", "not_run", "total"
+)  # fmt: skip
 
 
 def _worst_ratio(rows: list[dict]) -> float:
@@ -278,7 +302,7 @@ def failing_lines(checks: Iterable[dict]) -> list[str]:
             head = f"{where}: {group['case']} {group['dtype']} ({shape})"
             if group["status"] == "xpass":
                 lines.append(f"{head}: xpass, {group['note']}")
-            if group["status"] != "fail":
+            if group["status"] not in FAILED_GROUPS:
                 continue
             for row in group["rows"]:
                 if row["verdict"] in FAILING:
@@ -291,9 +315,9 @@ def failing_lines(checks: Iterable[dict]) -> list[str]:
 
 
 def _row_summary(row: dict) -> str:
-    if row["verdict"] == "error":
+    if row["verdict"] in ("error", "refused"):
         number = f" (exception #{row['exception']})" if row["exception"] else ""
-        return f"error, {row['detail']}{number}"
+        return f"{row['verdict']}, {row['detail']}{number}"
     numbers = f"error {_number(row['error'], '.2e')}, bound {_number(row['bound'], '.2e')}"
     detail = f"; {row['detail']}" if row["detail"] else ""
     return f"{row['tensor']} {row['verdict']}: {numbers}{detail}"

@@ -38,7 +38,15 @@ import torch
 
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from .battery import Case
-from .calls import BadResult, Kernel, Outcome, Request, judge_outcome, run_protected
+from .calls import (
+    BadResult,
+    Kernel,
+    Outcome,
+    Request,
+    judge_outcome,
+    load_kernel,
+    run_protected,
+)
 from .expected import case_inputs
 from .judge import unmeasured
 from .report import KernelReport, KernelRow
@@ -64,7 +72,7 @@ def check_world_size(battery: tuple[Case, ...], world_size: Any) -> None:
 
 
 def check_ring(
-    kernel: Kernel,
+    kernel: Kernel | str,
     features: frozenset[str],
     device: torch.device,
     dtypes: list[str],
@@ -74,7 +82,8 @@ def check_ring(
     world_size: int,
     progress: Any,
 ) -> KernelReport:
-    """The report of ``kernel`` on ``battery`` over ``world_size`` spawned ranks."""
+    """The report of ``kernel`` (a "module:function" is imported by each rank by that name) on
+    ``battery`` over ``world_size`` spawned ranks."""
     check_world_size(battery, world_size)
     if device.type != "cpu":
         raise ValueError(f"the ring spec runs gloo ranks on CPU, got device {device}")
@@ -86,7 +95,7 @@ def check_ring(
             f"{getattr(kernel, '__qualname__', kernel)!r} does not pickle ({exc}); pass a "
             "module-level function, or 'module:function'"
         ) from exc
-    name = getattr(kernel, "__name__", repr(kernel))
+    name = getattr(load_kernel(kernel), "__name__", repr(kernel))
     report = KernelReport(name, str(device), cases={case.name: case for case in battery})
     requests, rows = [], {}
     for case in battery:
@@ -166,7 +175,7 @@ def _rank(rank: int, world: int, port: int, outdir: str, payload: bytes, request
         timeout=GROUP_TIMEOUT,
     )
     try:
-        kernel = pickle.loads(payload)
+        kernel = load_kernel(pickle.loads(payload))  # "module:function" imported by its name
         outcomes = {(q.case.name, q.dtype): _one(kernel, q, rank, world) for q in requests}
         if rank == 0:
             (Path(outdir) / "rank0.pkl").write_bytes(pickle.dumps(outcomes))

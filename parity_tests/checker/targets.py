@@ -47,9 +47,9 @@ from torch_attention.distributed import ring_attention
 from torch_attention.functional import BACKENDS, attention
 
 from . import adapters, decode_kernels, specs, third_party
-from .battery import default_battery, lookup
+from .battery import Case, default_battery, lookup
 from .decode_battery import KVCACHE, MLA
-from .kernels import Kernel, check_kernel
+from .kernels import Kernel, KernelLimits, check_kernel
 from .report import KernelReport, KernelUnsupported
 
 SDPA_BACKENDS = {
@@ -68,8 +68,9 @@ TORCH_ATTENTION_REFUSAL = "cannot compute this call"
 @dataclass(frozen=True)
 class Target:
     """A named kernel to check, the dtypes it runs in on the device it was built for, and how
-    ``check_kernel`` calls it: its spec and features, forward-only, isolated, and ``cases``, the
-    cases it runs whatever battery is asked for (compiled kernels; None: the battery asked)."""
+    ``check_kernel`` calls it: its spec, features and limits, forward-only, isolated (with its
+    time limit), and ``cases``, the cases it runs whatever battery is asked for (compiled
+    kernels; None: the battery asked)."""
 
     name: str
     kernel: Kernel | str
@@ -80,15 +81,24 @@ class Target:
     isolate: bool | float = False
     cases: tuple[str, ...] | None = None
     world_size: int | None = None
+    limits: KernelLimits | None = None
+    timeout: float | None = None
 
     def check(
-        self, device: str, battery: str | list[str], seed: int, progress: Any = None
+        self,
+        device: str,
+        battery: str | list[str] | tuple[Case, ...],
+        seed: int,
+        progress: Any = None,
     ) -> KernelReport | None:
-        """The target's report on ``battery`` (a battery's name, or case names). None when the
-        target runs none of it: a target with its own cases asked for the stress battery, or
-        case names that its spec cannot express or its own cases leave out."""
-        cases: str | list[str] | tuple[str, ...]
-        if isinstance(battery, list):
+        """The target's report on ``battery`` (a battery's name, case names, or cases drawn
+        for it: ``checker.fuzz``). None when the target runs none of it: a target with its own
+        cases asked for the stress battery, or case names that its spec cannot express or its
+        own cases leave out."""
+        cases: str | list[str] | tuple[str, ...] | tuple[Case, ...]
+        if isinstance(battery, tuple):
+            cases = battery
+        elif isinstance(battery, list):
             allowed = self.cases
             cases = [
                 name
@@ -111,8 +121,10 @@ class Target:
             device=device,
             dtypes=self.dtypes,
             cases=cases,
+            limits=self.limits,
             forward_only=self.forward_only,
             isolate=self.isolate,
+            timeout=self.timeout,
             seed=seed,
             progress=progress,
             world_size=self.world_size,

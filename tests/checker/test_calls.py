@@ -1,8 +1,9 @@
 """One kernel call, made and judged (``checker.calls``, through ``check_kernel``): every way a
 kernel can be wrong named as a verdict (a NaN, a dtype, an input changed in place in the forward
-or the backward, a raise, a refusal, a wrong shape, sys.exit, dropout from a generator the checker
-cannot seed), each distinct exception kept once with its traceback, the golden untouched by what
-the kernel does to its copies, and Ctrl-C still stopping the run."""
+or the backward, a raise, a refusal, a skip, a wrong shape, sys.exit, dropout from a generator the
+checker cannot seed), the forward judged when only the backward raises, each distinct exception
+kept once with its traceback, the golden untouched by what the kernel does to its copies, and
+Ctrl-C still stopping the run."""
 
 from __future__ import annotations
 
@@ -124,6 +125,19 @@ def _exits(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     sys.exit(0)
 
 
+def _asserts(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    assert query.shape[-2] % 64 == 0, "N must be a multiple of 64"
+
+
+def _not_implemented(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                     scale=None):  # fmt: skip
+    raise NotImplementedError("causal is not implemented")
+
+
+def _no_scale_argument(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False):
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, None)
+
+
 @pytest.mark.parametrize(
     ("kernel", "verdict", "detail"),
     [
@@ -131,6 +145,9 @@ def _exits(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         (_refuses, "skip", "not my kind of case"),
         (_wrong_shape, "error", "expected a tensor of shape"),
         (_exits, "error", "SystemExit: 0 (the kernel called sys.exit)"),
+        (_asserts, "refused", "AssertionError: N must be a multiple of 64"),
+        (_not_implemented, "refused", "NotImplementedError: causal is not implemented"),
+        (_no_scale_argument, "refused", "TypeError: _no_scale_argument() got an unexpected"),
     ],
 )
 def test_a_kernel_that_raises_gets_a_verdict_not_a_crash(kernel, verdict, detail):
@@ -139,6 +156,41 @@ def test_a_kernel_that_raises_gets_a_verdict_not_a_crash(kernel, verdict, detail
     assert [row.verdict for row in report.rows] == [verdict, verdict]
     assert all(detail in row.detail for row in report.rows)
     assert not report.passed
+
+
+class _RefusingBackward(torch.autograd.Function):
+    """The identity forward, a backward that refuses (as a kernel without a backward for some
+    option raises)."""
+
+    @staticmethod
+    def forward(ctx, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, dout):
+        raise ValueError("no backward for this case")
+
+
+def _forward_only_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None):  # fmt: skip
+    return _RefusingBackward.apply(_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale))
+
+
+def _wrong_then_refusing(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None):  # fmt: skip
+    return _forward_only_kernel(query, key, value, attn_mask, dropout_p, is_causal, scale) * 1.01
+
+
+def test_when_the_backward_raises_the_forward_is_still_judged():
+    good = check_kernel(_forward_only_kernel, dtypes=["float32"], cases=["plain"])
+    wrong = check_kernel(_wrong_then_refusing, dtypes=["float32"], cases=["plain"])
+
+    assert [(row.tensor, row.verdict) for row in good.rows] == [("out", "pass"), ("-", "refused")]
+    assert good.rows[1].detail == "the backward: ValueError: no backward for this case"
+    assert good.groups == {("plain", "float32"): "refused"} and not good.passed
+    assert [(row.tensor, row.verdict) for row in wrong.rows] == [("out", "fail"), ("-", "refused")]
+    assert wrong.groups == {("plain", "float32"): "fail"}  # wrong numbers, said first
+    assert wrong.errors[0].kind == "ValueError" and wrong.rows[1].exception == 1
 
 
 def test_each_distinct_exception_is_kept_once_with_its_traceback():

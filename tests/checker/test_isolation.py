@@ -83,7 +83,7 @@ def test_a_crash_is_an_error_naming_the_signal_and_the_run_goes_on(capfd, semaph
 
     assert report.groups == {
         ("plain", "float32"): "pass",
-        ("causal-n<m", "float32"): "fail",
+        ("causal-n<m", "float32"): "error",
         ("scale-1/d", "float32"): "pass",
     }
     (row,) = [row for row in report.rows if row.case == "causal-n<m"]
@@ -100,7 +100,7 @@ def test_a_crash_is_an_error_naming_the_signal_and_the_run_goes_on(capfd, semaph
 def test_a_hang_is_an_error_naming_the_time_limit(semaphores):
     started = time.monotonic()
 
-    report = check_kernel(hangs, dtypes=["float32"], cases=["plain"], isolate=3.0)
+    report = check_kernel(hangs, dtypes=["float32"], cases=["plain"], isolate=True, timeout=3)
 
     (row,) = report.rows
     assert row.verdict == "error" and "time limit of 3 s" in row.detail
@@ -126,7 +126,18 @@ def test_a_kernel_that_does_not_pickle_is_refused_before_any_work():
         check_kernel(local, dtypes=["float32"], isolate=True)
 
 
-@pytest.mark.parametrize("isolate", [0.0, -1.0, "yes"])
-def test_a_time_limit_must_be_positive(isolate):
-    with pytest.raises(ValueError, match="isolate must be"):
-        check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], isolate=isolate)
+@pytest.mark.parametrize(
+    ("isolate", "timeout", "error"),
+    [
+        (0.0, None, "isolate must be"),
+        (-1.0, None, "isolate must be"),
+        ("yes", None, "isolate must be"),
+        (True, -1, "timeout must be a time limit in seconds > 0"),
+        (False, 5, "timeout limits an isolated call: it needs isolate=True"),
+        (5, 5, "give the time limit once"),
+    ],
+)
+def test_a_time_limit_must_be_positive_and_given_once(isolate, timeout, error):
+    with pytest.raises(ValueError, match=error):
+        check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], isolate=isolate,
+                     timeout=timeout)  # fmt: skip

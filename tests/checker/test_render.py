@@ -76,7 +76,7 @@ def test_expected_failures_turn_into_xfail_or_xpass(monkeypatch, verdict, status
     [
         ("pass", "-", "pass"),  # not strict: passing is fine
         ("error", "CppCompileError: boom", "xfail"),  # the failure it documents
-        ("error", "RuntimeError: something else", "fail"),  # any other failure still fails
+        ("error", "RuntimeError: something else", "error"),  # any other failure still fails
     ],
 )
 def test_an_order_dependent_expected_failure_explains_only_its_own_failure(
@@ -89,7 +89,7 @@ def test_an_order_dependent_expected_failure_explains_only_its_own_failure(
     check = check_entry(report, target="k", battery="b", judged=True)
 
     assert check["groups"][0]["status"] == status
-    assert check["verdict"] == ("fail" if status == "fail" else "pass")
+    assert check["verdict"] == ("fail" if status == "error" else "pass")
 
 
 def test_stress_findings_have_no_verdict():
@@ -107,12 +107,17 @@ def test_coverage_is_reported_per_check():
     assert check["coverage"] == {
         "judged": 1,
         "failing": 0,
+        "flagged": 0,
+        "refused": 0,
+        "error": 0,
         "expected_failures": 0,
         "skipped": 1,
         "not_run": 0,
+        "outside_limits": 0,
         "total": 2,
         "fraction": 0.5,
     }
+    assert check["limits"] is None
     assert check["summary"] == "pass: 1 of 2 case-dtype groups judged (50%), 1 skipped"
 
 
@@ -139,7 +144,7 @@ def test_each_exception_is_printed_once_with_its_traceback():
     text = "\n".join(lines)
     assert text.count("RuntimeError: kernel exploded") == 1
     assert "exception #1, raised in 4 groups" in text and "Traceback" in text
-    assert text.count("fail (exception #1)") == 4
+    assert text.count("error (exception #1)") == 4
 
 
 def test_the_failing_rows_are_summed_up_with_their_shapes():
@@ -240,12 +245,12 @@ def test_the_summary_has_one_line_per_check_and_per_expected_failure(monkeypatch
 
     lines = _summary([check])
 
-    assert lines[2].split()[:9] == ["cpu", "k", "pass", "1", "0", "1", "0", "0", "2"]
+    assert lines[2].split()[:11] == ["cpu", "k", "pass", "1", "0", "0", "0", "1", "0", "0", "2"]
     assert lines[3:] == ["        xfail plain: a documented crash", ""]
     assert "compiler log" in check["errors"][0]["traceback"]  # the JSON keeps it all
     assert total_line([check]) == (
-        "pass, 1 of 1 targets on cpu pass; 1 of 2 case-dtype groups judged, 0 failing, "
-        "1 expected failures, 0 skipped, 0 not run"
+        "pass, 1 of 1 targets on cpu pass; 1 of 2 case-dtype groups judged, 0 flagged, "
+        "0 refused, 0 errors, 1 expected failures, 0 skipped, 0 not run"
     )
 
 

@@ -1,5 +1,6 @@
-"""The checker's report: row verdicts, the error / bound ratio, group statuses, and a verdict that
-never passes a kernel on skips."""
+"""The checker's report: row verdicts in three outcomes never mixed (flagged, refused, error), the
+error / bound ratio, group statuses, groups outside the kernel's limits counted apart, and a
+verdict that never passes a kernel on skips."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from parity_tests.checker.report import (
     FAILING,
+    OUTCOMES,
     VERDICTS,
     KernelReport,
     KernelRow,
@@ -43,10 +45,12 @@ def test_ratio_of_an_unmeasured_row_is_nan():
     assert math.isnan(row.ratio)
 
 
-def test_every_verdict_but_pass_skip_and_not_run_fails():
+def test_every_verdict_but_pass_skip_and_not_run_fails_in_exactly_one_outcome():
     assert set(FAILING) == set(VERDICTS) - {"pass", "skip", "not-run"}
+    assert sorted(FAILING) == sorted({v for verdicts in OUTCOMES.values() for v in verdicts})
     assert all(_row("c", verdict).failed for verdict in FAILING)
-    assert "bias" in FAILING
+    assert "bias" in OUTCOMES["flagged"] and OUTCOMES["refused"] == ("refused",)
+    assert "dtype" in OUTCOMES["error"]
 
 
 @pytest.mark.parametrize(
@@ -55,9 +59,12 @@ def test_every_verdict_but_pass_skip_and_not_run_fails():
         (["pass", "pass"], "pass"),
         (["pass", "skip"], "skip"),
         (["skip", "inplace"], "fail"),
-        (["pass", "dtype"], "fail"),
+        (["pass", "dtype"], "error"),
         (["pass", "bias"], "fail"),
         (["not-run"], "not-run"),
+        (["pass", "refused"], "refused"),
+        (["refused", "error"], "error"),  # the forward a wrong dtype, the backward refused
+        (["fail", "refused"], "fail"),  # wrong numbers first: they are the silent failure
     ],
 )
 def test_group_status(verdicts, status):
@@ -73,6 +80,8 @@ def test_group_status(verdicts, status):
         (["skip"], False),
         ([], False),
         (["pass", "fail"], False),
+        (["pass", "refused"], False),  # a refusal of a declared feature fails the verdict
+        (["pass", "error"], False),
         (["pass", "not-run", "not-run"], True),  # not run is neither a pass nor a refusal
         (["not-run"], False),
     ],
@@ -117,9 +126,13 @@ def test_expected_failures_are_counted_apart_never_as_judged():
     assert coverage_counts(statuses) == {
         "judged": 3,
         "failing": 0,
+        "flagged": 0,
+        "refused": 0,
+        "error": 0,
         "expected_failures": 1,
         "skipped": 0,
         "not_run": 0,
+        "outside_limits": 0,
         "total": 4,
         "fraction": 0.75,
     }
@@ -127,8 +140,40 @@ def test_expected_failures_are_counted_apart_never_as_judged():
         "pass: 3 of 4 case-dtype groups judged (75%), 1 expected failure"
     )
     assert coverage_summary(["pass", "xfail", "xfail", "skip", "not-run", "xpass"]) == (
-        "fail: 1 failing groups; 2 of 6 case-dtype groups judged (33%), 2 expected failures, "
-        "1 skipped, 1 not run (features not declared)"
+        "fail: 1 failing groups (1 unexpected pass); 2 of 6 case-dtype groups judged (33%), "
+        "2 expected failures, 1 skipped, 1 not run (features not declared)"
+    )
+
+
+def test_the_summary_counts_flagged_refused_and_errors_apart():
+    statuses = ["pass", "fail", "refused", "refused", "error"]
+
+    counts = coverage_counts(statuses)
+
+    assert (counts["failing"], counts["flagged"], counts["refused"], counts["error"]) == (
+        4,
+        1,
+        2,
+        1,
+    )
+    assert coverage_summary(statuses) == (
+        "fail: 4 failing groups (1 flagged, 2 refused, 1 error); 5 of 5 case-dtype groups "
+        "judged (100%)"
+    )
+
+
+def test_groups_outside_the_kernels_limits_are_counted_apart_from_undeclared_features():
+    report = _report(["pass", "not-run", "not-run", "not-run"])
+    report.excluded = {"case-2": ("N = 37 not a multiple of 64", "plain-64x128-d64"),
+                       "case-3": ("N != M", "plain-64x64-d64")}  # fmt: skip
+
+    assert report.outside_limits == 2
+    assert report.summary == (
+        "pass: 1 of 4 case-dtype groups judged (25%), 3 not run (1 for features not declared, "
+        "2 outside the kernel's limits)"
+    )
+    assert coverage_summary(["pass", "not-run"], outside_limits=1).endswith(
+        "1 not run (outside the kernel's limits)"
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -175,7 +176,10 @@ def test_a_passing_run_prints_a_table_not_a_compiler_log(compiled_like, tmp_path
     assert code == 0 and len(out.splitlines()) < 30
     assert "warning" not in out and "Traceback" not in out
     assert "        xfail causal-n<m: the compiler fails, as known" in out
-    assert "cpu     compiled-like                            pass         1       0     1" in out
+    assert (
+        "cpu     compiled-like                            pass         1       0       0     0     1"
+        in out
+    )
     assert "kernels: pass, 1 of 1 targets on cpu pass; 1 of 2 case-dtype groups judged, " in out
     assert "layers: pass, 1 of 1 layers on cpu pass; 1 groups" in out
     assert out.rstrip().endswith("OK")
@@ -294,6 +298,24 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", SDPA, "--spec", "ring", "--world-size", "5"],
         ["--kernel", SDPA, "--isolate", "0"],
         ["--kernel", SDPA, "--isolate", "soon"],
+        ["--kernel", SDPA, "--isolate", "--timeout", "-1"],
+        ["--kernel", SDPA, "--timeout", "5"],  # a time limit needs a child to end
+        ["--kernel", SDPA, "--isolate", "5", "--timeout", "5"],
+        ["--kernel", SDPA, "--spec", "ring", "--isolate"],
+        ["--kernel", SDPA, "--spec", "flash_kvcache", "--isolate"],
+        ["--kernel", SDPA, "--head-dims", "16,x"],
+        ["--kernel", SDPA, "--head-dims", "16,0"],
+        ["--kernel", SDPA, "--seqlen-multiple", "0"],
+        ["--kernel", SDPA, "--case", "plain", "--seqlen-multiple", "64"],  # the limits exclude it
+        ["--kernel", SDPA, "--spec", "ring", "--seqlen-multiple", "16"],
+        ["--kernel", SDPA, "--spec", "flash_mla", "--head-dims", "64"],
+        ["--head-dims", "64"],
+        ["--kernel", SDPA, "--fuzz", "0"],
+        ["--kernel", SDPA, "--fuzz", "2", "--fuzz-case", "1"],
+        ["--kernel", SDPA, "--fuzz", "2", "--quick"],
+        ["--kernel", SDPA, "--fuzz-case", "-1"],
+        ["--kernel", SDPA, "--spec", "ring", "--fuzz", "2"],
+        ["--fuzz", "2"],
         ["--device", "tpu"],
         ["--seed", "one"],
         ["--seed", "-1"],
@@ -618,3 +640,57 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
 
     assert process.returncode == 2  # the report could not be written: not a failed check
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+
+
+def test_a_failing_drawn_case_is_printed_with_the_command_that_reruns_it_alone(capsys):
+    code = main(["--kernel", BROKEN, "--fuzz", "2", "--dtype", "float32", "--seed", "1"])
+
+    out = capsys.readouterr().out
+    (rerun,) = [line for line in out.splitlines() if "--fuzz-case" in line]
+    case, command = rerun.split(": ", 1)
+    assert code == 1 and case.startswith("fuzz0-") and command.startswith("python -m parity_tests")
+    assert main(shlex.split(command)[3:]) == 1
+    again = capsys.readouterr().out
+    assert f"{BROKEN} on cpu: {case} float32" in again and "fuzz1-" not in again
+
+
+def test_isolate_imports_the_kernel_by_the_name_given_so_its_shims_hold(tmp_path, monkeypatch):
+    """``shim:f`` re-exports ``real.f`` after patching ``real``; pickled, ``f`` would be imported
+    from ``real`` alone (its ``__module__``), unpatched, and raise in the child."""
+    _module(tmp_path, monkeypatch, "real_kernel", """
+        import torch.nn.functional as F
+        PATCHED = False
+        def f(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+            if not PATCHED:
+                raise RuntimeError("the shim was not imported")
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                  is_causal, scale=scale)
+    """)  # fmt: skip
+    _module(tmp_path, monkeypatch, "shim_kernel", """
+        import real_kernel
+        real_kernel.PATCHED = True
+        f = real_kernel.f
+    """)  # fmt: skip
+    path = tmp_path / "report.json"
+
+    code = main(["--kernel", "shim_kernel:f", "--isolate", "--timeout", "60", "--case", "plain",
+                 "--dtype", "float32", "--json", str(path)])  # fmt: skip
+
+    report = json.loads(path.read_text())
+    assert code == 0 and report["settings"]["timeout"] == 60
+    assert [group["status"] for group in report["kernels"][0]["groups"]] == ["pass"]
+
+
+def test_limits_from_the_command_line_are_reported_with_what_they_excluded(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    argv = ["--kernel", SDPA, "--quick", "--features", "causal", "--dtype", "float32"]
+
+    code = main([*argv, "--seqlen-multiple", "64", "--head-dims", "32,64", "--json", str(path)])
+
+    (check,) = json.loads(path.read_text())["kernels"]
+    excluded = check["limits"]["excluded"]
+    assert code == 0 and check["limits"]["declared"] == {"head_dims": [32, 64],
+                                                         "seqlen_multiple": 64}  # fmt: skip
+    assert check["coverage"]["outside_limits"] == len(excluded) > 0
+    assert {"case", "why", "instead"} == set(excluded[0])
+    assert "outside the kernel's limits" in check["summary"]
