@@ -257,13 +257,15 @@ def make_inputs(case: Case, seed: int) -> CaseInputs:
 
 def _slopes(case: Case) -> np.ndarray | None:
     """ALiBi's usual geometric slopes 2^(-8 (h + 1) / H); per batch element they grow by half
-    of themselves per element, so that a kernel reading row 0 for every element is wrong."""
+    of themselves per element, so that a kernel reading row 0 for every element is wrong. Each
+    is a float32 number, as flash-attn takes them (2^(-8/3) is not: a float64 kernel given
+    float32 slopes would be charged for their rounding)."""
     if case.alibi == "none":
         return None
     slopes = 2.0 ** (-8.0 * np.arange(1, case.heads + 1) / case.heads)  # (H,)
-    if case.alibi == "H":
-        return slopes
-    return slopes[None, :] * (1.0 + 0.5 * np.arange(case.batch))[:, None]  # (B, H)
+    if case.alibi == "BH":
+        slopes = slopes[None, :] * (1.0 + 0.5 * np.arange(case.batch))[:, None]  # (B, H)
+    return slopes.astype(np.float32).astype(np.float64)
 
 
 def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:

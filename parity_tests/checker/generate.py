@@ -94,8 +94,10 @@ def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
     cheapest), which are removed from ``unmet``; a small odd pair when none is met."""
     best, best_gain = _FILLER[row.get("lengths", "n<m")], 0
     for n, m in _candidates(row.get("lengths", "n<m")):
-        if n == 1 and _top_left_causal(row):
-            continue  # query 0 would see key 0 alone: dq and dk exactly 0, nothing to judge
+        if n == 1 and (_top_left_causal(row) or row.get("logits") == "sharp"):
+            # Query 0 would see key 0 alone (dq and dk exactly 0), or one query's near one-hot
+            # softmax makes dq a near-total cancellation: nothing to judge either way.
+            continue
         if m == SPLIT_KEYS and row.get("dropout") == "on":
             continue  # dropout's probes and draws repeat the call: not on the longest keys
         sizes = _sizes(row, n, m, 0)
@@ -134,7 +136,7 @@ def _plain_for_lengths(
         for relation in pairs.FACTORS["lengths"]:
             row = _plain_row(spec, value, relation)
             for n, m in _candidates(relation):
-                if n == 1 and _top_left_causal(row):
+                if n == 1 and (_top_left_causal(row) or row.get("logits") == "sharp"):
                     continue
                 sizes = _sizes(row, n, m, 0)
                 gain = sum(r.test(sizes) for r in unmet)
