@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from . import pairs
 from .case import Case
-from .generate import GENERATED_SPECS, case_of
+from .generate import GENERATED_SPECS, case_of, one_query_unjudgeable
 from .limits import KernelLimits, nearest, outside
 from .sizes import EDGES, ODD_WIDTH, SPLIT_KEYS, WIDTHS
 
@@ -86,9 +86,8 @@ def _row(spec: str, domains: dict[str, tuple[str, ...]], rng: random.Random) -> 
 
 
 def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
-    """(N, M) in the row's relation; never N = 1 under top-left causal (``align``: the spec's,
-    unless the row has its own), where query 0 would see key 0 alone: dq and dk exactly 0,
-    nothing to judge."""
+    """(N, M) in the row's relation; never N = 1 where one query's gradients cannot be judged
+    (``generate.one_query_unjudgeable``; ``align``: the spec's, unless the row has its own)."""
     relation = row.get("lengths", "n=m")
     while True:
         first, second = _length(rng), _length(rng)
@@ -100,8 +99,7 @@ def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
             n, m = sorted((first, second), reverse=relation == "n>m")
         if relation == "n<m" and rng.random() < SPLIT_SHARE:
             m = SPLIT_KEYS
-        top_left = row.get("align", align) != "bottom-right"
-        if not (n == 1 and row.get("causal") == "on" and top_left):
+        if not (n == 1 and one_query_unjudgeable(row, align)):
             return n, m
 
 

@@ -89,14 +89,16 @@ def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
     return unique_by_name([*seeds, *(case_of(spec, row, n, m, d) for row, n, m, d in sized)])
 
 
-def _one_row_unjudgeable(row: pairs.Row) -> bool:
+def one_query_unjudgeable(row: pairs.Row, align: str | None = None) -> bool:
     """Whether a case of this row with one query (N = 1) has gradients a max-error bound cannot
     judge: top-left causal (query 0 sees key 0 alone: dq and dk exactly 0), or a softmax that one
     query makes nearly one-hot, sharp logits or a float mask (its bias falls by half a logit per
     key of distance in head 0), where dq and dk are a near-total cancellation of large terms and
     a correct kernel lands 10-70 times past a lucky same-dtype baseline (calibration: nn.
-    MultiheadAttention, a float mask, N = 1, M = 1024, in float32 and bfloat16)."""
-    return _top_left_causal(row) or row.get("logits") == "sharp" or row.get("mask") == "float"
+    MultiheadAttention, a float mask, N = 1, M = 1024, in float32 and bfloat16). ``align`` is
+    the alignment of a row that names none (the fuzzer's: its spec's)."""
+    top_left = row.get("causal") == "on" and row.get("align", align) == "top-left"
+    return top_left or row.get("logits") == "sharp" or row.get("mask") == "float"
 
 
 def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
@@ -104,7 +106,7 @@ def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
     cheapest), which are removed from ``unmet``; a small odd pair when none is met."""
     best, best_gain = _FILLER[row.get("lengths", "n<m")], 0
     for n, m in _candidates(row.get("lengths", "n<m")):
-        if n == 1 and _one_row_unjudgeable(row):
+        if n == 1 and one_query_unjudgeable(row):
             continue
         if m == SPLIT_KEYS and row.get("dropout") == "on":
             continue  # dropout's probes and draws repeat the call: not on the longest keys
@@ -115,11 +117,6 @@ def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
     sizes = _sizes(row, *best, 0)
     unmet[:] = [r for r in unmet if not r.test(sizes)]
     return best
-
-
-def _top_left_causal(row: pairs.Row) -> bool:
-    """Whether the row is causal aligned top-left (query i sees keys j <= i)."""
-    return row.get("causal") == "on" and row.get("align") == "top-left"
 
 
 def _candidates(relation: str) -> list[tuple[int, int]]:
@@ -144,7 +141,7 @@ def _plain_for_lengths(
         for relation in pairs.FACTORS["lengths"]:
             row = _plain_row(spec, value, relation)
             for n, m in _candidates(relation):
-                if n == 1 and _one_row_unjudgeable(row):
+                if n == 1 and one_query_unjudgeable(row):
                     continue
                 sizes = _sizes(row, n, m, 0)
                 gain = sum(r.test(sizes) for r in unmet)

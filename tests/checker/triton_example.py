@@ -49,7 +49,7 @@ CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16})] if INTERPRETED else GP
 @triton.autotune(configs=CONFIGS, key=["N", "M", "D"])
 @triton.jit
 def _forward(
-    Q, K, V, O,
+    Q, K, V, Out,
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -93,9 +93,9 @@ def _forward(
         top = new_top
     # A row that sees no key at all (causal with N > M) is 0 (acc is), as flash-attn's.
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    o_ptrs = O + batch * stride_ob + head * stride_oh
+    o_ptrs = Out + batch * stride_ob + head * stride_oh
     tl.store(o_ptrs + rows[:, None] * stride_on + width[None, :] * stride_od,
-             out.to(O.dtype.element_ty), mask=rows[:, None] < N)  # fmt: skip
+             out.to(Out.dtype.element_ty), mask=rows[:, None] < N)  # fmt: skip
 
 
 def attention(
@@ -112,7 +112,7 @@ def attention(
     if dropout_p != 0.0 or options:
         given = sorted(options) + (["dropout_p"] if dropout_p != 0.0 else [])
         raise ValueError(f"this kernel takes no {', '.join(given)}")
-    (batch, n, heads, width), m = q.shape, k.shape[1]
+    (batch, _, heads, width), m = q.shape, k.shape[1]
     if k.shape != (batch, m, heads, width) or v.shape != k.shape:
         raise ValueError(f"q, k, v of one width and head count, got {q.shape}, {k.shape}, "
                          f"{v.shape}")  # fmt: skip
