@@ -98,6 +98,7 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "append": _both("grouped", "KVCache.append"),
     # the kernel checker
     "check_kernel": ("parity_tests.checker.kernels.check_kernel",),
+    "KernelLimits": ("parity_tests.checker.limits.KernelLimits",),
 }  # fmt: skip
 
 # Written like signatures, and deliberately not compared, with the reason.
