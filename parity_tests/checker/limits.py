@@ -43,10 +43,12 @@ from typing import Any
 from . import pairs
 from .case import Case
 from .generate import name_of
+from .sizes import SPLIT_KEYS
 
 # The head widths each decode spec's battery uses (its cases' D and Dv).
 DECODE_WIDTHS = {"flash_kvcache": (32,), "flash_mla": (576, 512)}
 OUTSIDE = "outside the kernel's limits"
+MAX_WIDTH = 1024  # the widest head a limit may name (FlashMLA's is 576)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,14 @@ class KernelLimits:
         multiple = self.seqlen_multiple
         if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
             raise ValueError(f"seqlen_multiple must be an integer >= 1, got {multiple!r}")
+        # Past these the nearest cases would be larger than any the battery was calibrated on,
+        # and their float64 goldens (B * H * N * M doubles) could exhaust the memory.
+        if multiple > SPLIT_KEYS:
+            raise ValueError(f"seqlen_multiple must be at most {SPLIT_KEYS} (the battery's "
+                             f"longest length), got {multiple}")  # fmt: skip
+        if self.head_dims is not None and max(self.head_dims) > MAX_WIDTH:
+            raise ValueError(f"head_dims must be widths <= {MAX_WIDTH}, got "
+                             f"{list(self.head_dims)}")  # fmt: skip
         for name in ("equal_lengths", "contiguous_only"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -118,6 +118,8 @@ def test_the_ring_takes_head_widths():
         ({"head_dims": (16, 0)}, ValueError),
         ({"head_dims": (16.0,)}, TypeError),
         ({"seqlen_multiple": 0}, ValueError),
+        ({"seqlen_multiple": 1025}, ValueError),  # nearest cases past any calibrated length
+        ({"head_dims": (16, 2048)}, ValueError),
         ({"equal_lengths": 1}, TypeError),
     ],
 )

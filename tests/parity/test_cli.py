@@ -305,6 +305,7 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", SDPA, "--head-dims", "16,x"],
         ["--kernel", SDPA, "--head-dims", "16,0"],
         ["--kernel", SDPA, "--seqlen-multiple", "0"],
+        ["--kernel", SDPA, "--seqlen-multiple", "100000"],  # cases past any calibrated length
         ["--kernel", SDPA, "--case", "plain", "--seqlen-multiple", "64"],  # the limits exclude it
         ["--kernel", SDPA, "--spec", "ring", "--seqlen-multiple", "16"],
         ["--kernel", SDPA, "--spec", "flash_mla", "--head-dims", "64"],
