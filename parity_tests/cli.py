@@ -91,7 +91,8 @@ def _main(argv: list[str], prog: str) -> int:
             from .checker.calibration import calibrate
 
             battery = "quick" if args.quick else "default"
-            return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print)
+            return calibrate(args.calibrate, devices[0], dtypes, battery, progress, print,
+                             first_seed=args.seed)  # fmt: skip
         return _run(args, argv, devices, kernels, progress, prog)
     except KeyboardInterrupt:
         progress.done()
@@ -374,8 +375,8 @@ def _check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error("--calibrate measures a whole battery (--quick or the default), no --case")
         if args.device is not None and len(args.device) > 1:
             parser.error("--calibrate measures one --device")
-        why = "--calibrate measures the built-in targets over its own seeds"
-        _refuse(parser, given - {"--calibrate", "--quick", "--dtype", "--device"}, why)
+        why = "--calibrate measures the built-in targets over seeds --seed.. (default 0..)"
+        _refuse(parser, given - {"--calibrate", "--quick", "--dtype", "--device", "--seed"}, why)
         return
     if args.no_kernels and not args.stress:
         if args.kernel:

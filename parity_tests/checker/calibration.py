@@ -60,9 +60,11 @@ def calibrate(
     progress: Any,
     emit: Callable[[str], None],
     specs: tuple[str, ...] | None = None,
+    first_seed: int = 0,
 ) -> int:
-    """Run the measurement on ``battery`` (a battery's name, or case names) over
-    ``range(seeds)`` and emit the tables.
+    """Run the measurement on ``battery`` (a battery's name, or case names) over ``seeds``
+    seeds from ``first_seed`` on and emit the tables (runs over disjoint ranges of seeds, in
+    parallel or on other machines, combine: the worst of each table's rows, the weakest flag).
 
     Returns 0 when the constants hold (no correct kernel fails a row, every pitfall is flagged
     on every seed and dtype), else 1. ``progress`` is the CLI's progress display. ``specs``
@@ -90,8 +92,8 @@ def calibrate(
         (name, d): _Worst() for name, pitfall in pitfalls.items() for d in dtypes
         if d in pitfall.dtypes
     }  # fmt: skip
-    for seed in range(seeds):
-        progress.start(f"calibration seed {seed + 1}/{seeds}")
+    for seed in range(first_seed, first_seed + seeds):
+        progress.start(f"calibration seed {seed} ({seed - first_seed + 1} of {seeds})")
         for target in correct:
             report = target.check(device, battery, seed)
             for row in report.rows if report is not None else []:
@@ -126,7 +128,8 @@ def calibrate(
                 # _Worst keeps the largest; the weakest flag is the smallest, so negate.
                 weakest[name, dtype].see(-strongest, f"seed {seed}")
     progress.done()
-    _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest)
+    span = f"{seeds} seeds ({first_seed}..{first_seed + seeds - 1})"
+    _emit_tables(emit, span, device, battery, dtypes, ratio, floor, weakest)
     _emit_bias(emit, bias, bias_bound)
     missed = [f"{name} {d}" for (name, d), w in weakest.items() if not -w.value > 1.0]
     for line in failed + [f"pitfall not flagged on every seed: {m}" for m in missed]:
@@ -165,7 +168,7 @@ def _emit_bias(emit, bias, bias_bound) -> None:
 
 def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) -> None:
     emit(
-        f"Correct kernels, {battery} battery, {seeds} seeds on {device}: worst error / baseline "
+        f"Correct kernels, {battery} battery, {seeds} on {device}: worst error / baseline "
         f"ratio, and the floor (x max|G|) that c = {OUTPUT_FACTOR:g} (out) / {GRAD_FACTOR:g} "
         f"(grads) would need (negative: c alone suffices).\n"
     )
@@ -180,7 +183,7 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
             f"{need.value:.1e} | {need.where} | {FLOOR[dtype]:.0e} |"
         )
     emit(
-        f"\nPitfalls: the weakest flag over {seeds} seeds (min over seeds of max over rows of "
+        f"\nPitfalls: the weakest flag over {seeds} (min over seeds of max over rows of "
         "error / bound; inf = NaN, a wrong dtype, an input changed in place or a raise).\n"
     )
     emit("| pitfall | " + " | ".join(dtypes) + " |")

@@ -22,12 +22,13 @@ class _Progress:
         pass
 
 
-def _calibrate(monkeypatch, correct, pitfalls) -> tuple[int, list[str]]:
+def _calibrate(monkeypatch, correct, pitfalls, first_seed=0) -> tuple[int, list[str]]:
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
     monkeypatch.setattr(calibration, "PITFALLS", pitfalls)
     lines: list[str] = []
     cases = ["plain", "causal-n<m"]  # two named cases: the measurement of a battery, small
-    code = calibration.calibrate(1, "cpu", ("float32",), cases, _Progress(), lines.append)
+    code = calibration.calibrate(1, "cpu", ("float32",), cases, _Progress(), lines.append,
+                                 first_seed=first_seed)  # fmt: skip
     return code, lines
 
 
@@ -60,6 +61,16 @@ def test_a_correct_kernel_that_fails_a_row_fails_the_calibration(monkeypatch):
 
     assert code == 1
     assert any(line.startswith("- wrong ") and "seed 0 float32 out: fail" in line for line in lines)
+
+
+def test_a_run_over_later_seeds_names_them_so_runs_over_disjoint_seeds_combine(monkeypatch):
+    wrong = Target("wrong", scale_by_d, ("float32",))
+
+    code, lines = _calibrate(monkeypatch, [wrong], {}, first_seed=7)
+
+    assert code == 1
+    assert "1 seeds (7..7)" in lines[0]
+    assert any(line.startswith("- wrong ") and "seed 7 float32 out: fail" in line for line in lines)
 
 
 @pytest.mark.parametrize(

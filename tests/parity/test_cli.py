@@ -334,7 +334,6 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--list-cases", "--dtype", "float32"],
         ["--list-cases", "--case", "plain", "--quick"],
         ["--list-cases", "--case", "no-such-case"],
-        ["--calibrate", "1", "--seed", "3"],
         ["--calibrate", "1", "--stress"],
         ["--calibrate", "1", "--device", "cpu", "--device", "cpu"],
         ["--no-kernels", "--dtype", "float32"],
