@@ -2,9 +2,9 @@
 ``flash_attn_varlen_func`` with flash-attn's signatures, which the checker's ``"flash"`` and
 ``"flash_varlen"`` specs certify.
 
-Each translates flash-attn's keywords into ``torch_attention``'s (the translation of
-``parity_tests.checker.adapters``: bottom-right alignment, a window side of -1 unbounded, GQA
-when k has fewer heads than q) and calls ``functional.attention(..., backend="triton")`` or
+Each is ``torch_attention.flash_api``'s entry with backend "triton" (the one translation of
+flash-attn's keywords: bottom-right alignment, a window side of -1 unbounded, GQA when k has
+fewer heads than q), which calls ``functional.attention(..., backend="triton")`` or
 ``varlen_attention(..., backend="triton")``, so that every check and refusal is theirs: the
 checks of ``scores.prepare`` and the kernel's limits (``launch.limit_refusal``), each a
 ``ValueError`` naming the limit. Dropout runs in the kernel (a Philox keep-mask drawn from a
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .. import functional, varlen
+from .. import flash_api
 
 
 def flash_attn_func(
@@ -45,22 +45,10 @@ def flash_attn_func(
 ) -> Any:
     """flash-attn's ``flash_attn_func``: q (B, N, H, D), k (B, M, H_kv, D), v (B, M, H_kv, Dv)
     -> out (B, N, H, Dv), or (out, lse (B, H, N), None) with ``return_attn_probs``."""
-    options = _options(q, k, causal, window_size)
-    q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))  # (B, L, H, W) -> (B, H, L, W), views
-    result = functional.attention(
-        q_,
-        k_,
-        v_,
-        dropout_p=dropout_p,
-        scale=softmax_scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        backend="triton",
-        return_lse=True,
-        **options,
-    )
-    out = result.out.transpose(1, 2)  # (B, H, N, Dv) -> (B, N, H, Dv), contiguous
-    return (out, result.lse, None) if return_attn_probs else out
+    return flash_api.flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs, backend="triton",
+    )  # fmt: skip
 
 
 def flash_attn_varlen_func(
@@ -84,43 +72,8 @@ def flash_attn_varlen_func(
     v (T_k, H_kv, Dv) with offsets ``cu_seqlens`` (S + 1,) -> out (T_q, H, Dv), or (out,
     lse (H, T_q), None). ``max_seqlen_*`` below a sequence's length is a ``ValueError``
     (flash-attn would read past it)."""
-    options = _options(q, k, causal, window_size)
-    for name, offsets, given in (
-        ("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        ("max_seqlen_k", cu_seqlens_k, max_seqlen_k),
-    ):
-        longest = int((offsets[1:] - offsets[:-1]).max()) if len(offsets) > 1 else 0
-        if given < longest:
-            raise ValueError(f"{name} = {given} is below the longest sequence, {longest}")
-    result = varlen.varlen_attention(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        dropout_p=dropout_p,
-        scale=softmax_scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        backend="triton",
-        return_lse=True,
-        **options,
-    )
-    return (result.out, result.lse, None) if return_attn_probs else result.out
-
-
-def _options(
-    q: torch.Tensor, k: torch.Tensor, causal: bool, window_size: tuple[int, int]
-) -> dict[str, Any]:
-    """flash-attn's causal and window as ``torch_attention``'s: bottom-right, a side of -1
-    unbounded, GQA when k has fewer heads than q (axis -2 in both flash layouts)."""
-    left, right = window_size
-    window = None
-    if left >= 0 or right >= 0:
-        window = (None if left < 0 else left, None if right < 0 else right)
-    return {
-        "causal": causal,
-        "window": window,
-        "align": "bottom-right",
-        "enable_gqa": q.shape[-2] != k.shape[-2],
-    }
+    return flash_api.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs, backend="triton",
+    )  # fmt: skip
