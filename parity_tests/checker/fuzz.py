@@ -87,7 +87,10 @@ def _row(spec: str, domains: dict[str, tuple[str, ...]], rng: random.Random) -> 
 
 def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
     """(N, M) in the row's relation; never N = 1 where one query's gradients cannot be judged
-    (``generate.one_query_unjudgeable``; ``align``: the spec's, unless the row has its own)."""
+    (``generate.one_query_unjudgeable``; ``align``: the spec's, unless the row has its own), and
+    never M = 1: over one key the softmax is constant, so the golden dq and dk are exactly 0 and
+    their bound is 0, which a correct kernel's rounding (1e-7 in float32: it subtracts dO . O
+    from dO . v, equal but rounded apart) exceeds; the batteries hold no M = 1 either."""
     relation = row.get("lengths", "n=m")
     while True:
         first, second = _length(rng), _length(rng)
@@ -99,6 +102,8 @@ def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
             n, m = sorted((first, second), reverse=relation == "n>m")
         if relation == "n<m" and rng.random() < SPLIT_SHARE:
             m = SPLIT_KEYS
+        if m == 1:
+            continue  # one key: the softmax is constant, dq and dk exactly 0 (a bound of 0)
         if not (n == 1 and one_query_unjudgeable(row, align)):
             return n, m
 

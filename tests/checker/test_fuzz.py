@@ -45,3 +45,12 @@ def test_drawn_cases_hold_only_the_features_claimed_and_lie_inside_the_limits():
 def test_a_spec_without_a_fuzzer_and_no_cases_are_refused(spec, count, error):
     with pytest.raises(ValueError, match=error):
         fuzz_cases(spec, count, seed=0)
+
+
+def test_no_drawn_case_has_one_key_where_dq_and_dk_are_exactly_zero():
+    # The 2,000-case run of SDPA at seed 0 drew 13 cases with M = 1 before this rule: their
+    # golden dq and dk are exactly 0, and SDPA's rounding (1e-7) failed a bound of 0.
+    cases = fuzz_cases("sdpa", 2000, seed=0)
+
+    assert min(case.m for case in cases) >= 2
+    assert min(case.n for case in cases) == 1  # one query is still drawn, where it can be judged
