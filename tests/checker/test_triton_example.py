@@ -19,8 +19,9 @@ JUDGED = dict(spec="flash", features=triton_example.FEATURES, limits=triton_exam
 
 
 def test_the_example_passes_its_quick_battery_inside_its_limits():
-    report = check_kernel(triton_example.attention, dtypes=["float32", "float16"], cases="quick",
-                          **JUDGED)  # fmt: skip
+    # float16, the loosest dtype the interpreter computes right (docs/triton-on-cpu.md runs
+    # the default battery in float32 and float16 by hand)
+    report = check_kernel(triton_example.attention, dtypes=["float16"], cases="quick", **JUDGED)
 
     assert report.passed, report.failures
     judged = {case for (case, _), status in report.groups.items() if status == "pass"}
