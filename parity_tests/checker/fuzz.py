@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from . import pairs
 from .case import Case
-from .generate import GENERATED_SPECS, case_of, one_query_unjudgeable
+from .generate import GENERATED_SPECS, case_of, one_query_excluded
 from .limits import KernelLimits, nearest, outside
 from .sizes import EDGES, ODD_WIDTH, SPLIT_KEYS, WIDTHS
 
@@ -87,7 +87,7 @@ def _row(spec: str, domains: dict[str, tuple[str, ...]], rng: random.Random) -> 
 
 def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
     """(N, M) in the row's relation; never N = 1 where one query's gradients cannot be judged
-    (``generate.one_query_unjudgeable``; ``align``: the spec's, unless the row has its own), and
+    (``generate.one_query_excluded``; ``align``: the spec's, unless the row has its own), and
     never M = 1: over one key the softmax is constant, so the golden dq and dk are exactly 0 and
     their bound is 0, which a correct kernel's rounding (1e-7 in float32: it subtracts dO . O
     from dO . v, equal but rounded apart) exceeds; the batteries hold no M = 1 either."""
@@ -104,7 +104,7 @@ def _lengths(row: pairs.Row, align: str, rng: random.Random) -> tuple[int, int]:
             m = SPLIT_KEYS
         if m == 1:
             continue  # one key: the softmax is constant, dq and dk exactly 0 (a bound of 0)
-        if not (n == 1 and one_query_unjudgeable(row, align)):
+        if not (n == 1 and one_query_excluded(row, align)):
             return n, m
 
 

@@ -89,16 +89,19 @@ def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
     return unique_by_name([*seeds, *(case_of(spec, row, n, m, d) for row, n, m, d in sized)])
 
 
-def one_query_unjudgeable(row: pairs.Row, align: str | None = None) -> bool:
-    """Whether a case of this row with one query (N = 1) has gradients a max-error bound cannot
-    judge: top-left causal (query 0 sees key 0 alone: dq and dk exactly 0), or a softmax that one
-    query makes nearly one-hot, sharp logits or a float mask (its bias falls by half a logit per
-    key of distance in head 0), where dq and dk are a near-total cancellation of large terms and
-    a correct kernel lands 10-70 times past a lucky same-dtype baseline (calibration: nn.
-    MultiheadAttention, a float mask, N = 1, M = 1024, in float32 and bfloat16). ``align`` is
-    the alignment of a row that names none (the fuzzer's: its spec's)."""
+def one_query_excluded(row: pairs.Row, align: str | None = None) -> bool:
+    """Whether no case of this row may have one query (N = 1). Its gradients cannot be judged by
+    a max-error bound under top-left causal (query 0 sees key 0 alone: dq and dk exactly 0), or
+    where one query's softmax is nearly one-hot, sharp logits or a float mask (its bias falls by
+    half a logit per key of distance in head 0): dq and dk are a near-total cancellation of large
+    terms there, and a correct kernel lands 10-70 times past a lucky same-dtype baseline
+    (calibration: nn.MultiheadAttention, a float mask, N = 1, M = 1024, in float32 and
+    bfloat16). And a dead-rows mask cannot hold its dead rows: they are never every row, so with
+    B * H = 1 the case would hold none (the main job's xpass on mha[need_weights=True]).
+    ``align`` is the alignment of a row that names none (the fuzzer's: its spec's)."""
     top_left = row.get("causal") == "on" and row.get("align", align) == "top-left"
-    return top_left or row.get("logits") == "sharp" or row.get("mask") == "float"
+    mask = row.get("mask", "none")
+    return top_left or row.get("logits") == "sharp" or mask == "float" or mask.startswith("dead")
 
 
 def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
@@ -106,7 +109,7 @@ def _pick_lengths(row: pairs.Row, unmet: list[Requirement]) -> tuple[int, int]:
     cheapest), which are removed from ``unmet``; a small odd pair when none is met."""
     best, best_gain = _FILLER[row.get("lengths", "n<m")], 0
     for n, m in _candidates(row.get("lengths", "n<m")):
-        if n == 1 and one_query_unjudgeable(row):
+        if n == 1 and one_query_excluded(row):
             continue
         if m == SPLIT_KEYS and row.get("dropout") == "on":
             continue  # dropout's probes and draws repeat the call: not on the longest keys
@@ -141,7 +144,7 @@ def _plain_for_lengths(
         for relation in pairs.FACTORS["lengths"]:
             row = _plain_row(spec, value, relation)
             for n, m in _candidates(relation):
-                if n == 1 and one_query_unjudgeable(row):
+                if n == 1 and one_query_excluded(row):
                     continue
                 sizes = _sizes(row, n, m, 0)
                 gain = sum(r.test(sizes) for r in unmet)

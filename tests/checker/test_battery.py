@@ -144,3 +144,20 @@ def test_a_name_of_a_narrower_battery_resolves_in_its_context():
 def test_resolve_refuses_unknown_or_empty(cases):
     with pytest.raises(ValueError):
         resolve(cases)
+
+
+@pytest.mark.parametrize(
+    ("spec", "features"),
+    [(spec, None) for spec in generate.GENERATED_SPECS]
+    + [("sdpa", {"mask", "causal", "dropout"}), ("sdpa", {"mask", "causal", "gqa"})],
+)
+def test_no_case_of_one_query_where_it_cannot_be_judged_or_hold_its_mask(spec, features):
+    # N = 1 never meets top-left causal, sharp logits, a float mask (dq a near-total
+    # cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it held none, and
+    # nn.MultiheadAttention's documented NaN on dead rows passed as an xpass).
+    cases = battery.default_battery(spec, features)
+
+    one_query = [case for case in cases if case.n == 1 and not case.packed]
+    assert one_query  # the decode step is still there
+    assert not [c.name for c in one_query if c.mask != "none" and c.mask != "bool"]
+    assert not [c.name for c in one_query if c.causal and c.align == "top-left"]
