@@ -152,8 +152,8 @@ def test_resolve_refuses_unknown_or_empty(cases):
     + [("sdpa", {"mask", "causal", "dropout"}), ("sdpa", {"mask", "causal", "gqa"})],
 )
 def test_no_case_of_one_query_where_it_cannot_be_judged_or_hold_its_mask(spec, features):
-    # N = 1 never meets top-left causal, sharp logits, a float mask (dq a near-total
-    # cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it held none, and
+    # N = 1 never meets top-left causal, sharp logits, heavy tails, a float mask (dq a
+    # near-total cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it held none, and
     # nn.MultiheadAttention's documented NaN on dead rows passed as an xpass).
     cases = battery.default_battery(spec, features)
 
@@ -161,3 +161,4 @@ def test_no_case_of_one_query_where_it_cannot_be_judged_or_hold_its_mask(spec, f
     assert one_query  # the decode step is still there
     assert not [c.name for c in one_query if c.mask != "none" and c.mask != "bool"]
     assert not [c.name for c in one_query if c.causal and c.align == "top-left"]
+    assert not [c.name for c in one_query if c.inputs == "heavy" or c.logits > 1]
