@@ -98,8 +98,9 @@ def one_query_excluded(row: pairs.Row, align: str | None = None) -> bool:
     near-total cancellation of large terms, and a correct kernel lands 10-70 times past a lucky
     same-dtype baseline (calibration: nn.MultiheadAttention with a float mask, N = 1, M = 1024,
     float32 and bfloat16; SDPA's CPU flash kernel and nn.MultiheadAttention on heavy-tailed
-    inputs, N = 1, seeds 13, 14 and 18, float32, float16 and bfloat16). And a dead-rows mask cannot hold its dead rows: they are never every row, so with
-    B * H = 1 the case would hold none (the main job's xpass on mha[need_weights=True]).
+    inputs, N = 1, seeds 13, 14 and 18, float32, float16 and bfloat16). And a dead-rows mask
+    cannot hold its dead rows: they are never every row, so with B * H = 1 the case would hold
+    none (the main job's xpass on mha[need_weights=True]).
     ``align`` is the alignment of a row that names none (the fuzzer's: its spec's)."""
     top_left = row.get("causal") == "on" and row.get("align", align) == "top-left"
     mask = row.get("mask", "none")

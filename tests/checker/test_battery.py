@@ -153,8 +153,8 @@ def test_resolve_refuses_unknown_or_empty(cases):
 )
 def test_no_case_of_one_query_where_it_cannot_be_judged_or_hold_its_mask(spec, features):
     # N = 1 never meets top-left causal, sharp logits, heavy tails, a float mask (dq a
-    # near-total cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it held none, and
-    # nn.MultiheadAttention's documented NaN on dead rows passed as an xpass).
+    # near-total cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it
+    # held none, and nn.MultiheadAttention's documented NaN on dead rows passed as an xpass).
     cases = battery.default_battery(spec, features)
 
     one_query = [case for case in cases if case.n == 1 and not case.packed]
