@@ -329,8 +329,10 @@ def flex_mods(
         allowed = ~torch.isneginf(attn_mask).expand(b, h, n, m)
         bias = torch.where(allowed, attn_mask.expand(b, h, n, m), 0.0)
     rates = None
-    if slopes is not None:
-        rates = slopes.float().expand(b, h) if slopes.ndim == 1 else slopes.float()
+    if slopes is not None:  # float32 numbers, kept in float64: the bias is formed in float64
+        # and rounded to float32 or the scores' dtype if wider (formed in float32, a float64
+        # kernel's -slope * |p_i - j| carried 1e-8 of rounding: the float64 calibration)
+        rates = (slopes.expand(b, h) if slopes.ndim == 1 else slopes).double()
     cap = case.softcap
     left, right = case.window if case.window is not None else (None, None)
     if case.causal:
@@ -342,7 +344,8 @@ def flex_mods(
             if cap:
                 score = cap * torch.tanh(score / cap)
             if rates is not None:
-                score = score - rates[bi, hi] * (row + offset - col).abs()
+                at_least_float32 = torch.promote_types(score.dtype, torch.float32)
+                score = score - (rates[bi, hi] * (row + offset - col).abs()).to(at_least_float32)
             if bias is not None:
                 score = score + bias[bi, hi, row, col]
             return score

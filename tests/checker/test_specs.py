@@ -174,3 +174,15 @@ def test_a_packed_case_is_built_from_lengths_never_offsets():
         Case("bad", 2, 1, 3, 3, 4, seqlens=((5, 1), (-2, 2)))
     with pytest.raises(ValueError, match="must be S, T_q, T_k"):
         Case("bad", 2, 1, 3, 9, 4, seqlens=((1, 1), (2, 2)))
+
+
+def test_flexattention_in_float64_gets_its_alibi_bias_formed_in_float64():
+    # The flex spec's score_mod formed -slope * |p_i - j| in float32: FlexAttention in float64
+    # then failed every ALiBi case by 1e-8 of the output (the float64 calibration, every seed).
+    from parity_tests.checker.targets import builtin_targets
+
+    flex = next(t for t in builtin_targets("cpu", ("float64",)) if t.name == "flex")
+
+    report = flex.check("cpu", ["alibi-128x129-d64"], 0)
+
+    assert report.passed, report.failures
