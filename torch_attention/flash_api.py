@@ -20,7 +20,8 @@ and with dropout: None here). A ``max_seqlen_*`` below a sequence's length is a 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length, D head
 width, W either of D and Dv, Dv value width; T_q, T_k packed token counts, S sequences.
 
-Tests: tests/checker/test_adapters.py, tests/torch_attention/triton/test_flash.py
+Tests: tests/torch_attention/test_flash_api.py, tests/checker/test_adapters.py,
+tests/torch_attention/triton/test_flash.py
 """
 
 from __future__ import annotations
