@@ -58,8 +58,9 @@ class Case:
             With causal or a window the mask's holes leave every row one key that those rules
             let it see (flex; SDPA takes a mask or is_causal, not both).
         scale: None lets the kernel use 1 / sqrt(D).
-        inputs: "gauss" (standard normal) or "heavy" (Student-t with 3 degrees of freedom, with
-            outlier channels in q, k and v, as real activations have).
+        inputs: "gauss" (standard normal) or "heavy" (Student-t with 3 degrees of freedom,
+            clipped at 10 standard deviations, with outlier channels in q, k and v, as real
+            activations have).
         logits: the typical magnitude of the scores q k^T * scale (q and k are scaled for it).
         dropout_p: inverted dropout on the weights; the checker reads the keep-mask back
             through SDPA's signature and judges flash-attn's statistically (``checker.calls``).
@@ -268,11 +269,20 @@ def _slopes(case: Case) -> np.ndarray | None:
     return slopes.astype(np.float32).astype(np.float64)
 
 
+# Where "heavy" inputs are clipped, in standard deviations (about 4 entries in 10,000 reach it).
+# Unclipped, the tail of Student-t(3) reaches 100 standard deviations on some seed (seed 58 of
+# float-dv<-scale-heavy-129x129-d64: 107, 640 on an outlier channel), and q k^T then overflows
+# float16 in every plain implementation before the scale is applied (78,190 > 65,504): overflow
+# is the stress battery's business, not that of the cases built by code.
+HEAVY_CLIP = 10.0
+
+
 def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
     if kind == "gauss":
         return rng.standard_normal(shape)
-    # Unit-variance Student-t(3), with two outlier channels six times larger.
-    values = rng.standard_t(3, shape) / math.sqrt(3.0)
+    # Unit-variance Student-t(3), clipped at HEAVY_CLIP standard deviations, with two outlier
+    # channels six times larger.
+    values = np.clip(rng.standard_t(3, shape) / math.sqrt(3.0), -HEAVY_CLIP, HEAVY_CLIP)
     channels = rng.choice(shape[-1], size=2, replace=False)
     values[..., channels] *= 6.0
     return values
