@@ -72,7 +72,8 @@ class KernelRow:
     ``error = max|K - G|``, ``baseline = max|Bl - G|``, ``golden_max = max|G|`` and
     ``bound = c * baseline + floor * golden_max``; NaN where not measured (an "error",
     "refused", "skip" or "not-run" row, whose ``tensor`` is "-"). ``rms_error = rms(K - G)``
-    and ``rms_bound = BIAS_FACTOR * rms(Bl - G) + BIAS_FLOOR * rms(G)`` are the bias statistic
+    and ``rms_bound = BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) - G)) + BIAS_FLOOR * rms(G)``
+    (rd(G): the golden stored in the kernel's dtype) are the bias statistic
     (NaN where not measured), ``rms_baseline = rms(Bl - G)``. ``tensor`` is "out", "dq", "dk",
     "dv", "lse", "keep" (the kept fraction of dropout) or, for an "inplace" row, the input
     changed ("q", "k", "v", "attn_mask", ...).

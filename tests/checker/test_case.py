@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.checker.case import Case, make_inputs
+from parity_tests.checker.case import HEAVY_CLIP, Case, make_inputs
 from parity_tests.checker.named import NAMED
 
 BY_NAME = {case.name: case for case in NAMED}
@@ -73,6 +73,25 @@ def test_same_seed_same_inputs_other_seed_other_inputs():
 
     assert all(np.array_equal(a, b) for a, b in zip(first[:3], again[:3], strict=True))
     assert not np.array_equal(first.q, other.q)
+
+
+# The case of the calibration's seed 58 whose unclipped Student-t draw (107 standard deviations)
+# made q k^T overflow float16 in every plain implementation before the scale.
+SEED_58 = Case(
+    "float-dv<-scale-heavy-129x129-d64", 1, 2, 129, 129, 64, dv=32, mask="float",
+    scale=1 / 64, inputs="heavy",
+)  # fmt: skip
+
+
+def test_heavy_inputs_are_clipped_so_plain_half_precision_scores_stay_finite():
+    inputs = make_inputs(SEED_58, seed=58)
+    stretch = np.sqrt(SEED_58.logits / (np.sqrt(SEED_58.d) * SEED_58.scale))
+    scores = np.einsum("bhnd,bhmd->bhnm", inputs.q, inputs.k)  # before the scale, as plain code
+
+    assert np.abs(inputs.q).max() <= 6 * HEAVY_CLIP * stretch + 1e-9  # outlier channels: 6x
+    assert np.abs(inputs.v).max() <= 6 * HEAVY_CLIP
+    assert np.abs(scores).max() < np.finfo(np.float16).max
+    assert np.abs(inputs.q).max() > 10 * stretch  # still heavy: far beyond a Gaussian draw
 
 
 def test_the_memory_layout_changes_where_values_sit_never_the_values():

@@ -12,6 +12,7 @@ from parity_tests.checker.judge import (
     judge_keep,
     judge_lse,
     judge_tensor,
+    stored,
     unmeasured,
     wrong_dtype,
 )
@@ -114,6 +115,46 @@ def test_a_small_error_everywhere_is_bias_where_one_error_as_large_is_not():
         BIAS_FACTOR * _rms(base - gold) + BIAS_FLOOR["bfloat16"] * _rms(gold)
     )
     assert biased.bias_ratio > 1.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_stored_rounds_as_torch_stores_a_float32_value(dtype):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal(20_000) * np.exp(rng.uniform(-8, 8, 20_000))).astype(np.float32)
+    # halfway between two bfloat16 neighbours: ties go to the even one, both ways
+    ties = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8)], dtype=np.float32)
+    values = np.concatenate([values, ties]).astype(np.float64)
+
+    expected = torch.from_numpy(values).float().to(getattr(torch, dtype)).double().numpy()
+
+    np.testing.assert_array_equal(stored(values, dtype), expected)
+
+
+def test_stored_clips_at_the_largest_finite_value_and_leaves_float64_alone():
+    values = np.array([1e6, -1e40, 0.1])
+
+    assert stored(values, "float16")[:2].tolist() == [65504.0, -65504.0]
+    assert np.isfinite(stored(values, "bfloat16")).all()
+    np.testing.assert_array_equal(stored(values, "float64"), values)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_rms_bound_is_never_below_storing_the_golden(dtype):
+    # A kernel that computes exactly and stores its result in the dtype is correct, whatever the
+    # baseline did: overflowed (NaN), or happened to round more luckily than storage itself.
+    gold = np.random.default_rng(2).standard_normal(10_000) * 7.0
+    exact = stored(gold, dtype)
+    hot = stored(gold * (1 + 8e-3), dtype)  # 0.8% everywhere: a systematic error
+    for base in (np.full_like(gold, np.nan), gold.copy()):
+        row = judge_tensor("c", dtype, "out", exact, gold, base)
+        biased = judge_tensor("c", dtype, "out", hot, gold, base)
+
+        assert row.verdict == "pass", (row, base[0])
+        assert biased.verdict in ("bias", "fail"), (biased, base[0])
+        assert row.rms_bound == pytest.approx(
+            BIAS_FACTOR * _rms(exact - gold) + BIAS_FLOOR[dtype] * _rms(gold)
+        )
 
 
 LSE_GOLD = np.array([[1.5, -np.inf, 0.25]])
