@@ -178,14 +178,14 @@ def _split_name(name: str) -> tuple[str, str, str]:
 OUTPUT_FACTOR = 2.0
 GRAD_FACTOR = 3.0
 FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
-# The bias statistic beside the max bound: rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G),
-# rms(rd(G) - G)) + BIAS_FLOOR[dtype] * rms(G), rd(G) the golden stored in the kernel's dtype
-# (the rounding no kernel avoids; it stands in for the baseline's where that overflowed). A correct kernel's rounding is spread like the baseline's: over 60
-# seeds of every correct target its RMS error reached 2.64x the baseline's in half precision (on
-# the tiny tensors of single-query, where the baseline's own RMS is a noisy sample) and 5.9x in
-# float32 (fused kernels, which the float32 floor covers); a 1% temperature error in bfloat16 is
-# 2-4.5x on every case. 3 leaves 0.88 of the bound for the first and still flags the second on
-# every seed (docs/kernel-verification.md, "The bias statistic").
+# The bias statistic beside the max bound: rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) -
+# G)) + BIAS_FLOOR[dtype] * rms(G), rd(G) the golden stored in the kernel's dtype (the rounding no
+# kernel avoids; it stands in for the baseline's where that overflowed). A correct kernel's rounding
+# is spread like the baseline's: over 60 seeds of every correct target its RMS error reached 2.64x
+# the baseline's in half precision (on the tiny tensors of single-query, where the baseline's own
+# RMS is a noisy sample) and 5.9x in float32 (fused kernels, which the float32 floor covers); a 1%
+# temperature error in bfloat16 is 2-4.5x on every case. 3 leaves 0.88 of the bound for the first
+# and still flags the second on every seed (docs/kernel-verification.md, "The bias statistic").
 BIAS_FACTOR = 3.0
 BIAS_FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-4, "bfloat16": 1e-3}
 # A kernel run with isolate=True that has not answered within this many seconds is stopped and

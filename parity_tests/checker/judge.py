@@ -11,12 +11,12 @@ everywhere cannot slip under,
 
 (the rounding of a correct kernel is about as spread as the baseline's, while a systematic error
 adds to every entry; rd(G) is the golden stored in the kernel's dtype, the rounding no kernel
-avoids, which stands in for the baseline's where that overflowed); lse as the libraries return it (a row with nothing to see may carry -inf
-or +inf; under causal ALiBi flash-attn's convention, shifted by slope_h * p_i, is recognised
-exactly, docs/derivations/alibi.md); the kept fraction of dropout against 1 - p; and, where the
-signature returns no keep-mask (flash-attn's), the outputs of many draws at p against what
-dropout does to the output at p = 0 (``judge_draws``). Pure NumPy on float64 arrays: running the
-kernel is ``checker.calls``' job.
+avoids, which stands in for the baseline's where that overflowed); lse as the libraries return it (a
+row with nothing to see may carry -inf or +inf; under causal ALiBi flash-attn's convention, shifted
+by slope_h * p_i, is recognised exactly, docs/derivations/alibi.md); the kept fraction of dropout
+against 1 - p; and, where the signature returns no keep-mask (flash-attn's), the outputs of many
+draws at p against what dropout does to the output at p = 0 (``judge_draws``). Pure NumPy on float64
+arrays: running the kernel is ``checker.calls``' job.
 
 Tests: tests/checker/test_judge.py
 """
