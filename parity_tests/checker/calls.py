@@ -183,8 +183,9 @@ def judge_outcome(request: Request, outcome: Outcome, errors: list[KernelError])
     names = ("out",) if request.forward_only or outcome.backward else TENSORS
     for tensor in names:
         row = judge_tensor(
-            case.name, dtype, tensor, outcome.arrays[tensor], golden[tensor], baseline[tensor]
-        )
+            case.name, dtype, tensor, outcome.arrays[tensor], golden[tensor], baseline[tensor],
+            golden.get(f"{tensor}_read_back"),
+        )  # fmt: skip
         rows.append(_dtype_checked(row, outcome.dtypes[tensor], dtype))
     if request.want_lse:
         row = judge_lse(

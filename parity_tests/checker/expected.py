@@ -138,10 +138,28 @@ def _expected(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> tuple:
         "dv": grads.dv,
         "lse": np.asarray(forward.lse, dtype=np.float64),
     }
+    golden.update(_read_back(case, inputs, forward, dout))
     shift = _flash_alibi_shift(case, slopes)
     if shift is not None:
         golden["lse_shifted"] = golden["lse"] + shift
     return golden, _baseline(case, inputs, keep)
+
+
+def _read_back(case: Case, inputs: Inputs, forward: Any, dout: np.ndarray) -> dict:
+    """dq and dk of an exact kernel that reads its output back as stored in the inputs' dtype:
+    FlashAttention's backward takes delta_i = rowsum(dO_i * O_i) from the O it wrote, not
+    rowsum(dP_i * P_i), and so adds -P_ij * (delta'_i - delta_i) to dS, which is the exact
+    backward given an lse cotangent of -(delta'_i - delta_i) (docs/derivations/lse.md). On
+    heavy-tailed q in half precision this alone moves dk by 2.4 times the plain baseline's
+    error (``judge.judge_tensor`` bounds dq and dk by the larger of the two)."""
+    out = forward.out
+    stored = torch.from_numpy(out).to(inputs.q.dtype).to(torch.float64).numpy()
+    shift = np.sum(dout * (stored - out), axis=-1)  # delta' - delta: (B, H, N) or (T_q, H)
+    if case.packed:
+        grads = varlen_attention_backward(dout, forward.ctx, dlse=-shift.T)  # lse is (H, T_q)
+    else:
+        grads = attention_backward(dout, forward.ctx, dlse=-shift)
+    return {"dq_read_back": grads.dq, "dk_read_back": grads.dk}
 
 
 def _flash_alibi_shift(case: Case, slopes: np.ndarray | None) -> np.ndarray | None:

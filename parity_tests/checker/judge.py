@@ -40,38 +40,57 @@ from .report import KernelRow
 
 
 def judge_tensor(
-    case: str, dtype: str, tensor: str, result: np.ndarray, gold: np.ndarray, base: np.ndarray
+    case: str,
+    dtype: str,
+    tensor: str,
+    result: np.ndarray,
+    gold: np.ndarray,
+    base: np.ndarray,
+    read_back: np.ndarray | None = None,
 ) -> KernelRow:
     """One tensor's row: error and bound over the entries where the golden is finite (all of
     them, unless an input overflowed in its cast), and the bias statistic over the same entries.
 
-    A NaN or inf in ``result`` there is "nonfinite" at once. A baseline that is itself NaN or inf
-    there (plain half-precision math overflows on extreme logits) leaves the floors alone as the
-    bounds, and the row says so. The verdict is "fail" above the max bound, else "bias" above the
-    RMS bound, else "pass".
+    The reference error the bounds scale is the plain baseline's, or, where larger, that of
+    ``read_back``: the exact answer of a kernel that reads its own output back as stored in the
+    dtype (dq and dk of FlashAttention's backward, ``expected._read_back``), a choice a correct
+    kernel may make. The row's ``baseline`` and ``rms_baseline`` are that larger error. A NaN or
+    inf in ``result`` there is "nonfinite" at once. A baseline that is itself NaN or inf there
+    (plain half-precision math overflows on extreme logits) leaves the floors (and
+    ``read_back``'s error) alone as the bounds, and the row says so. The verdict is "fail" above
+    the max bound, else "bias" above the RMS bound, else "pass".
     """
     finite = np.isfinite(gold)
     factor = OUTPUT_FACTOR if tensor == "out" else GRAD_FACTOR
-    golden_max = float(np.max(np.abs(gold[finite]), initial=0.0))
+    golden = gold[finite]
+    golden_max = float(np.max(np.abs(golden), initial=0.0))
     floor = FLOOR[dtype] * golden_max
-    rms_floor = BIAS_FLOOR[dtype] * _rms(gold[finite])
-    rms_storage = _rms(stored(gold[finite], dtype) - gold[finite])
+    rms_floor = BIAS_FLOOR[dtype] * _rms(golden)
+    rms_storage = _rms(stored(golden, dtype) - golden)
+    other, rms_other = 0.0, 0.0
+    if read_back is not None:
+        other = float(np.max(np.abs(read_back[finite] - golden), initial=0.0))
+        rms_other = _rms(read_back[finite] - golden)
     detail = ""
     if np.all(np.isfinite(base[finite])):
-        baseline = float(np.max(np.abs(base[finite] - gold[finite]), initial=0.0))
+        baseline = max(float(np.max(np.abs(base[finite] - golden), initial=0.0)), other)
         bound = factor * baseline + floor
-        rms_baseline = _rms(base[finite] - gold[finite])
+        rms_baseline = max(_rms(base[finite] - golden), rms_other)
         rms_bound = BIAS_FACTOR * max(rms_baseline, rms_storage) + rms_floor
     else:
-        baseline, bound, detail = math.nan, floor, "floor-only bound: baseline NaN/inf"
-        rms_baseline, rms_bound = math.nan, BIAS_FACTOR * rms_storage + rms_floor
+        baseline, bound, detail = (
+            math.nan,
+            factor * other + floor,
+            "floor-only bound: baseline NaN/inf",
+        )
+        rms_baseline, rms_bound = math.nan, BIAS_FACTOR * max(rms_other, rms_storage) + rms_floor
     if not np.all(np.isfinite(result[finite])):
         detail = "NaN or inf where the golden is finite"
         return KernelRow(
             case, dtype, tensor, math.inf, baseline, golden_max, bound, "nonfinite", detail
         )
-    error = float(np.max(np.abs(result[finite] - gold[finite]), initial=0.0))
-    rms_error = _rms(result[finite] - gold[finite])
+    error = float(np.max(np.abs(result[finite] - golden), initial=0.0))
+    rms_error = _rms(result[finite] - golden)
     verdict = "pass"
     if error > bound:
         verdict = "fail"
