@@ -157,6 +157,26 @@ def test_the_rms_bound_is_never_below_storing_the_golden(dtype):
         )
 
 
+@pytest.mark.parametrize("finite_baseline", [True, False])
+def test_a_kernel_reading_back_its_stored_output_is_bounded_by_that_answers_error(finite_baseline):
+    rng = np.random.default_rng(3)
+    gold = rng.standard_normal(4_000)  # max|G| about 3.5: a floor of about 3.5e-3
+    base = gold + 1e-3 * rng.choice([-1.0, 1.0], 4_000)  # max|Bl - G| = 1e-3
+    if not finite_baseline:
+        base[0] = np.nan
+    read_back = gold + 1e-2 * np.sign(gold) * (rng.random(4_000) < 0.02)  # max 1e-2
+    result = read_back + 2e-3 * rng.choice([-1.0, 1.0], 4_000)  # 1.2e-2 at most: 12x Bl's
+    floor = FLOOR["float16"] * np.max(np.abs(gold))
+
+    alone = judge_tensor("c", "float16", "dk", result, gold, base)
+    row = judge_tensor("c", "float16", "dk", result, gold, base, read_back)
+
+    assert alone.verdict == "fail"
+    assert row.verdict == "pass"
+    assert row.bound == pytest.approx(GRAD_FACTOR * 1e-2 + floor)
+    assert row.baseline == pytest.approx(1e-2) if finite_baseline else math.isnan(row.baseline)
+
+
 LSE_GOLD = np.array([[1.5, -np.inf, 0.25]])
 LSE_BASE = LSE_GOLD + np.array([[1e-3, 0.0, -1e-3]])
 
