@@ -7,7 +7,11 @@ with c = OUTPUT_FACTOR for the output and GRAD_FACTOR for gradients (``parity_te
 measured in docs/kernel-verification.md); beside it the bias statistic, which a small error made
 everywhere cannot slip under,
 
-    rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) - G)) + BIAS_FLOOR[dtype] * rms(G)
+    rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(R - G), rms(rd(G) - G))
+                  + BIAS_FLOOR[dtype] * rms(G)
+
+(for dq and dk, R is the exact answer of a kernel that reads back its stored output, and
+max|Bl - G| in the max bound is max|R - G| where that is larger; ``judge_tensor``)
 
 (the rounding of a correct kernel is about as spread as the baseline's, while a systematic error
 adds to every entry; rd(G) is the golden stored in the kernel's dtype, the rounding no kernel

@@ -6,8 +6,10 @@ and each of ``out, dq, dk, dv`` (and lse, where the kernel claims the feature) i
 
     max|K - G| <= c * max|Bl - G| + floor(dtype) * max|G|
 
-beside the bias statistic ``rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) - G)) +
-BIAS_FLOOR * rms(G)`` (rd: stored in the kernel's dtype),
+beside the bias statistic ``rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(R - G), rms(rd(G) -
+G)) + BIAS_FLOOR * rms(G)`` (rd: stored in the kernel's dtype; R, for dq and dk: the exact answer
+of a kernel reading back its stored output, which also stands in for Bl in the max bound where
+farther from G),
 where G is the float64 golden (``numpy_attention``'s core, or its varlen form, with the case's
 options) computed on the inputs *after* their cast to the kernel's dtype (input rounding is not
 charged to the kernel), Bl is plain torch math in the kernel's dtype without upcasting

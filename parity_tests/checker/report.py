@@ -69,14 +69,16 @@ class KernelUnsupported(Exception):
 class KernelRow:
     """One judged tensor of one case and dtype.
 
-    ``error = max|K - G|``, ``baseline = max|Bl - G|``, ``golden_max = max|G|`` and
+    ``error = max|K - G|``, ``baseline = max|Bl - G|`` (for dq and dk, ``max|R - G|`` where
+    larger: R the exact answer of a kernel reading back its stored output), ``golden_max =
+    max|G|`` and
     ``bound = c * baseline + floor * golden_max``; NaN where not measured (an "error",
     "refused", "skip" or "not-run" row, whose ``tensor`` is "-"). ``rms_error = rms(K - G)``
-    and ``rms_bound = BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) - G)) + BIAS_FLOOR * rms(G)``
+    and ``rms_bound = BIAS_FACTOR * max(rms_baseline, rms(rd(G) - G)) + BIAS_FLOOR * rms(G)``
     (rd(G): the golden stored in the kernel's dtype) are the bias statistic
-    (NaN where not measured), ``rms_baseline = rms(Bl - G)``. ``tensor`` is "out", "dq", "dk",
-    "dv", "lse", "keep" (the kept fraction of dropout) or, for an "inplace" row, the input
-    changed ("q", "k", "v", "attn_mask", ...).
+    (NaN where not measured), ``rms_baseline = rms(Bl - G)`` (or ``rms(R - G)``, larger).
+    ``tensor`` is "out", "dq", "dk", "dv", "lse", "keep" (the kept fraction of dropout) or, for
+    an "inplace" row, the input changed ("q", "k", "v", "attn_mask", ...).
     ``detail`` says why a row is not a plain pass; ``exception`` is the 1-based number of the
     exception in ``KernelReport.errors`` for a row where the kernel raised (or refused), else 0.
     """
