@@ -420,15 +420,16 @@ def backward(rules: ScoreRules, dscores: np.ndarray, capped: np.ndarray | None) 
 
     Visibility, the float mask and ALiBi add constants or replace entries whose probability is
     0 (so dS is already 0 there): they pass dS through. The softcap's chain rule:
-    S2 = c * tanh(S1 / c)  ->  dS1 = dS2 * (1 - tanh^2(S1 / c)) (``capped`` is consumed).
+    S2 = c * tanh(S1 / c)  ->  dS1 = dS2 * (1 - tanh^2(S1 / c)) (``capped``, tanh(S1 / c), is
+    left as it is: a ctx may be given to the backward more than once).
     With U = S1 / c in the tile, dQ = dS1 K * scale as ever, and dK = dS1^T (Q * scale)
     = c * dS1^T (Q * query_scale): the paths multiply dK by c once (``key_grad_scale``).
     Derivation: docs/derivations/softcap.md.
     """
     if capped is not None:
-        np.square(capped, out=capped)  # tanh^2
-        np.subtract(1, capped, out=capped)  # 1 - tanh^2
-        dscores *= capped
+        slope = np.square(capped)  # tanh^2, a new array: the ctx keeps tanh for another backward
+        np.subtract(1, slope, out=slope)  # 1 - tanh^2
+        dscores *= slope
     return dscores
 
 

@@ -1,6 +1,6 @@
 """Random combinations of today's options (hypothesis, derandomized): the dense path against the
 torch-autograd oracle, and the tiled path against the dense one, forward and backward, in
-float64. A few hundred examples run in the suite; more on request:
+float64; a second backward from the same ctx gives the same gradients. A few hundred examples run in the suite; more on request:
 
     ATTENTION_FUZZ_EXAMPLES=5000 python -m pytest \
         tests/numpy_attention/test_functional_properties.py
@@ -81,6 +81,9 @@ def run(arrays, options, upstream, forward, **extra):
         **options, **extra,
     )  # fmt: skip
     grads = attention_backward(*upstream[:1], result.ctx, upstream[1])
+    again = attention_backward(*upstream[:1], result.ctx, upstream[1])
+    for first, second in zip(grads, again, strict=True):  # the ctx is not consumed
+        np.testing.assert_array_equal(first, second)
     values = {"out": result.out, "lse": result.lse, "dq": grads.dq, "dk": grads.dk}
     values["dv"] = grads.dv
     if grads.dsinks is not None:
