@@ -34,7 +34,8 @@ from .pitfalls import PITFALLS as ATTENTION_PITFALLS
 from .pitfalls_decode import DECODE_PITFALLS
 from .targets import builtin_targets, expected_failure
 
-# Every pitfall, of every spec.
+# Every pitfall, of every spec: the two registries' names are disjoint (a name in both would
+# keep only the decode pitfall, and the other would go unmeasured; a test holds it).
 PITFALLS = {**ATTENTION_PITFALLS, **DECODE_PITFALLS}
 # The tensors whose ratios the tables show: the attention specs' and the decode specs'.
 TRACKED = TENSORS + ("lse", *CACHES)

@@ -180,8 +180,8 @@ gqa_modulo = _flash_kvcache(
     "Query head h reads kv head h % H_kv instead of h // (H / H_kv).",
     gqa_modulo=True,
 )
-window_off_by_one = _flash_kvcache(
-    "window_off_by_one",
+kvcache_window_off_by_one = _flash_kvcache(
+    "kvcache_window_off_by_one",
     "The window sees one key fewer on the left (j > p_i - left).",
     left_shift=-1,
 )
@@ -284,7 +284,9 @@ DECODE_PITFALLS: dict[str, Pitfall] = {
     "leftpad_ignored": Pitfall(leftpad_ignored, _LEFTPAD, "out", "flash_kvcache"),
     "lse_base2": Pitfall(lse_base2, _BASE, "lse", "flash_kvcache"),
     "gqa_modulo": Pitfall(gqa_modulo, _BASE, "out", "flash_kvcache"),
-    "window_off_by_one": Pitfall(window_off_by_one, _WINDOW, "out", "flash_kvcache"),
+    "kvcache_window_off_by_one": Pitfall(
+        kvcache_window_off_by_one, _WINDOW, "out", "flash_kvcache"
+    ),
     "batch_idx_wrong_row": Pitfall(batch_idx_wrong_row, _BATCH_IDX, "out", "flash_kvcache"),
     "mla_v_wrong_end": Pitfall(mla_v_wrong_end, _MLA, "out", "flash_mla"),
     "mla_default_scale": Pitfall(mla_default_scale, _MLA, "out", "flash_mla"),

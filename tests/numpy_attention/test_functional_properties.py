@@ -1,6 +1,7 @@
 """Random combinations of today's options (hypothesis, derandomized): the dense path against the
 torch-autograd oracle, and the tiled path against the dense one, forward and backward, in
-float64; a second backward from the same ctx gives the same gradients. A few hundred examples run in the suite; more on request:
+float64; a second backward from the same ctx gives the same gradients. A few hundred examples run
+in the suite; more on request:
 
     ATTENTION_FUZZ_EXAMPLES=5000 python -m pytest \
         tests/numpy_attention/test_functional_properties.py
