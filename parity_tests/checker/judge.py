@@ -82,12 +82,9 @@ def judge_tensor(
         rms_baseline = max(_rms(base[finite] - golden), rms_other)
         rms_bound = BIAS_FACTOR * max(rms_baseline, rms_storage) + rms_floor
     else:
-        baseline, bound, detail = (
-            math.nan,
-            factor * other + floor,
-            "floor-only bound: baseline NaN/inf",
-        )
-        rms_baseline, rms_bound = math.nan, BIAS_FACTOR * max(rms_other, rms_storage) + rms_floor
+        baseline, rms_baseline, detail = math.nan, math.nan, "floor-only bound: baseline NaN/inf"
+        bound = factor * other + floor
+        rms_bound = BIAS_FACTOR * max(rms_other, rms_storage) + rms_floor
     if not np.all(np.isfinite(result[finite])):
         detail = "NaN or inf where the golden is finite"
         return KernelRow(
@@ -110,7 +107,7 @@ def _rms(values: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(values)))) if values.size else 0.0
 
 
-_LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+_LARGEST = {"float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38}
 
 
 def stored(values: np.ndarray, dtype: str) -> np.ndarray:
