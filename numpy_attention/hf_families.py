@@ -8,7 +8,8 @@ A family row says where the biases come from, which layers slide (and the rule a
 per-layer-type parameters, NoPE layers) and the projections' layout (separate, or fused: Phi-3's
 ``qkv_proj``, Falcon's ``query_key_value``). docs/hugging-face.md walks through every family.
 
-Tests: tests/numpy_attention/test_hf.py; against transformers in tests/parity/test_hf_models.py.
+Tests: tests/numpy_attention/test_hf_families.py, test_hf.py; against transformers in
+tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ fused, split on load and joined on save.
 Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
 weights. NumPy only.
 
-Tests: tests/numpy_attention/test_hf.py (the split and the join, a round trip); against
-transformers' modules in tests/parity/test_hf_models.py.
+Tests: tests/numpy_attention/test_hf_layouts.py, test_hf.py (the split and the join, a round
+trip); against transformers' modules in tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ layers), the frequencies in float32 in the model's order of operations (``defaul
 (torch's vectorized ``pow`` rounds the last bit differently from NumPy's); the converter takes
 the model's buffer as given where the caller passes it.
 
-Tests: tests/numpy_attention/test_hf.py; against transformers' rotary embeddings in
-tests/parity/test_hf_models.py.
+Tests: tests/numpy_attention/test_hf_rope.py, test_hf.py; against transformers' rotary
+embeddings in tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations
