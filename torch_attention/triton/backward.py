@@ -25,7 +25,7 @@ key length, D head width, Dv value head width; BLOCK_D, BLOCK_DV the widths roun
 
 Derivation: docs/derivations/tiled.md (the recomputing backward), lse.md (delta - dlse),
 softcap.md, docs/triton-kernel.md.
-Tests: tests/torch_attention/triton/test_launch.py (through the launcher).
+Tests: tests/torch_attention/triton/test_backward.py; test_launch.py (through the launcher).
 """
 
 from __future__ import annotations

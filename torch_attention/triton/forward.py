@@ -19,7 +19,7 @@ of two (>= 16, what ``tl.dot`` takes).
 
 Derivation: docs/derivations/tiled.md (the online softmax), sinks.md (the sink as a starting
 state), docs/triton-kernel.md (the schedule).
-Tests: tests/torch_attention/triton/test_launch.py (through the launcher).
+Tests: tests/torch_attention/triton/test_forward.py; test_launch.py (through the launcher).
 """
 
 from __future__ import annotations

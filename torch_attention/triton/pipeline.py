@@ -18,7 +18,7 @@ as Triton kernels build masks from offsets (the Triton tutorial's fused attentio
 Shape legend: B batch (or S sequences), H query heads, N query length, M key length.
 
 Derivation: docs/derivations/attention.md (the pipeline), softcap.md, alibi.md, windows.md.
-Tests: tests/torch_attention/triton/test_launch.py (through the launcher).
+Tests: tests/torch_attention/triton/test_pipeline.py; test_launch.py (through the launcher).
 """
 
 from __future__ import annotations
