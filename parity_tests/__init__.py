@@ -67,6 +67,8 @@ _EXPORTS = {
     "KernelUnsupported": "report",
     "SPECS": "specs",
     "check_kernel": "kernels",
+    "plan_groups": "kernels",
+    "Group": "kernels",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

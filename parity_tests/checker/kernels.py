@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ from . import specs
 from .battery import Case, default_battery, quick_battery, resolve
 from .calls import Kernel, Request, judge_outcome, load_kernel, run_case
 from .decode import check_decode
+from .decode_battery import resolve_decode
 from .expected import DTYPES
 from .isolation import IsolatedKernel
 from .judge import unmeasured
@@ -208,6 +209,51 @@ def check_kernel(
         if call is not None:
             call.close()
     return report
+
+
+class Group(NamedTuple):
+    """One (case, dtype) group of a battery as ``check_kernel`` would run it: ``runs`` False
+    with ``detail`` saying why for a group that is "not run" (a feature not claimed, or outside
+    the kernel's limits), and the features the case exercises (``needs``)."""
+
+    case: str
+    dtype: str
+    runs: bool
+    detail: str
+    needs: frozenset[str]
+
+
+def plan_groups(
+    spec: str = "sdpa",
+    *,
+    features: Iterable[str] | None = None,
+    dtypes: Sequence[torch.dtype | str] = DEFAULT_DTYPES,
+    cases: str | Sequence[Case | str] | None = None,
+    limits: KernelLimits | None = None,
+) -> list[Group]:
+    """The (case, dtype) groups ``check_kernel`` runs for these arguments, in its order, without
+    running anything: each names a case that ``check_kernel(..., cases=[group.case],
+    dtypes=[group.dtype])`` judges alone (the same verdict as inside the whole battery)."""
+    spec = specs.check_spec(spec)
+    claimed = specs.resolve_features(spec, features)
+    if limits is not None and not isinstance(limits, KernelLimits):
+        raise TypeError(f"limits must be a KernelLimits, got {type(limits).__name__}")
+    if limits is not None:
+        check_limits(spec, limits)
+    names = [_dtype_name(dtype) for dtype in dtypes]
+    if not names:
+        raise ValueError("dtypes is empty")
+    if spec in specs.DECODE_SPECS:
+        battery: tuple[Any, ...] = resolve_decode(spec, cases)
+        excluded: dict[str, tuple[str, str]] = {}
+    else:
+        battery, excluded = within_limits(spec, cases, claimed, limits)
+    groups = []
+    for case in battery:
+        detail = not_run(case, claimed, excluded)
+        for name in names:
+            groups.append(Group(case.name, name, detail is None, detail or "", case.needs))
+    return groups
 
 
 def within_limits(
