@@ -14,15 +14,25 @@ beside another copy that is) has no version it can prove: ``__version__`` is the
 ``UNKNOWN_VERSION``, "0+unknown", a PEP 440 version below every release
 (docs/kernel-verification.md, "The JSON report").
 
-Tests: tests/parity/ (the version: tests/parity/test_version.py), tests/checker/
+The module paths documented before the suite and the benchmarks got folders of their own
+(``parity_tests.registry``, ``parity_tests.bench_triton``, ...) still import, as the modules they
+became, and still run with ``python -m`` (``_MOVED``).
+
+Tests: tests/parity/ (the version: tests/parity/test_version.py; the moved paths:
+tests/parity/test_moved_paths.py), tests/checker/
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
+import sys
 from importlib import metadata
 from pathlib import Path
+from types import CodeType, ModuleType
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -60,15 +70,16 @@ def _installs(dist: metadata.Distribution, package: Path) -> bool:
 __version__ = _version()
 
 _EXPORTS = {
-    "Case": "battery",
+    "Case": "battery.case",
     "FEATURES": "specs",
-    "KernelReport": "report",
-    "KernelRow": "report",
-    "KernelUnsupported": "report",
+    "KernelLimits": "battery.limits",
+    "KernelReport": "report.rows",
+    "KernelRow": "report.rows",
+    "KernelUnsupported": "report.rows",
     "SPECS": "specs",
-    "check_kernel": "kernels",
-    "plan_groups": "kernels",
-    "Group": "kernels",
+    "check_kernel": "pipeline",
+    "plan_groups": "pipeline",
+    "Group": "pipeline",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
@@ -78,3 +89,49 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(f".checker.{_EXPORTS[name]}", __name__)
         return getattr(module, name)
     raise AttributeError(f"module 'parity_tests' has no attribute {name!r}")
+
+
+# The documented module paths of before the layout change (old name -> new name, both under
+# parity_tests), kept for users: never imported by the project's own code.
+_MOVED = {
+    "bench_decode": "bench.decode",
+    "bench_distributed": "bench.distributed",
+    "bench_latent": "bench.latent",
+    "bench_options": "bench.options",
+    "bench_triton": "bench.triton",
+    "registry": "parity.run",
+}
+
+
+class _MovedPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``parity_tests.<old>`` for each old name of ``_MOVED``. Importing it imports the new
+    module, only then (a benchmark's torch is not imported with this package), and binds the old
+    name to that very module; ``python -m parity_tests.<old>`` runs ``python -m`` on the new
+    name."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        package, _, old = fullname.rpartition(".")
+        if package != __name__ or old not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(_new_name(spec.name))
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: ``create_module`` gave the new module, already imported."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What ``python -m`` runs for an old name: the new module, as ``__main__``."""
+        new = _new_name(fullname)
+        run = f"import runpy\nrunpy.run_module({new!r}, run_name='__main__', alter_sys=True)\n"
+        return compile(run, fullname, "exec")
+
+
+def _new_name(fullname: str) -> str:
+    return f"{__name__}.{_MOVED[fullname.rpartition('.')[2]]}"
+
+
+sys.meta_path.append(_MovedPaths())

@@ -26,9 +26,9 @@ import torch
 
 from . import pitfalls_kernels as kernels
 from . import pitfalls_today as today
-from .battery import pick
-from .calls import Kernel
-from .reference import attention_scores, expand_kv, masked_softmax, plain_attention
+from .battery.catalog import pick
+from .golden.baseline import attention_scores, expand_kv, masked_softmax, plain_attention
+from .running.calls import Kernel
 
 
 def kv_from_query(

@@ -6,7 +6,7 @@ Each has the signature of its spec (flash-attn's ``flash_attn_with_kvcache`` or 
 with one step broken, computing half precision in float32 and returning lse in float32 as the
 real kernels do, so that only the mistake is wrong. ``DECODE_PITFALLS`` names, for each, its
 spec, a case of its battery and a tensor that flags it in every dtype; the tests assert exactly
-that, and ``python -m parity_tests.checker.decode_calibration 60`` measures the margin over
+that, and ``python -m parity_tests.checker.calibration.decode 60`` measures the margin over
 seeds (docs/decoding.md).
 
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .decode_battery import KVCACHE, MLA, DecodeCase
-from .decode_reference import (
+from .battery.decode_case import KVCACHE, MLA, DecodeCase
+from .golden.decode_baseline import (
     attend,
     flash_window,
     pages_of,

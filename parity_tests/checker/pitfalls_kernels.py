@@ -19,8 +19,8 @@ import math
 
 import torch
 
+from .golden.baseline import attention_scores
 from .pitfalls_today import _flash
-from .reference import attention_scores
 
 BLOCK = 128  # keys per block of the kernels these stand for (64 for the loop bound's)
 SPLIT_MIN_KEYS = 1024  # a split-KV path is taken from this many keys ...

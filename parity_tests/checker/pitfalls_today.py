@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .reference import attention_scores, masked_softmax, plain_attention
+from .golden.baseline import attention_scores, masked_softmax, plain_attention
 
 _HALF = (torch.float16, torch.bfloat16)
 

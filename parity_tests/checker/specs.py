@@ -50,9 +50,9 @@ from typing import Any
 
 import torch
 
-from .battery import Case
-from .decode_battery import DECODE_SPECS
-from .pairs import ALIGN
+from .battery.catalog import Case
+from .battery.decode_case import DECODE_SPECS
+from .battery.pairs import ALIGN
 
 FEATURES = ("mask", "causal", "dropout", "gqa", "window", "softcap", "alibi", "lse", "dv")
 # The decode specs' own options: rotary embedding of the new keys, a paged cache, appending new

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from parity_tests import check_kernel
 from parity_tests.checker import pitfalls_today
-from parity_tests.checker.kernels import battery_for
+from parity_tests.checker.pipeline import battery_for
 from parity_tests.checker.pitfalls import PITFALLS
-from parity_tests.checker.targets import torch_attention_kernel
+from parity_tests.checker.targets.builtin import torch_attention_kernel
 
 CLASSIC = sorted(
     name

@@ -1,13 +1,13 @@
 """The decode specs have teeth: every decode pitfall is flagged on its case and tensor (here in
 bfloat16, the loosest dtype; in every dtype over 60 seeds by python -m
-parity_tests.checker.decode_calibration 60), and its case is in its spec's battery."""
+parity_tests.checker.calibration.decode 60), and its case is in its spec's battery."""
 
 from __future__ import annotations
 
 import pytest
 
 from parity_tests import check_kernel
-from parity_tests.checker.decode_battery import DECODE_BATTERIES
+from parity_tests.checker.battery.decode_case import DECODE_BATTERIES
 from parity_tests.checker.pitfalls_decode import DECODE_PITFALLS
 
 

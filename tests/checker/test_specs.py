@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from parity_tests import check_kernel
-from parity_tests.checker import adapters, specs
-from parity_tests.checker.battery import Case, default_battery
-from parity_tests.checker.named import NAMED
+from parity_tests.checker import specs
+from parity_tests.checker.battery.catalog import Case, default_battery
+from parity_tests.checker.battery.handwritten import NAMED
+from parity_tests.checker.targets import adapters
 
 BY_NAME = {case.name: case for case in NAMED}
 
@@ -179,7 +180,7 @@ def test_a_packed_case_is_built_from_lengths_never_offsets():
 def test_flexattention_in_float64_gets_its_alibi_bias_formed_in_float64():
     # The flex spec's score_mod formed -slope * |p_i - j| in float32: FlexAttention in float64
     # then failed every ALiBi case by 1e-8 of the output (the float64 calibration, every seed).
-    from parity_tests.checker.targets import builtin_targets
+    from parity_tests.checker.targets.builtin import builtin_targets
 
     flex = next(t for t in builtin_targets("cpu", ("float64",)) if t.name == "flex")
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parity_tests.checker.limits import KernelLimits
+from parity_tests.checker.battery.limits import KernelLimits
 
 # What it claims and takes, as the checker is told (check_kernel's features= and limits=).
 FEATURES = frozenset({"causal"})
