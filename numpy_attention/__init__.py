@@ -1,26 +1,38 @@
 """numpy_attention: attention layers in NumPy alone, each forward beside its hand-derived backward.
 
+A strict stack of floors, each importing only the floors below it (docs/design.md, "Layout"):
+validation and grad mode -> masks, the rules of a call (``rules.py``) and the score pipeline
+(``scores.py``) -> the dense and tiled paths (``functional.py``, ``tiled.py``, ``merge.py``,
+``varlen.py``) -> the layers floor (``layers.py``, ``rope.py``, ``norms.py``) and decoding
+(``decode/``: the decode reference, its checks, pages and a layer's caches) -> the layer
+families (``attention.py``, ``fused.py``, ``grouped.py``, ``latent.py`` with
+``latent_cache.py``) -> tools (``gradcheck.py``, ``state.py``, ``hf/`` the Hugging Face
+readers, ``convert.py`` with ``source_dicts.py``).
+
 Shape legend used everywhere: B batch, H heads, N query length, M key/value length, C model
 width, D head width, Dv value head width.
+
+Tests: tests/numpy_attention/ (mirroring the source tree: test_X.py for X.py, decode/ and hf/
+for the subpackages).
 """
+
+import importlib
+import sys
 
 from . import (
     convert,
+    decode,
     functional,
     fused,
     grouped,
     hf,
-    hf_latent,
     latent,
     latent_cache,
     masks,
     merge,
     norms,
-    paged,
-    paged_cache,
-    paged_checks,
-    pages,
     rope,
+    rules,
     scores,
     state,
     threads,
@@ -35,18 +47,19 @@ from .attention import (
     SelfAttentionV2,
     SimpleSelfAttention,
 )
+from .decode.cache import KVCache, PagedKVCache
+from .decode.paged import KVCacheOutput, kvcache_attention_forward
 from .functional import attention_backward, attention_forward
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
-from .grouped import GroupedQueryAttention, KVCache
+from .grouped import GroupedQueryAttention
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
 from .norms import LayerNorm, RMSNorm
-from .paged import KVCacheOutput, PagedKVCache, kvcache_attention_forward
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .state import load_module, save_module
@@ -99,7 +112,6 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "latent",
-    "hf_latent",
     "LatentCache",
     "PagedLatentCache",
     "latent_cache",
@@ -108,11 +120,29 @@ __all__ = [
     "rope_backward",
     "rope_forward",
     "rope_inv_freq",
-    "paged",
-    "paged_cache",
-    "paged_checks",
-    "pages",
+    "decode",
+    "rules",
     "KVCacheOutput",
     "PagedKVCache",
     "kvcache_attention_forward",
 ]
+
+# The documented module paths of before the decode/ and hf/ subpackages (README.md and docs/
+# named them), kept for users: each old dotted name is registered in sys.modules as the new
+# module itself, and set as an attribute of the package. The project's own code never imports
+# them (tests/numpy_attention/test_layout.py checks both).
+_MOVED = {
+    "paged": "decode.paged",
+    "pages": "decode.pages",
+    "paged_cache": "decode.cache",
+    "paged_checks": "decode.checks",
+    "hf_families": "hf.families",
+    "hf_layouts": "hf.layouts",
+    "hf_rope": "hf.rope",
+    "hf_latent": "hf.latent",
+}
+for _old, _new in _MOVED.items():
+    sys.modules[f"{__name__}.{_old}"] = globals()[_old] = importlib.import_module(
+        f"{__name__}.{_new}"
+    )
+del _old, _new

@@ -38,8 +38,9 @@ Layouts (legend: C model width, H heads, D = C // H head width, L context length
 
 ``save_state`` / ``load_state`` (``.npz`` files) live in ``numpy_attention.state`` and are
 importable from here too, as are ``grouped_from_hf`` and ``hf_attention_state`` (Hugging Face's
-Llama-family attention -> ``GroupedQueryAttention``, in ``numpy_attention.hf``). Layouts and
-decisions: docs/weight-transfer.md.
+Llama-family attention -> ``GroupedQueryAttention``, in ``numpy_attention.hf.grouped``) and
+``latent_from_hf`` (DeepSeek's MLA, in ``numpy_attention.hf.latent``). The rules shared by all
+converters are applied by ``source_dicts.py``. Layouts and decisions: docs/weight-transfer.md.
 
 Tests: tests/numpy_attention/test_convert.py; against torch and transformers in
 tests/parity/test_transfers.py.
@@ -47,88 +48,25 @@ tests/parity/test_transfers.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import masks, validation
 
-# Hugging Face's decoder attention builds a layer (GroupedQueryAttention), so its converter lives
-# in numpy_attention.hf; importable from here with the other layouts.
-from .hf import grouped_from_hf as grouped_from_hf
-from .hf import hf_attention_state as hf_attention_state
-from .hf_latent import latent_from_hf as latent_from_hf  # DeepSeek's MLA, numpy_attention.hf_latent
-from .module import _to_numpy
-
-# The .npz state files moved to numpy_attention.state; they stay importable from here.
+# Documented with the layouts (README.md, docs/cpu-fallback.md, docs/hugging-face.md,
+# docs/state-files.md), so users find every conversion in one module: Hugging Face's readers
+# build layers, so they live in numpy_attention.hf, and the .npz state files in
+# numpy_attention.state; the project's own code imports them from there.
+from .hf.grouped import grouped_from_hf as grouped_from_hf
+from .hf.grouped import hf_attention_state as hf_attention_state
+from .hf.latent import latent_from_hf as latent_from_hf
+from .source_dicts import all_or_none, bias_or_zeros, drop_zero, matrix, param, read
 from .state import load_state as load_state
 from .state import save_state as save_state
 
 _QKV = ("W_query", "W_key", "W_value")
-
-# -- reading and checking a source dict -------------------------------------------------------
-
-
-def _read(
-    source: Mapping[str, Any], fn: str, required: Iterable[str], optional: Iterable[str] = ()
-) -> dict[str, np.ndarray]:
-    """The source as arrays, after the missing/unexpected key checks."""
-    arrays = {name: _to_numpy(value) for name, value in source.items()}
-    required, optional = list(required), list(optional)
-    missing = [name for name in required if name not in arrays]
-    if missing:
-        raise KeyError(f"{fn}: missing keys {missing}")
-    unexpected = sorted(set(arrays) - set(required) - set(optional))
-    if unexpected:
-        raise KeyError(f"{fn}: unexpected keys {unexpected}; expected {required + optional}")
-    return arrays
-
-
-def _all_or_none(arrays: Mapping[str, np.ndarray], fn: str, names: list[str]) -> bool:
-    """Whether a group of keys that belong together (e.g. the q, k and v biases) is present."""
-    present = [name in arrays for name in names]
-    if any(present) and not all(present):
-        missing = [name for name, here in zip(names, present, strict=True) if not here]
-        raise KeyError(f"{fn}: missing keys {missing} (the rest of their group is present)")
-    return all(present)
-
-
-def _param(
-    arrays: Mapping[str, np.ndarray], fn: str, name: str, shape: tuple[int, ...]
-) -> np.ndarray:
-    """A floating parameter of exactly ``shape``, as a fresh C-contiguous copy."""
-    array = validation.float_array(f"{fn}: {name}", arrays[name])
-    if array.shape != shape:
-        raise ValueError(f"{fn}: {name} has shape {array.shape}, expected {shape}")
-    return array.copy()
-
-
-def _matrix(arrays: Mapping[str, np.ndarray], fn: str, name: str) -> np.ndarray:
-    """A floating 2-D parameter of any shape; its shape then fixes the others."""
-    array = validation.float_array(f"{fn}: {name}", arrays[name])
-    if array.ndim != 2:
-        raise ValueError(f"{fn}: {name} must be a matrix, got shape {array.shape}")
-    return array.copy()
-
-
-def _bias_or_zeros(
-    arrays: Mapping[str, np.ndarray], fn: str, name: str, size: int, dtype: np.dtype
-) -> np.ndarray:
-    """The bias ``name`` if present, else zeros: the same layer for a target that needs a bias."""
-    if name in arrays:
-        return _param(arrays, fn, name, (size,))
-    return np.zeros(size, dtype=dtype)
-
-
-def _drop_zero(fn: str, name: str, array: np.ndarray, target: str) -> None:
-    """A value the target cannot hold may only be dropped when it is all zeros."""
-    if np.any(array != 0):
-        raise ValueError(
-            f"{fn}: {name} is non-zero but {target} has no place for it; converting would "
-            "change the layer"
-        )
-
 
 # -- SelfAttentionV1 <-> SelfAttentionV2 ------------------------------------------------------
 
@@ -146,13 +84,13 @@ def v1_from_v2(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     fn = "v1_from_v2"
     weights = [f"{name}.weight" for name in _QKV]
     biases = [f"{name}.bias" for name in _QKV]
-    arrays = _read(state, fn, weights, biases)
-    shape = _matrix(arrays, fn, weights[0]).shape
+    arrays = read(state, fn, weights, biases)
+    shape = matrix(arrays, fn, weights[0]).shape
     result = {}
     for name in _QKV:
-        weight = _param(arrays, fn, f"{name}.weight", shape)
+        weight = param(arrays, fn, f"{name}.weight", shape)
         if f"{name}.bias" in arrays:
-            _drop_zero(fn, f"{name}.bias", _param(arrays, fn, f"{name}.bias", shape[:1]), "V1")
+            drop_zero(fn, f"{name}.bias", param(arrays, fn, f"{name}.bias", shape[:1]), "V1")
         result[name] = weight.T.copy()  # (d_out, d_in) -> (d_in, d_out)
     return result
 
@@ -167,10 +105,10 @@ def v2_from_v1(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
         ``W_query.weight``, ``W_key.weight``, ``W_value.weight`` (d_out, d_in).
     """
     fn = "v2_from_v1"
-    arrays = _read(state, fn, _QKV)
-    shape = _matrix(arrays, fn, _QKV[0]).shape
+    arrays = read(state, fn, _QKV)
+    shape = matrix(arrays, fn, _QKV[0]).shape
     return {
-        f"{name}.weight": _param(arrays, fn, name, shape).T.copy()  # (d_in, d_out) -> (d_out, d_in)
+        f"{name}.weight": param(arrays, fn, name, shape).T.copy()  # (d_in, d_out) -> (d_out, d_in)
         for name in _QKV
     }
 
@@ -202,19 +140,19 @@ def mha_from_wrapper(state: Mapping[str, Any], num_heads: int) -> dict[str, np.n
     weights = [f"heads.{h}.{name}.weight" for h in range(num_heads) for name in _QKV]
     biases = [f"heads.{h}.{name}.bias" for h in range(num_heads) for name in _QKV]
     masks = [f"heads.{h}.mask" for h in range(num_heads)]
-    arrays = _read(state, fn, weights, biases + masks)
-    has_bias = _all_or_none(arrays, fn, biases)
-    has_mask = _all_or_none(arrays, fn, masks)
+    arrays = read(state, fn, weights, biases + masks)
+    has_bias = all_or_none(arrays, fn, biases)
+    has_mask = all_or_none(arrays, fn, masks)
 
-    shape = _matrix(arrays, fn, weights[0]).shape  # (D, d_in)
+    shape = matrix(arrays, fn, weights[0]).shape  # (D, d_in)
     dtype = arrays[weights[0]].dtype
     result = {}
     for name in _QKV:
-        heads = [_param(arrays, fn, f"heads.{h}.{name}.weight", shape) for h in range(num_heads)]
+        heads = [param(arrays, fn, f"heads.{h}.{name}.weight", shape) for h in range(num_heads)]
         result[f"{name}.weight"] = np.concatenate(heads, axis=0)  # H x (D, d_in) -> (H*D, d_in)
         if has_bias:
             heads = [
-                _param(arrays, fn, f"heads.{h}.{name}.bias", shape[:1]) for h in range(num_heads)
+                param(arrays, fn, f"heads.{h}.{name}.bias", shape[:1]) for h in range(num_heads)
             ]
             result[f"{name}.bias"] = np.concatenate(heads)  # H x (D,) -> (H*D,)
     width = num_heads * shape[0]
@@ -254,23 +192,23 @@ def fused_from_separate(state: Mapping[str, Any], *, cross: bool = False) -> dic
     fn = "fused_from_separate"
     biases = [f"{name}.bias" for name in _QKV]
     required = [f"{name}.weight" for name in _QKV] + ["out_proj.weight", "out_proj.bias"]
-    arrays = _read(state, fn, required, biases + ["mask"])
-    _all_or_none(arrays, fn, biases)
-    d_out, d_in = _matrix(arrays, fn, "W_query.weight").shape
+    arrays = read(state, fn, required, biases + ["mask"])
+    all_or_none(arrays, fn, biases)
+    d_out, d_in = matrix(arrays, fn, "W_query.weight").shape
     if d_out != d_in:
         raise ValueError(
             f"{fn}: the fused layers map C -> C, but W_query.weight is (d_out, d_in) = "
             f"{(d_out, d_in)}"
         )
     c, dtype = d_out, arrays["W_query.weight"].dtype
-    q, k, v = (_param(arrays, fn, f"{name}.weight", (c, c)) for name in _QKV)
-    bq, bk, bv = (_bias_or_zeros(arrays, fn, f"{name}.bias", c, dtype) for name in _QKV)
+    q, k, v = (param(arrays, fn, f"{name}.weight", (c, c)) for name in _QKV)
+    bq, bk, bv = (bias_or_zeros(arrays, fn, f"{name}.bias", c, dtype) for name in _QKV)
     if "mask" in arrays:  # the fused layers have no buffer: only the causal one may be dropped
         masks.check_causal_buffer(f"{fn}: mask", arrays["mask"])
 
     result = _fused_in_projection(np.concatenate([q, k, v]), np.concatenate([bq, bk, bv]), cross)
-    result["Wo.weight"] = _param(arrays, fn, "out_proj.weight", (c, c))
-    result["Wo.bias"] = _param(arrays, fn, "out_proj.bias", (c,))
+    result["Wo.weight"] = param(arrays, fn, "out_proj.weight", (c, c))
+    result["Wo.bias"] = param(arrays, fn, "out_proj.bias", (c,))
     return result
 
 
@@ -303,8 +241,8 @@ def separate_from_fused(
         result[f"{name}.weight"] = weight[index * c : (index + 1) * c].copy()  # (C, C) block
         if bias is not None:
             result[f"{name}.bias"] = bias[index * c : (index + 1) * c].copy()  # (C,) block
-    result["out_proj.weight"] = _param(arrays, fn, "Wo.weight", (c, c))
-    result["out_proj.bias"] = _bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
+    result["out_proj.weight"] = param(arrays, fn, "Wo.weight", (c, c))
+    result["out_proj.bias"] = bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
     if context_length is not None:
         result["mask"] = masks.causal_buffer(context_length, weight.dtype)
     return result
@@ -335,25 +273,25 @@ def _read_fused_in_projection(
     """A fused dict (self or cross) and its in-projection as rows [q; k; v] (3C, C), bias (3C,)
     or None. The fused layers tie their biases, but each one is read on its own."""
     if "Wqkv.weight" in state:
-        arrays = _read(state, fn, ["Wqkv.weight", "Wo.weight"], ["Wqkv.bias", "Wo.bias"])
-        weight = _matrix(arrays, fn, "Wqkv.weight")
+        arrays = read(state, fn, ["Wqkv.weight", "Wo.weight"], ["Wqkv.bias", "Wo.bias"])
+        weight = matrix(arrays, fn, "Wqkv.weight")
         c = weight.shape[1]
-        weight = _param(arrays, fn, "Wqkv.weight", (3 * c, c))
-        bias = _param(arrays, fn, "Wqkv.bias", (3 * c,)) if "Wqkv.bias" in arrays else None
+        weight = param(arrays, fn, "Wqkv.weight", (3 * c, c))
+        bias = param(arrays, fn, "Wqkv.bias", (3 * c,)) if "Wqkv.bias" in arrays else None
         return arrays, weight, bias
     required = ["Wq.weight", "Wkv.weight", "Wo.weight"]
     if not any(name in state for name in required[:2]):
         raise KeyError(f"{fn}: missing keys: 'Wqkv.weight' (self layout) or {required} (cross)")
-    arrays = _read(state, fn, required, ["Wq.bias", "Wkv.bias", "Wo.bias"])
-    has_bias = _all_or_none(arrays, fn, ["Wq.bias", "Wkv.bias"])
-    c = _matrix(arrays, fn, "Wq.weight").shape[1]
+    arrays = read(state, fn, required, ["Wq.bias", "Wkv.bias", "Wo.bias"])
+    has_bias = all_or_none(arrays, fn, ["Wq.bias", "Wkv.bias"])
+    c = matrix(arrays, fn, "Wq.weight").shape[1]
     weight = np.concatenate(
-        [_param(arrays, fn, "Wq.weight", (c, c)), _param(arrays, fn, "Wkv.weight", (2 * c, c))]
+        [param(arrays, fn, "Wq.weight", (c, c)), param(arrays, fn, "Wkv.weight", (2 * c, c))]
     )  # (C, C) and (2C, C) -> (3C, C)
     bias = None
     if has_bias:
         bias = np.concatenate(
-            [_param(arrays, fn, "Wq.bias", (c,)), _param(arrays, fn, "Wkv.bias", (2 * c,))]
+            [param(arrays, fn, "Wq.bias", (c,)), param(arrays, fn, "Wkv.bias", (2 * c,))]
         )  # (C,) and (2C,) -> (3C,)
     return arrays, weight, bias
 
@@ -383,9 +321,9 @@ def torch_mha_from_fused(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     has_bias = bias is not None or "Wo.bias" in arrays
     if has_bias:
         result["in_proj_bias"] = bias if bias is not None else np.zeros(3 * c, dtype=weight.dtype)
-    result["out_proj.weight"] = _param(arrays, fn, "Wo.weight", (c, c))
+    result["out_proj.weight"] = param(arrays, fn, "Wo.weight", (c, c))
     if has_bias:
-        result["out_proj.bias"] = _bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
+        result["out_proj.bias"] = bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
     return result
 
 
@@ -413,17 +351,17 @@ def fused_from_torch_mha(state: Mapping[str, Any], *, cross: bool = False) -> di
             f"{fn}: {unsupported} come from add_bias_kv=True or kdim/vdim != embed_dim, which the "
             "fused layers cannot hold"
         )
-    arrays = _read(
+    arrays = read(
         state, fn, ["in_proj_weight", "out_proj.weight"], ["in_proj_bias", "out_proj.bias"]
     )
-    c = _matrix(arrays, fn, "in_proj_weight").shape[1]
-    weight = _param(arrays, fn, "in_proj_weight", (3 * c, c))
+    c = matrix(arrays, fn, "in_proj_weight").shape[1]
+    weight = param(arrays, fn, "in_proj_weight", (3 * c, c))
     has_bias = "in_proj_bias" in arrays or "out_proj.bias" in arrays
-    bias = _bias_or_zeros(arrays, fn, "in_proj_bias", 3 * c, weight.dtype) if has_bias else None
+    bias = bias_or_zeros(arrays, fn, "in_proj_bias", 3 * c, weight.dtype) if has_bias else None
     result = _fused_in_projection(weight, bias, cross)
-    result["Wo.weight"] = _param(arrays, fn, "out_proj.weight", (c, c))
+    result["Wo.weight"] = param(arrays, fn, "out_proj.weight", (c, c))
     if has_bias:
-        result["Wo.bias"] = _bias_or_zeros(arrays, fn, "out_proj.bias", c, weight.dtype)
+        result["Wo.bias"] = bias_or_zeros(arrays, fn, "out_proj.bias", c, weight.dtype)
     return result
 
 
@@ -459,8 +397,8 @@ def gpt2_from_fused(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
         result["q_attn.bias"] = bias[:c].copy()
         result["c_attn.weight"] = weight[c:].T.copy()  # (2C, C) -> (C, 2C)
         result["c_attn.bias"] = bias[c:].copy()
-    result["c_proj.weight"] = _param(arrays, fn, "Wo.weight", (c, c)).T.copy()  # W^T: (in, out)
-    result["c_proj.bias"] = _bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
+    result["c_proj.weight"] = param(arrays, fn, "Wo.weight", (c, c)).T.copy()  # W^T: (in, out)
+    result["c_proj.bias"] = bias_or_zeros(arrays, fn, "Wo.bias", c, weight.dtype)
     return result
 
 
@@ -484,17 +422,17 @@ def fused_from_gpt2(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     required = ["c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"]
     if cross:
         required = ["q_attn.weight", "q_attn.bias"] + required
-    arrays = _read(state, fn, required)
-    c = _matrix(arrays, fn, "c_proj.weight").shape[0]
+    arrays = read(state, fn, required)
+    c = matrix(arrays, fn, "c_proj.weight").shape[0]
     result = {}
     if cross:
-        result["Wq.weight"] = _param(arrays, fn, "q_attn.weight", (c, c)).T.copy()
-        result["Wq.bias"] = _param(arrays, fn, "q_attn.bias", (c,))
-        result["Wkv.weight"] = _param(arrays, fn, "c_attn.weight", (c, 2 * c)).T.copy()  # (2C, C)
-        result["Wkv.bias"] = _param(arrays, fn, "c_attn.bias", (2 * c,))
+        result["Wq.weight"] = param(arrays, fn, "q_attn.weight", (c, c)).T.copy()
+        result["Wq.bias"] = param(arrays, fn, "q_attn.bias", (c,))
+        result["Wkv.weight"] = param(arrays, fn, "c_attn.weight", (c, 2 * c)).T.copy()  # (2C, C)
+        result["Wkv.bias"] = param(arrays, fn, "c_attn.bias", (2 * c,))
     else:
-        result["Wqkv.weight"] = _param(arrays, fn, "c_attn.weight", (c, 3 * c)).T.copy()  # (3C, C)
-        result["Wqkv.bias"] = _param(arrays, fn, "c_attn.bias", (3 * c,))
-    result["Wo.weight"] = _param(arrays, fn, "c_proj.weight", (c, c)).T.copy()  # (out, in)
-    result["Wo.bias"] = _param(arrays, fn, "c_proj.bias", (c,))
+        result["Wqkv.weight"] = param(arrays, fn, "c_attn.weight", (c, 3 * c)).T.copy()  # (3C, C)
+        result["Wqkv.bias"] = param(arrays, fn, "c_attn.bias", (3 * c,))
+    result["Wo.weight"] = param(arrays, fn, "c_proj.weight", (c, c)).T.copy()  # (out, in)
+    result["Wo.bias"] = param(arrays, fn, "c_proj.bias", (c,))
     return result

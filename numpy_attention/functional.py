@@ -3,7 +3,7 @@
 Every op is a pair ``x_forward(...) -> (out, ..., ctx)`` / ``x_backward(dout, ctx)``; ``ctx`` is a
 NamedTuple holding only what the backward needs, and the backward sits right below its forward,
 walking it in reverse. ``attention_forward`` is the one entry point of attention: it checks
-every option (``scores.prepare``), then runs the dense path below (one (..., N, M) array of
+every option (``rules.prepare``), then runs the dense path below (one (..., N, M) array of
 probabilities, the readable reference) or the tiled path (``tiled.py``: blocks, O(N * block)
 memory, a thread pool), both reading the one score pipeline of ``scores.py``.
 
@@ -31,7 +31,8 @@ import numpy as np
 
 from . import scores, tiled, validation
 from .grad_mode import is_grad_enabled, no_grad
-from .scores import AttentionGrads, AttentionOutput, ScoreRules, Tile, flush_underflow
+from .rules import ScoreRules, prepare
+from .scores import AttentionGrads, AttentionOutput, Tile, flush_underflow
 
 # -- softmax ------------------------------------------------------------------------------------
 
@@ -199,7 +200,7 @@ def attention_forward(
     }
     if impl == "tiled" or (impl == "auto" and _is_large(q, k)):
         return tiled.tiled_attention_forward(q, k, v, return_lse=return_lse, **options)
-    q, k, v, dtype, rules = scores.prepare(q, k, v, **options)
+    q, k, v, dtype, rules = prepare(q, k, v, **options)
     shapes = (q.shape, k.shape, v.shape)
     group, n, m = rules.group, rules.n, rules.m
     g_kv = math.prod(rules.lead) // group

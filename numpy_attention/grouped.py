@@ -20,11 +20,11 @@ RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by def
 partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
 past ``original_max_positions``). x feeds the query, key and value paths, so
 dx = dxq + dxk + dxv. ``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on
-the layers floor (``rope.py``, ``norms.py``) and are importable from here too.
+the layers floor (``rope.py``, ``norms.py``).
 
 Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
-everything cached: a contiguous ``KVCache`` here, or pages, ``paged.PagedKVCache`` (equal
-results; docs/decoding.md).
+everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
+``decode/cache.py`` (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import validation
+from .decode.cache import KVCache, PagedKVCache
 from .functional import (
-    AttentionOutput,
     HeadsCtx,
     attention_backward,
     attention_forward,
@@ -56,113 +56,9 @@ from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm
-from .paged import PagedKVCache
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
 
-__all__ = [
-    "GroupedQueryAttention",
-    "KVCache",
-    "LayerNorm",
-    "RMSNorm",
-    "rope_backward",
-    "rope_forward",
-    "rope_inv_freq",
-]
-
-# -- the cache ----------------------------------------------------------------------------------
-
-
-class KVCache:
-    """Preallocated keys and values of one attention layer, for decoding one token at a time.
-
-    ``k`` and ``v`` are (B, H_kv, max_len, D) arrays of which the first ``length`` positions are
-    filled. Keys are stored after RoPE, so a cached key never needs rotating again.
-
-    Args:
-        batch: B.
-        num_kv_heads: H_kv.
-        max_len: the most tokens the cache holds.
-        head_dim: D.
-        dtype: a floating dtype, that of the layer it serves.
-    """
-
-    def __init__(
-        self, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: Any
-    ) -> None:
-        batch = validation.positive_int("batch", batch)
-        num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
-        max_len = validation.positive_int("max_len", max_len)
-        head_dim = validation.positive_int("head_dim", head_dim)
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"KVCache needs a floating dtype, got {dtype}")
-        self.max_len = max_len
-        self.k = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype=dtype)
-        self.v = np.zeros_like(self.k)
-        self._length = 0
-
-    @property
-    def length(self) -> int:
-        """How many positions are filled."""
-        return self._length
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.k.dtype
-
-    def check_append(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Raise unless keys of ``shape`` (B, H_kv, N, D) and ``dtype`` fit: B, H_kv and D the
-        cache's, ``length + N <= max_len``, the cache's dtype. Writes nothing."""
-        batch, heads, _, width = self.k.shape
-        if len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, heads, width):
-            raise ValueError(
-                f"the cache holds (B, H_kv, max_len, D) = {self.k.shape}; keys and values to "
-                f"append must be ({batch}, {heads}, N, {width}), got {tuple(shape)}"
-            )
-        if dtype != self.dtype:
-            raise TypeError(f"the cache holds {self.dtype}, got keys and values of {dtype}")
-        needed = self._length + shape[2]
-        if needed > self.max_len:
-            raise ValueError(
-                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
-                f"+ {shape[2]} new tokens need a length of {needed}"
-            )
-
-    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write k and v (B, H_kv, N, D) after what is cached; nothing is written when they are
-        refused.
-
-        Returns:
-            keys and values so far, (B, H_kv, length, D) each: views of the cache.
-        """
-        k = validation.float_array("k", k)
-        v = validation.float_array("v", v)
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have one shape, got k {k.shape} and v {v.shape}")
-        validation.same_dtype(k=k, v=v)
-        self.check_append(k.shape, k.dtype)
-        start, stop = self._length, self._length + k.shape[2]
-        self.k[:, :, start:stop] = k
-        self.v[:, :, start:stop] = v
-        self._length = stop
-        return self.k[:, :, :stop], self.v[:, :, :stop]
-
-    def attend(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
-    ) -> AttentionOutput:
-        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
-        ``attention_forward(q, keys, values, **options)``. The cache's side of the layer's
-        protocol, shared with ``paged.PagedKVCache.attend`` (which reads its keys from pages)."""
-        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
-        return attention_forward(q, keys, values, **options)
-
-    def reset(self) -> None:
-        """Forget every cached position (a new sequence); the arrays are kept."""
-        self._length = 0
-
-    def __repr__(self) -> str:
-        return f"KVCache(shape={self.k.shape}, dtype={self.dtype}, length={self._length})"
-
+__all__ = ["GroupedQueryAttention"]
 
 # -- the layer ----------------------------------------------------------------------------------
 

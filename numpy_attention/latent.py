@@ -61,55 +61,29 @@ from .functional import (
 )
 from .grad_mode import no_grad
 from .grouped import _key_padding
-from .latent_cache import LatentCache, PagedLatentCache
-from .layers import Linear, dropout_keep_mask
+from .latent_cache import LatentCache, PagedLatentCache, attend_latents
+from .layers import (
+    HeadLinearCtx,
+    Linear,
+    dropout_keep_mask,
+    head_linear_backward,
+    head_linear_forward,
+)
 from .module import Module
 from .norms import RMSNorm
-from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
-from .scores import AttentionOutput
+from .rope import (
+    RopeCtx,
+    check_positions,
+    deinterleave,
+    deinterleave_backward,
+    rope_backward,
+    rope_forward,
+    rope_inv_freq,
+)
 
-# The caches live in latent_cache.py, importable from here too (where LatentCache was first).
-__all__ = ["LatentCache", "MultiHeadLatentAttention", "PagedLatentCache"]
+__all__ = ["MultiHeadLatentAttention"]
 
-# -- the pure pieces ----------------------------------------------------------------------------
-
-
-class HeadLinearCtx(NamedTuple):
-    x: np.ndarray  # (B, H, N, I)
-    weight: np.ndarray  # (H, O, I)
-
-
-def head_linear_forward(x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, HeadLinearCtx]:
-    """One linear map per head, no bias: y_h = x_h W_h^T, x (B, H, N, I), weight (H, O, I) ->
-    y (B, H, N, O). The absorbed form's W_UK^T and W_UV."""
-    return x @ weight.swapaxes(-1, -2), HeadLinearCtx(x, weight)  # (B,H,N,I) @ (H,I,O)
-
-
-def head_linear_backward(dout: np.ndarray, ctx: HeadLinearCtx) -> tuple[np.ndarray, np.ndarray]:
-    """Linear's backward, head by head: dx_h = dy_h W_h;  dW_h = sum over (B, N) of dy_h^T x_h.
-    Derivation: docs/derivations/linear.md.
-
-    Returns:
-        dx (B, H, N, I) and dweight (H, O, I).
-    """
-    dx = dout @ ctx.weight  # (B, H, N, O) @ (H, O, I) -> (B, H, N, I)
-    dweight = np.einsum("bhno,bhni->hoi", dout, ctx.x)  # sums over B and N
-    return dx, dweight
-
-
-def deinterleave(x: np.ndarray) -> np.ndarray:
-    """(..., R) -> (..., R): the interleaved pairs (x_2i, x_2i+1) gathered into halves,
-    [x_0, x_2, ...; x_1, x_3, ...], as transformers' ``apply_rotary_pos_emb_interleave`` lays
-    them out for the half-split rotation."""
-    return np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
-
-
-def deinterleave_backward(dout: np.ndarray) -> np.ndarray:
-    """A permutation's gradient is the inverse permutation: the halves back to their pairs."""
-    half = dout.shape[-1] // 2
-    dx = np.empty_like(dout)
-    dx[..., 0::2], dx[..., 1::2] = dout[..., :half], dout[..., half:]
-    return dx
+# -- the query temperature --------------------------------------------------------------------
 
 
 def query_temperature_table(
@@ -121,17 +95,6 @@ def query_temperature_table(
     t = 1.0 + beta * np.log1p(np.floor(positions.astype(np.float64) / length))
     t = t.astype(dtype)[..., None]  # (..., N, 1)
     return t[:, None] if t.ndim == 3 else t  # (B, N, 1) -> (B, 1, N, 1)
-
-
-def attend_latents(
-    q: np.ndarray, c_kv: np.ndarray, k_rope: np.ndarray, **options: Any
-) -> AttentionOutput:
-    """The absorbed form's attention without a cache: q (B, H, N, L + R) over this call's rows
-    [c_kv, k_rope] ((B, N, L) and (B, N, R)) as one shared key head, values c_kv:
-    ``attention_forward(q, rows, rows[..., :L], **options)``, what a latent cache's ``attend``
-    computes over every row it holds (latent_cache.py)."""
-    rows = np.concatenate([c_kv, k_rope], axis=-1)[:, None]  # (B, 1, N, L+R)
-    return attention_forward(q, rows, rows[..., : c_kv.shape[-1]], **options)
 
 
 # -- the layer ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The caches of multi-head latent attention, for decoding: ``LatentCache`` (contiguous) and
-``PagedLatentCache`` (pages of a shared pool, FlashMLA's layout). Per token both hold what
+``PagedLatentCache`` (pages of a shared pool, FlashMLA's layout); and ``attend_latents``, the
+absorbed form's attention over one call's rows without a cache. Per token both hold what
 transformers 5 caches for DeepSeek-V3: the normed latent c_kv (L) and the rotated shared key
 k_rope (R), one head, as one row [c_kv, k_rope]: L + R numbers a token, against the 2 H_kv D of
 a ``KVCache``.
@@ -35,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from . import validation
+from .decode.cache import attend_per_sequence
+from .decode.pages import PagePool
 from .functional import attention_forward
-from .paged_cache import attend_per_sequence
-from .pages import PagePool
 from .scores import AttentionOutput
 
-__all__ = ["LatentCache", "PagedLatentCache"]
+__all__ = ["LatentCache", "PagedLatentCache", "attend_latents"]
 
 
 class LatentCache:
@@ -154,7 +155,7 @@ class LatentCache:
 
 class PagedLatentCache(PagePool):
     """The latents of one MLA layer in pages of a shared pool: FlashMLA's paged cache, one head
-    of rows [c, k_pe] per token, with ``pages.PagePool``'s bookkeeping (``reserve``,
+    of rows [c, k_pe] per token, with ``decode.pages.PagePool``'s bookkeeping (``reserve``,
     ``advance``, ``block_table``, ``cache_seqlens``, ``reset``; a sequence's pages consecutive
     while the pool allows).
 
@@ -241,7 +242,7 @@ class PagedLatentCache(PagePool):
         cached row as one shared key head, per sequence: ``attention_forward(q_b, rows,
         rows[..., :L], **options)`` on its rows read from the pages (a view when they are
         consecutive), a (B, M) ``key_padding_mask`` and (B, ...) masks split by sequence
-        (``paged_cache.attend_per_sequence``). ``LatentCache.attend``'s twin over pages.
+        (``decode.cache.attend_per_sequence``). ``LatentCache.attend``'s twin over pages.
 
         Returns:
             ``AttentionOutput``: out (B, H, N, L).
@@ -305,3 +306,14 @@ def _check_fields(
             raise ValueError(f"the cache holds {held}; {name} {given} does not fit its {own}")
     if dtype != cache.dtype:
         raise TypeError(f"the cache holds {cache.dtype}, got latents of {dtype}")
+
+
+def attend_latents(
+    q: np.ndarray, c_kv: np.ndarray, k_rope: np.ndarray, **options: Any
+) -> AttentionOutput:
+    """The absorbed form's attention without a cache: q (B, H, N, L + R) over this call's rows
+    [c_kv, k_rope] ((B, N, L) and (B, N, R)) as one shared key head, values c_kv:
+    ``attention_forward(q, rows, rows[..., :L], **options)``, what either cache's ``attend``
+    computes over every row it holds."""
+    rows = np.concatenate([c_kv, k_rope], axis=-1)[:, None]  # (B, 1, N, L+R)
+    return attention_forward(q, rows, rows[..., : c_kv.shape[-1]], **options)

@@ -1,4 +1,5 @@
-"""Linear and Dropout: the pure forward/backward pairs and the thin layers that hold them.
+"""Linear and Dropout: the pure forward/backward pairs and the thin layers that hold them; and
+one Linear per head (``head_linear_forward`` / ``_backward``, latent attention's absorbed maps).
 
 Shape legend: "..." leading axes, C_in / C_out the feature widths.
 
@@ -50,6 +51,29 @@ def linear_backward(dout: np.ndarray, ctx: LinearCtx) -> tuple[np.ndarray, np.nd
     dweight = flat_dout.T @ flat_x  # (C_out, R) @ (R, C_in) -> (C_out, C_in)
     dbias = flat_dout.sum(axis=0)
     return dx, dweight, dbias
+
+
+class HeadLinearCtx(NamedTuple):
+    x: np.ndarray  # (B, H, N, I)
+    weight: np.ndarray  # (H, O, I)
+
+
+def head_linear_forward(x: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, HeadLinearCtx]:
+    """One linear map per head, no bias: y_h = x_h W_h^T, x (B, H, N, I), weight (H, O, I) ->
+    y (B, H, N, O). The absorbed form's W_UK^T and W_UV."""
+    return x @ weight.swapaxes(-1, -2), HeadLinearCtx(x, weight)  # (B,H,N,I) @ (H,I,O)
+
+
+def head_linear_backward(dout: np.ndarray, ctx: HeadLinearCtx) -> tuple[np.ndarray, np.ndarray]:
+    """Linear's backward, head by head: dx_h = dy_h W_h;  dW_h = sum over (B, N) of dy_h^T x_h.
+    Derivation: docs/derivations/linear.md.
+
+    Returns:
+        dx (B, H, N, I) and dweight (H, O, I).
+    """
+    dx = dout @ ctx.weight  # (B, H, N, O) @ (H, O, I) -> (B, H, N, I)
+    dweight = np.einsum("bhno,bhni->hoi", dout, ctx.x)  # sums over B and N
+    return dx, dweight
 
 
 class Linear(Module):

@@ -12,6 +12,10 @@ default (``rope_inv_freq``). Two layouts say which coordinates form pair i:
 Each pair (a, b) becomes f * (a cos - b sin, a sin + b cos), f the ``attention_factor`` that
 YaRN and LongRoPE multiply cos and sin by (1 elsewhere).
 
+DeepSeek's interleaved rope dims are gathered into halves before a half-split rotation
+(``deinterleave``, and its inverse permutation ``deinterleave_backward``), as transformers'
+``apply_rotary_pos_emb_interleave`` does for latent attention.
+
 Partial rotary (``rotary_dim`` R < D, GLM's and Phi-3's ``partial_rotary_factor``): only the
 first R coordinates of each head rotate, paired within them as above (i < R/2, pair i of the
 layout (x_i, x_{i + R/2}) or (x_{2i}, x_{2i+1})), with R/2 frequencies; the last D - R pass
@@ -201,7 +205,22 @@ def rotate_pairs(
     (a, b) -> (a cos - b sin, a sin + b cos) on every pair of x (..., N, D), in x's dtype.
 
     For callers that hold cos and sin already (flash-attn's ``rotary_cos``/``rotary_sin``,
-    ``numpy_attention.paged``); cos and sin (..., N, D/2) broadcast against x's leading axes.
+    ``numpy_attention.decode.paged``); cos and sin (..., N, D/2) broadcast against x's leading axes.
     No checks: the caller has made them.
     """
     return _rotate(x, cos, sin, interleaved, x.shape[-1])
+
+
+def deinterleave(x: np.ndarray) -> np.ndarray:
+    """(..., R) -> (..., R): the interleaved pairs (x_2i, x_2i+1) gathered into halves,
+    [x_0, x_2, ...; x_1, x_3, ...], as transformers' ``apply_rotary_pos_emb_interleave`` lays
+    them out for the half-split rotation."""
+    return np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+
+
+def deinterleave_backward(dout: np.ndarray) -> np.ndarray:
+    """A permutation's gradient is the inverse permutation: the halves back to their pairs."""
+    half = dout.shape[-1] // 2
+    dx = np.empty_like(dout)
+    dx[..., 0::2], dx[..., 1::2] = dout[..., :half], dout[..., half:]
+    return dx

@@ -39,7 +39,8 @@ import numpy as np
 
 from . import scores, threads, validation
 from .grad_mode import is_grad_enabled
-from .scores import AttentionGrads, AttentionOutput, ScoreRules, Tile
+from .rules import ScoreRules, prepare
+from .scores import AttentionGrads, AttentionOutput, Tile
 
 # Default block sizes and the number of score entries one tile aims at (several heads share a
 # tile when blocks are small). Chosen by measurement on a 2-core AVX-512 machine
@@ -105,7 +106,7 @@ def tiled_attention_forward(
         validation.positive_int("block_k", block_k),
     )
     return_lse = validation.flag("return_lse", return_lse)
-    q, k, v, dtype, rules = scores.prepare(q, k, v, **options)
+    q, k, v, dtype, rules = prepare(q, k, v, **options)
     shapes = (q.shape, k.shape, v.shape)
     blocks = _blocks(rules, *blocks_asked)
     # Tiles read q, k and v in place, strided or not (BLAS needs a unit stride on one axis only):

@@ -9,10 +9,20 @@ hand-derived backward) instead of hand-written layer backwards. As in ``numpy_at
 Shape legend used everywhere: B batch, H heads, N query length, M key/value length, C model
 width, D head width, Dv value head width.
 
-Tests: tests/torch_attention/ (one test file per module, test_X.py for X.py).
+Decoding lives in ``decode/`` (the decode call, its checks, pages and a layer's caches), as in
+the NumPy twin; the Hugging Face readers are NumPy's alone (``numpy_attention.hf``: a converted
+layer moves to torch through ``from_numpy`` and the state dict). Context parallelism, the Triton
+kernel and flash-attn's signatures (``distributed.py``, ``triton/``, ``flash_api.py``) have no
+NumPy twin.
+
+Tests: tests/torch_attention/ (mirroring the source tree: test_X.py for X.py, decode/ and
+triton/ for the subpackages).
 """
 
-from . import functional, fused, grouped, latent, masks, paged
+import importlib
+import sys
+
+from . import decode, functional, fused, grouped, latent, masks, rules
 from .attention import (
     CausalAttention,
     MultiHeadAttention,
@@ -21,14 +31,15 @@ from .attention import (
     SelfAttentionV2,
     SimpleSelfAttention,
 )
+from .decode.cache import KVCache, PagedKVCache
+from .decode.paged import KVCacheOutput, kvcache_attention
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
-from .grouped import GroupedQueryAttention, KVCache
+from .grouped import GroupedQueryAttention
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
 from .norms import LayerNorm, RMSNorm
-from .paged import KVCacheOutput, PagedKVCache, kvcache_attention
 from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
 from .varlen import varlen_attention
@@ -66,8 +77,25 @@ __all__ = [
     "to_numpy",
     "varlen",
     "varlen_attention",
-    "paged",
+    "decode",
+    "rules",
     "KVCacheOutput",
     "PagedKVCache",
     "kvcache_attention",
 ]
+
+# The documented module paths of before the decode/ subpackage (README.md and docs/ named them),
+# kept for users: each old dotted name is registered in sys.modules as the new module itself,
+# and set as an attribute of the package. The project's own code never imports them
+# (tests/torch_attention/test_layout.py checks both).
+_MOVED = {
+    "paged": "decode.paged",
+    "pages": "decode.pages",
+    "paged_cache": "decode.cache",
+    "paged_checks": "decode.checks",
+}
+for _old, _new in _MOVED.items():
+    sys.modules[f"{__name__}.{_old}"] = globals()[_old] = importlib.import_module(
+        f"{__name__}.{_new}"
+    )
+del _old, _new

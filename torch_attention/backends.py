@@ -1,7 +1,7 @@
 """The backends that call torch's fused kernels, what each refuses, and the rule of ``"auto"``.
 
 ``"sdpa"`` runs ``F.scaled_dot_product_attention`` and ``"flex"`` FlexAttention
-(``torch.nn.attention.flex_attention``) on a call prepared by ``scores.prepare``; ``"triton"``
+(``torch.nn.attention.flex_attention``) on a call prepared by ``rules.prepare``; ``"triton"``
 the project's own kernel (``torch_attention.triton``, whose limits it asks); ``"math"`` and
 ``"manual"`` (in ``functional``) take every call. A backend that cannot compute an option
 exactly refuses the call (``refusal``) with a ``ValueError`` that names the option and the
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from . import masks, scores
 from .merge import merge_attention
-from .scores import ScoreRules
+from .rules import ScoreRules
 
 # "auto" takes the first of these that supports the call, by whether a backward will follow.
 # SDPA's fused kernels are the fastest where they fit. Behind it, with a backward, "manual"
@@ -162,7 +162,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -
             alibi = -rules.slopes * scores.distance(rules, rows, cols)  # (..., H, N, M)
             bias = alibi if bias is None else bias + alibi
         bias = None if bias is None else bias.to(q.dtype)
-        sdpa_mask, row_valid = masks.to_sdpa(rules.visible(q.device), bias)
+        sdpa_mask, row_valid = masks.to_sdpa(scores.visible(rules, q.device), bias)
     gqa = {"enable_gqa": True} if rules.group > 1 else {}
     out = F.scaled_dot_product_attention(
         q,

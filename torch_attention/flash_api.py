@@ -2,7 +2,7 @@
 ``flash_attn_varlen_func`` with flash-attn's signatures and conventions, computed by any backend
 of ``functional.attention`` (``backend=``, keyword only). The one translation of flash-attn's
 keywords in the project: the checker's correct kernels of the "flash" and "flash_varlen" specs
-(``parity_tests.checker.adapters``, backend "auto") and the Triton kernel's entries
+(``parity_tests.checker.targets.adapters``, backend "auto") and the Triton kernel's entries
 (``torch_attention.triton.flash``, backend "triton") are both this.
 
 The translation: q (B, N, H, D) and k, v (B, M, H_kv, W) as (B, H, L, W) views; causal, windows
@@ -20,7 +20,7 @@ and with dropout: None here). A ``max_seqlen_*`` below a sequence's length is a 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length, D head
 width, W either of D and Dv, Dv value width; T_q, T_k packed token counts, S sequences.
 
-Tests: tests/torch_attention/test_flash_api.py, tests/checker/test_adapters.py,
+Tests: tests/torch_attention/test_flash_api.py, tests/checker/targets/test_adapters.py,
 tests/torch_attention/triton/test_flash.py
 """
 

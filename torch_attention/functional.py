@@ -43,7 +43,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import backends, scores, validation
-from .scores import AttentionOutput, ScoreRules
+from .rules import ScoreRules, prepare
+from .scores import AttentionOutput
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -207,7 +208,7 @@ def attention(
     """
     backend = check_backend(backend)
     return_lse = validation.flag("return_lse", return_lse)
-    q, k, v, rules = scores.prepare(
+    q, k, v, rules = prepare(
         q,
         k,
         v,
@@ -300,7 +301,7 @@ class ManualAttention(torch.autograd.Function):
     """Attention whose backward is derived by hand, the math of the NumPy core's backward.
 
     ``apply(q, k, v, bias, slopes, sinks, rules, keep) -> (out, lse)``, with the call prepared
-    by ``scores.prepare``: ``bias`` the float mask, ``slopes`` ALiBi's slopes and ``sinks`` the
+    by ``rules.prepare``: ``bias`` the float mask, ``slopes`` ALiBi's slopes and ``sinks`` the
     sink logits as ``rules`` holds them (each gets a gradient when it requires one), ``rules``
     the rest of the call, ``keep`` the dropout keep-mask or None.
     """

@@ -24,13 +24,13 @@ input's dtype. The attention itself runs on ``backend`` (``functional.attention`
 refuses softcap and sinks, and ``"flex"`` runs every option but, on CPU, only without a backward
 (decoding with the cache runs under ``torch.no_grad()``).
 
-Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCache`` here, or
-pages, ``paged.PagedKVCache`` (equal results; docs/decoding.md).
+Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCache`` or pages,
+``PagedKVCache``, both in ``decode/cache.py`` (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
-tests/parity/test_registry.py; against transformers in tests/parity/test_hf_models.py.
+tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations
@@ -43,135 +43,14 @@ import torch
 from torch import nn
 
 from . import validation
+from .decode.cache import KVCache, PagedKVCache
 from .functional import attention, check_backend, merge_heads, split_heads
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm
-from .paged import PagedKVCache
 from .rope import check_positions, rope, rope_inv_freq
 
-__all__ = [
-    "GroupedQueryAttention",
-    "KVCache",
-    "LayerNorm",  # from norms.py, as the NumPy twin's grouped.py offers it
-    "RMSNorm",
-    "check_positions",  # from rope.py
-    "rope",
-    "rope_inv_freq",
-]
-
-# -- the cache --------------------------------------------------------------------------------
-
-
-class KVCache:
-    """Preallocated keys and values of one attention layer, for decoding one token at a time.
-
-    ``k`` and ``v`` are (B, H_kv, max_len, D) tensors on ``device`` of which the first
-    ``length`` positions are filled; keys are stored after RoPE.
-
-    Args:
-        batch: B.
-        num_kv_heads: H_kv.
-        max_len: the most tokens the cache holds.
-        head_dim: D.
-        dtype: a floating torch dtype, that of the layer it serves.
-        device: where the tensors live (the layer's device); None for torch's default.
-    """
-
-    def __init__(
-        self,
-        batch: int,
-        num_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str | None = None,
-    ) -> None:
-        batch = validation.positive_int("batch", batch)
-        num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
-        max_len = validation.positive_int("max_len", max_len)
-        head_dim = validation.positive_int("head_dim", head_dim)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"KVCache needs a floating torch dtype, got {dtype!r}")
-        self.max_len = max_len
-        shape = (batch, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self._length = 0
-
-    @property
-    def length(self) -> int:
-        """How many positions are filled."""
-        return self._length
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    def check_append(
-        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> None:
-        """Raise unless keys of ``shape`` (B, H_kv, N, D), ``dtype`` and ``device`` fit: B, H_kv
-        and D the cache's, ``length + N <= max_len``. Writes nothing."""
-        batch, heads, _, width = self.k.shape
-        if len(shape) != 4 or (shape[0], shape[1], shape[3]) != (batch, heads, width):
-            raise ValueError(
-                f"the cache holds (B, H_kv, max_len, D) = {tuple(self.k.shape)}; keys and values "
-                f"to append must be ({batch}, {heads}, N, {width}), got {tuple(shape)}"
-            )
-        if dtype != self.dtype:
-            raise TypeError(f"the cache holds {self.dtype}, got keys and values of {dtype}")
-        if torch.device(device) != self.device:
-            raise ValueError(f"the cache lives on {self.device}, got keys and values on {device}")
-        needed = self._length + shape[2]
-        if needed > self.max_len:
-            raise ValueError(
-                f"the cache is too short: max_len = {self.max_len}, but {self._length} cached "
-                f"+ {shape[2]} new tokens need a length of {needed}"
-            )
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k and v (B, H_kv, N, D) after what is cached (detached: the cache is for
-        inference); nothing is written when they are refused.
-
-        Returns:
-            keys and values so far, (B, H_kv, length, D) each: views of the cache.
-        """
-        k = validation.float_tensor("k", k)
-        v = validation.float_tensor("v", v)
-        if k.shape != v.shape:
-            raise ValueError(
-                f"k and v must have one shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
-        validation.same_dtype(k=k, v=v)
-        self.check_append(tuple(k.shape), k.dtype, k.device)
-        start, stop = self._length, self._length + k.shape[2]
-        self.k[:, :, start:stop] = k.detach()
-        self.v[:, :, start:stop] = v.detach()
-        self._length = stop
-        return self.k[:, :, :stop], self.v[:, :, :stop]
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
-        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
-        ``functional.attention(q, keys, values, **options)``. The cache's side of the layer's
-        protocol, shared with ``paged.PagedKVCache.attend`` (which reads its keys from pages)."""
-        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
-        return attention(q, keys, values, **options)
-
-    def reset(self) -> None:
-        """Forget every cached position (a new sequence); the tensors are kept."""
-        self._length = 0
-
-    def __repr__(self) -> str:
-        return (
-            f"KVCache(shape={tuple(self.k.shape)}, dtype={self.dtype}, device={self.device}, "
-            f"length={self._length})"
-        )
-
+__all__ = ["GroupedQueryAttention"]
 
 # -- the layer --------------------------------------------------------------------------------
 

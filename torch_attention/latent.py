@@ -28,7 +28,7 @@ form takes back every cached row (``cache.append``), the absorbed form has the c
 
 Derivation: docs/derivations/latent.md.
 Tests: tests/torch_attention/test_latent.py (the layer over either cache too); against the NumPy
-twin in tests/parity/test_registry.py; against transformers in tests/parity/test_hf_latent.py.
+twin in tests/parity/test_run.py; against transformers in tests/parity/test_hf_latent.py.
 """
 
 from __future__ import annotations
@@ -42,39 +42,16 @@ import torch
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .grouped import _key_padding
-from .latent_cache import LatentCache, PagedLatentCache
+from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import RMSNorm
-from .rope import check_positions, rope, rope_inv_freq
+from .rope import check_positions, deinterleave, rope, rope_inv_freq
 
-# The caches live in latent_cache.py, importable from here too (where LatentCache was first).
-__all__ = ["LatentCache", "MultiHeadLatentAttention", "PagedLatentCache"]
-
-
-def attend_latents(
-    q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, **options: Any
-) -> torch.Tensor:
-    """The absorbed form's attention without a cache: q (B, H, N, L + R) over this call's rows
-    [c_kv, k_rope] ((B, N, L) and (B, N, R)) as one shared key head, values c_kv, out
-    (B, H, N, L): what a latent cache's ``attend`` computes over every row it holds
-    (latent_cache.py).
-
-    The values are the whole rows and the output's first L columns are kept (its last R,
-    probabilities times k_rope, dropped): the same numbers as values c_kv, but torch's CPU SDPA
-    takes its fast path only when V is as wide as K: at DeepSeek-V2-Lite's sizes a decode step's
-    attention was measured at 16 ms this way and 530 ms with V = c_kv.
-    """
-    rows = torch.cat([c_kv, k_rope], dim=-1)[:, None]  # (B, 1, N, L+R)
-    return attention(q, rows, rows, **options)[..., : c_kv.shape[-1]]
+__all__ = ["MultiHeadLatentAttention"]
 
 
 # -- the layer --------------------------------------------------------------------------------
-
-
-def deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """(..., R) -> (..., R): DeepSeek's interleaved pairs gathered into halves (NumPy twin)."""
-    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
 class MultiHeadLatentAttention(Module):

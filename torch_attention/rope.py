@@ -3,6 +3,8 @@ coordinates of a query or key head rotated by an angle proportional to the token
 
 Shape legend: B batch, H heads, N sequence length, D head width (even); "..." leading axes.
 
+``deinterleave`` gathers DeepSeek's interleaved pairs into halves, as in the NumPy twin.
+
 Partial rotary as in the NumPy twin: ``rotary_dim`` R rotates the first R coordinates of each
 head and passes the rest through (R = 0: a NoPE layer).
 
@@ -144,3 +146,9 @@ def rotate_pairs(
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., N, D)
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """(..., R) -> (..., R): DeepSeek's interleaved pairs gathered into halves (the NumPy
+    twin's ``deinterleave``; autograd differentiates it)."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from . import scores, validation
+from . import validation
 from .functional import attention
+from .rules import prepare
 from .scores import AttentionOutput
 
 __all__ = ["varlen_attention"]
@@ -111,7 +112,7 @@ def varlen_attention(
         from .triton import launch
 
         del options["backend"]
-        rules = scores.prepare(*empty, alibi_slopes=alibi_slopes, **options).rules
+        rules = prepare(*empty, alibi_slopes=alibi_slopes, **options).rules
         out, lse = launch.varlen_attention(
             q, k, v, cu_q, cu_k, rules, alibi_slopes, align == "bottom-right"
         )

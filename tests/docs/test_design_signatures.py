@@ -72,7 +72,7 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "save_state": (f"{NA}.state.save_state",),
     "load_state": (f"{NA}.state.load_state",),
     "numpy_attention.convert.grouped_from_hf": (f"{NA}.convert.grouped_from_hf",),
-    "hf_attention_state_from_grouped": (f"{NA}.hf.hf_attention_state_from_grouped",),
+    "hf_attention_state_from_grouped": (f"{NA}.hf.grouped.hf_attention_state_from_grouped",),
     # the layers
     **{name: _both("attention", name) for name in (
         "SimpleSelfAttention", "SelfAttentionV1", "SelfAttentionV2", "CausalAttention",
@@ -85,20 +85,20 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "CrossAttention.forward": _both("fused", "CrossAttention.forward"),
     "GroupedQueryAttention": _both("grouped", "GroupedQueryAttention"),
     "forward": _both("grouped", "GroupedQueryAttention.forward"),  # the one bare forward(...)
-    "KVCache": _both("grouped", "KVCache"),
+    "KVCache": _both("decode.cache", "KVCache"),
     "RMSNorm": _both("norms", "RMSNorm"),
     "MultiHeadLatentAttention": _both("latent", "MultiHeadLatentAttention"),
     "MultiHeadLatentAttention.forward": _both("latent", "MultiHeadLatentAttention.forward"),
     "MultiHeadLatentAttention.absorbs": _both("latent", "MultiHeadLatentAttention.absorbs"),
-    "LatentCache": _both("latent", "LatentCache"),
-    "kvcache_attention_forward": (f"{NA}.paged.kvcache_attention_forward",),
-    "PagedKVCache": _both("paged", "PagedKVCache"),
-    "attend": (f"{NA}.grouped.KVCache.attend", f"{NA}.paged.PagedKVCache.attend"),
+    "LatentCache": _both("latent_cache", "LatentCache"),
+    "kvcache_attention_forward": (f"{NA}.decode.paged.kvcache_attention_forward",),
+    "PagedKVCache": _both("decode.cache", "PagedKVCache"),
+    "attend": (f"{NA}.decode.cache.KVCache.attend", f"{NA}.decode.cache.PagedKVCache.attend"),
     "numpy_attention.convert.latent_from_hf": (f"{NA}.convert.latent_from_hf",),
-    "append": _both("grouped", "KVCache.append"),
+    "append": _both("decode.cache", "KVCache.append"),
     # the kernel checker
-    "check_kernel": ("parity_tests.checker.kernels.check_kernel",),
-    "KernelLimits": ("parity_tests.checker.limits.KernelLimits",),
+    "check_kernel": ("parity_tests.checker.pipeline.check_kernel",),
+    "KernelLimits": ("parity_tests.checker.battery.limits.KernelLimits",),
 }  # fmt: skip
 
 # Written like signatures, and deliberately not compared, with the reason.
@@ -151,9 +151,9 @@ EXTRAS: dict[tuple[str, str], str] = {
     **{(f"{pkg}.fused.{layer}.forward", name): _FUSED_DROPOUT
        for pkg in (NA, TA) for layer in ("BidirectionalAttention", "CrossAttention")
        for name in ("attn_dropout_mask", "out_dropout_mask")},
-    (f"{TA}.grouped.KVCache", "device"): "(the torch one also takes `device=`)",
-    (f"{TA}.latent.LatentCache", "device"): "(the torch one also takes `device=`)",
-    (f"{TA}.paged.PagedKVCache", "device"): "(the torch one also takes `device=`)",
+    (f"{TA}.decode.cache.KVCache", "device"): "(the torch one also takes `device=`)",
+    (f"{TA}.latent_cache.LatentCache", "device"): "(the torch one also takes `device=`)",
+    (f"{TA}.decode.cache.PagedKVCache", "device"): "(the torch one also takes `device=`)",
     (f"{NA}.latent.MultiHeadLatentAttention", "rng"): "(`rng=` in NumPy, `backend=` in torch.)",
     (f"{TA}.latent.MultiHeadLatentAttention", "backend"): "(`rng=` in NumPy, `backend=` in torch.)",
 }  # fmt: skip

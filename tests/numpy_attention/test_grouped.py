@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from numpy_attention import gradcheck, load_module, no_grad, save_module
-from numpy_attention.grouped import GroupedQueryAttention, KVCache
-from numpy_attention.paged import PagedKVCache
+from numpy_attention.decode.cache import KVCache, PagedKVCache
+from numpy_attention.grouped import GroupedQueryAttention
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 from .oracle import attention as oracle_attention

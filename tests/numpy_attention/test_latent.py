@@ -21,15 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from numpy_attention import gradcheck, no_grad
-from numpy_attention.latent import (
-    LatentCache,
-    MultiHeadLatentAttention,
-    PagedLatentCache,
-    deinterleave,
-    deinterleave_backward,
-    head_linear_backward,
-    head_linear_forward,
-)
+from numpy_attention.latent import MultiHeadLatentAttention
+from numpy_attention.latent_cache import LatentCache, PagedLatentCache
 from parity_tests.tolerances import LATENT_FORMS_RTOL, rel_error
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
@@ -233,15 +226,6 @@ def test_float32_follows_float64(rng, form):
     for name, grad in grads64.items():
         assert grads32[name].dtype == np.float32
         assert_close(grads32[name], grad, dtype=np.float32, name=name)
-
-
-def test_head_linear_and_deinterleave_pairs(rng):
-    x = rng.standard_normal((B, H, 3, 4))
-    weight = rng.standard_normal((H, 5, 4))
-
-    assert_gradcheck(gradcheck(head_linear_forward, x, weight, backward=head_linear_backward))
-    np.testing.assert_array_equal(deinterleave(np.arange(6.0)), [0, 2, 4, 1, 3, 5])
-    np.testing.assert_array_equal(deinterleave_backward(deinterleave(x)), x)
 
 
 # -- decoding with the cache ------------------------------------------------------------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numpy_attention.decode.paged import kvcache_attention_forward
 from numpy_attention.latent_cache import LatentCache, PagedLatentCache
-from numpy_attention.paged import kvcache_attention_forward
 
 from ..conftest import assert_close
 

@@ -1,5 +1,6 @@
 """Linear and Dropout (numpy_attention.layers): gradcheck, torch autograd in float64, torch's
-initialisation, explicit and drawn keep-masks, and the upstream gradient's checks."""
+initialisation, explicit and drawn keep-masks, and the upstream gradient's checks; the per-head
+linear pair of latent attention."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import torch
 
 from numpy_attention import Dropout, Linear
 from numpy_attention.gradcheck import gradcheck
-from numpy_attention.layers import dropout_backward, dropout_forward
+from numpy_attention.layers import (
+    dropout_backward,
+    dropout_forward,
+    head_linear_backward,
+    head_linear_forward,
+)
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 
@@ -123,3 +129,13 @@ def test_dropout_layer_rejected_keep_mask_names_the_shape(rng):
 
     with pytest.raises(ValueError, match=r"mask must have shape \(2, 3\), got \(3,\)"):
         layer(x, mask=np.ones(3, dtype=bool))
+
+
+def test_head_linear_is_one_linear_per_head(rng):
+    x = rng.standard_normal((2, 3, 4, 5))  # (B, H, N, I)
+    weight = rng.standard_normal((3, 6, 5))  # (H, O, I)
+
+    out, _ = head_linear_forward(x, weight)
+
+    assert_close(out, np.einsum("bhni,hoi->bhno", x, weight), name="y")
+    assert_gradcheck(gradcheck(head_linear_forward, x, weight, backward=head_linear_backward))

@@ -15,7 +15,7 @@ import torch
 
 import numpy_attention
 from numpy_attention import Linear, Module, ModuleList, no_grad
-from numpy_attention.module import is_grad_enabled
+from numpy_attention.grad_mode import is_grad_enabled
 
 from ..conftest import to_torch
 

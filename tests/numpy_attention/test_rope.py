@@ -1,6 +1,7 @@
 """Rotary position embedding (numpy_attention.rope): gradcheck of both layouts with shared and
 per-batch positions, torch autograd in float64, the properties that make it RoPE (relative
-positions, a rotation's inverse), the default frequencies, float32 with float64 angles, bad input.
+positions, a rotation's inverse), the default frequencies, float32 with float64 angles, bad input;
+the interleaved pairs of latent attention gathered into halves and back.
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import pytest
 import torch
 
 from numpy_attention.gradcheck import gradcheck
-from numpy_attention.rope import rope_backward, rope_forward, rope_inv_freq
+from numpy_attention.rope import (
+    deinterleave,
+    deinterleave_backward,
+    rope_backward,
+    rope_forward,
+    rope_inv_freq,
+)
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
 
@@ -273,3 +280,10 @@ def test_backward_checks_dout_shape(rng):
 
     with pytest.raises(ValueError, match=r"dout must have the output's shape \(2, 7, 8\)"):
         rope_backward(np.zeros((B, N, D + 2)), ctx)
+
+
+def test_deinterleave_gathers_the_pairs_into_halves_and_back(rng):
+    x = rng.standard_normal((2, 3, 6))
+
+    np.testing.assert_array_equal(deinterleave(np.arange(6.0)), [0, 2, 4, 1, 3, 5])
+    np.testing.assert_array_equal(deinterleave_backward(deinterleave(x)), x)

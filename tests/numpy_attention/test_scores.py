@@ -1,5 +1,6 @@
-"""The score pipeline (numpy_attention.scores): options checked once, the band of visible keys
-and the tiles it skips, masks and dropout sliced per tile, hidden scores replaced."""
+"""The score pipeline (numpy_attention.scores) on the rules of a call: the band of visible keys
+and the tiles it skips, masks and dropout sliced per tile, hidden scores replaced, the softmax's
+floor and fixed shift. The rules themselves: test_rules.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numpy_attention import scores
+from numpy_attention.rules import prepare
 from numpy_attention.scores import Tile
 
 from ..conftest import assert_close
-
-
-def rules_for(n, m, **options):
-    q, k = np.zeros((2, 3, n, 4)), np.zeros((2, 3, m, 4))
-    return scores.prepare(q, k, k, **options).rules
+from .test_rules import rules_for
 
 
 def band(n, m, left, right, offset):
@@ -150,16 +148,6 @@ def test_different_seeds_and_heads_draw_different_masks():
     assert not np.array_equal(whole, other)
 
 
-def test_options_are_kept_in_the_form_the_tiles_read():
-    rules = rules_for(
-        5, 7, causal=True, window=(2, 3), alibi_slopes=np.ones((2, 3)), sinks=np.arange(3.0)
-    )
-
-    assert (rules.left, rules.right, rules.offset) == (2, 0, 0)  # causal caps the right side
-    assert rules.slopes.shape == (6,) and rules.sinks.tolist() == [0, 1, 2, 0, 1, 2]
-    assert rules_for(5, 7, align="bottom-right").offset == 2
-
-
 # -- weights too small to be worth a product ----------------------------------------------------
 
 
@@ -206,7 +194,7 @@ def test_exp_floor_bounds_every_shifted_score(name, magnitude):
     n, m = 7, 5
     q = rng.standard_normal((2, 3, n, 4)) * magnitude
     k = rng.standard_normal((2, 3, m, 4)) * magnitude
-    rules = scores.prepare(q, k, k, **SPREAD_OPTIONS[name]).rules
+    rules = prepare(q, k, k, **SPREAD_OPTIONS[name]).rules
     whole = Tile(slice(0, 6), slice(0, n), slice(0, m), transposed=False)
     logits = (q * rules.query_scale).reshape(6, n, 4) @ k.reshape(6, m, 4).swapaxes(-1, -2)
     scores.apply(rules, logits, whole)
@@ -231,8 +219,8 @@ def test_ordinary_inputs_need_no_flush():
     whole = Tile(slice(0, 4), slice(0, 2048), slice(0, 2048), transposed=False)
 
     for options in ({}, {"softcap": 30.0}, {"sinks": rng.standard_normal(4, dtype=np.float32)}):
-        assert scores.exp_floor(scores.prepare(q, k, k, **options).rules, whole) is None
-    steep = scores.prepare(q, k, k, alibi_slopes=np.full(4, 0.5, np.float32)).rules
+        assert scores.exp_floor(prepare(q, k, k, **options).rules, whole) is None
+    steep = prepare(q, k, k, alibi_slopes=np.full(4, 0.5, np.float32)).rules
     assert scores.exp_floor(steep, whole) == steep.floor
 
 
@@ -264,7 +252,7 @@ def test_a_fixed_shift_bounds_every_score_and_stays_near_every_row_max(name):
     rng = np.random.default_rng(11)
     q, k = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4))
     options, applies = SHIFTS[name]
-    rules = scores.prepare(q, k, k, **options).rules._replace(floor=-60.0)
+    rules = prepare(q, k, k, **options).rules._replace(floor=-60.0)
     logits = (q * rules.query_scale).reshape(6, 5, 4) @ k.reshape(6, 7, 4).swapaxes(-1, -2)
     scores.apply(rules, logits, Tile(slice(0, 6), slice(0, 5), slice(0, 7), transposed=False))
     row_max = logits.max(axis=-1)
@@ -281,7 +269,7 @@ def test_a_fixed_shift_bounds_every_score_and_stays_near_every_row_max(name):
 def test_large_float32_logits_keep_the_running_max():
     q = np.random.default_rng(0).standard_normal((1, 2, 16, 64), dtype=np.float32) * 4
 
-    assert scores.fixed_shift(scores.prepare(q, q, q).rules) is None  # spread ~ 340 > 71.4
+    assert scores.fixed_shift(prepare(q, q, q).rules) is None  # spread ~ 340 > 71.4
 
 
 @pytest.mark.parametrize("options", [{}, {"alibi_slopes": np.array([0.5, 0.25, 0.125])}], ids=str)

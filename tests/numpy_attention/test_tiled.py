@@ -18,6 +18,7 @@ import pytest
 
 from numpy_attention import functional, masks, no_grad, scores, threads, tiled
 from numpy_attention.gradcheck import gradcheck
+from numpy_attention.rules import prepare
 
 from ..conftest import assert_close, assert_gradcheck
 from .cases import OPTIONS, make_case
@@ -238,7 +239,7 @@ def test_every_option_matches_dense_under_both_shifts(rng, name, shift, monkeypa
     to the running max, every option gives the dense path's results too."""
     arrays, kwargs, _, _ = make_case(rng, name, "N5-M9")
     q, k = arrays["q"], arrays["k"]
-    bound = scores.fixed_shift(scores.prepare(q, k, arrays["v"], sinks=arrays.get("sinks"),
+    bound = scores.fixed_shift(prepare(q, k, arrays["v"], sinks=arrays.get("sinks"),
                                               **kwargs).rules)  # fmt: skip
     if shift == "running max":
         monkeypatch.setattr(scores, "fixed_shift", lambda rules: None)
@@ -261,7 +262,7 @@ def test_a_row_whose_nearest_visible_key_is_far_keeps_the_running_max(rng, why):
     if why.startswith("padding"):
         kwargs["key_padding_mask"] = np.arange(m)[None, :] > 0  # only key 0 is seen
 
-    rules = scores.prepare(q, k, v, **kwargs).rules
+    rules = prepare(q, k, v, **kwargs).rules
     out = tiled.tiled_attention_forward(q, k, v, block_q=16, block_k=16, **kwargs).out
     dense = functional.attention_forward(q, k, v, impl="dense", **kwargs).out
 
@@ -276,7 +277,7 @@ def test_negative_slopes_raise_far_keys_above_any_bound_so_they_keep_the_running
     q, k, v = (rng.standard_normal((1, 2, 96, 8)).astype(np.float32) for _ in range(3))
     kwargs = {"alibi_slopes": np.array([-3.0, 0.5], np.float32)}
 
-    rules = scores.prepare(q, k, v, **kwargs).rules
+    rules = prepare(q, k, v, **kwargs).rules
     out = tiled.tiled_attention_forward(q, k, v, block_q=16, block_k=16, **kwargs).out
     wide = (t.astype(np.float64) for t in (q, k, v))
     expected = functional.attention_forward(*wide, alibi_slopes=np.array([-3.0, 0.5]))

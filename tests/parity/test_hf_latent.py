@@ -24,7 +24,7 @@ on the real tokens: transformers 5 caches (keys, values) = (the normed latent c,
 (B, 1, T, L) and (B, 1, T, R), which is what ``LatentCache`` holds (DeepSeek-V2's k_pe with its
 rope pairs in place, the layer's gathered into halves: the same numbers permuted).
 
-What it proves: the conversion (numpy_attention/hf_latent.py) and the layers
+What it proves: the conversion (numpy_attention/hf/latent.py) and the layers
 (numpy_attention/latent.py, torch_attention/latent.py) as transformers' models use them.
 """
 
@@ -44,8 +44,9 @@ import torch
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.hf import padding_from_hf
-from numpy_attention.hf_latent import REFUSED, SUPPORTED_MODEL_TYPES
-from numpy_attention.latent import LatentCache, deinterleave
+from numpy_attention.hf.latent import REFUSED, SUPPORTED_MODEL_TYPES
+from numpy_attention.latent_cache import LatentCache
+from numpy_attention.rope import deinterleave
 
 from ..conftest import SEED, assert_close, to_numpy, to_torch
 from .test_hf_models import Float64Math

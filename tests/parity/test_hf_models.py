@@ -36,7 +36,7 @@ and its positions. A left-padded query row sees no key; Hugging Face's eager sof
 uniformly over its masked scores (a value nobody reads), the layer's edge rule gives 0: the outputs
 are compared on the real tokens, and the upstream gradient is 0 on the padded rows.
 
-What it proves: the conversion (numpy_attention/hf.py) and the layers (numpy_attention/grouped.py,
+What it proves: the conversion (numpy_attention/hf/) and the layers (numpy_attention/grouped.py,
 torch_attention/grouped.py) as Hugging Face's models use them.
 """
 
@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 import torch_attention
 from numpy_attention import convert
-from numpy_attention.grouped import KVCache
+from numpy_attention.decode.cache import KVCache
 from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from numpy_attention import functional as reference
-from torch_attention import backends, scores
+from torch_attention import backends
 from torch_attention.functional import BACKENDS, attention
+from torch_attention.rules import prepare
 
 from ..conftest import assert_close, to_torch
 
@@ -123,7 +124,7 @@ def test_auto_never_picks_a_backend_that_refuses(
         "causal": causal,
     }
     tensors, kwargs = call_tensors(rng, options, dtype, requires_grad)
-    q, _, _, rules = scores.prepare(*tensors, **kwargs)
+    q, _, _, rules = prepare(*tensors, **kwargs)
     call = backends.Call(rules, return_lse, dtype, q.device, requires_grad)
 
     chosen = backends.choose(call)

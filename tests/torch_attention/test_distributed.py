@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 
 from numpy_attention.functional import attention_backward, attention_forward
 from parity_tests.tolerances import FLOAT64_RTOL, rel_error
-from torch_attention import distributed, scores
+from torch_attention import block_attention, distributed
 from torch_attention.distributed import (
     gather_sequence,
     ring_attention,
@@ -44,6 +44,8 @@ from torch_attention.distributed import (
     shard_sequence,
 )
 from torch_attention.merge import MergeOutput
+from torch_attention.ring_checks import LAYOUTS
+from torch_attention.rules import prepare
 
 from ..conftest import SEED, assert_close
 
@@ -86,7 +88,7 @@ DTYPES = [(option, "float64") for option in OPTIONS] + [("plain", "float32"), ("
 CASES = [
     Case(world, layout, causal, option, dtype)
     for world in (2, 4)
-    for layout in distributed.LAYOUTS
+    for layout in LAYOUTS
     for causal in (False, True)
     for option, dtype in DTYPES
 ]
@@ -94,9 +96,7 @@ CASES = [
 # layouts and both world sizes.
 BROKEN = ["wrong-block-offset", "merge-without-rescale"]
 BROKEN_CASES = [
-    Case(world, layout, True, "plain", "float64")
-    for world in (2, 4)
-    for layout in distributed.LAYOUTS
+    Case(world, layout, True, "plain", "float64") for world in (2, 4) for layout in LAYOUTS
 ]
 
 
@@ -219,7 +219,7 @@ def worker(rank: int, port: int, outdir: str) -> None:
         world_size=WORLD,
         timeout=GROUP_TIMEOUT,
     )
-    distributed._QUERY_TILE = 5
+    block_attention._QUERY_TILE = 5
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     short = dist.new_group([0, 1], timeout=SHORT_TIMEOUT)
     results: dict = {"runs": {}, "broken": {}, "errors": {}, "groups": {}}
@@ -400,7 +400,7 @@ def test_shard_positions_of_each_layout(layout, expected):
     assert positions == expected
 
 
-@pytest.mark.parametrize("layout", distributed.LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_shards_of_every_rank_make_up_the_sequence(layout):
     x = torch.arange(2 * 24 * 3, dtype=torch.float64).reshape(2, 24, 3)
 
@@ -429,7 +429,7 @@ def test_shard_positions_refuse_what_the_layout_cannot_split(args, error, match)
 def computed_blocks(layout: str, causal: bool, world: int, rows: int, window=None):
     """{(rank, step): (query rows, keys)} of the blocks each rank computes; the rest skip."""
     shard = torch.zeros(1, 1, rows, 1)
-    rules = scores.prepare(shard, shard, shard, causal=causal, window=window).rules
+    rules = prepare(shard, shard, shard, causal=causal, window=window).rules
     blocks = {}
     for rank in range(world):
         plan = distributed._Plan(rules, layout, None, rank, world)

@@ -1,6 +1,6 @@
 """``torch_attention.flash_api``: flash-attn's two entries over any backend, the one translation of
 flash-attn's keywords (the checker's adapters are its entries; the Triton entries call it with
-backend "triton"). Judged against the checker's flash specs: tests/checker/test_adapters.py,
+backend "triton"). Judged against the checker's flash specs: tests/checker/targets/test_adapters.py,
 tests/torch_attention/triton/test_flash.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_tests.checker import adapters
+from parity_tests.checker.targets import adapters
 from torch_attention import flash_api
 
 

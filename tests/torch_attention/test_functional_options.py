@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from numpy_attention import functional as reference
-from torch_attention.functional import AttentionOutput, attention
+from torch_attention.functional import attention
+from torch_attention.scores import AttentionOutput
 
 from ..conftest import assert_close, to_numpy, to_torch
 

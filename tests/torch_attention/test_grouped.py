@@ -2,7 +2,7 @@
 test_rope.py and test_norms.py): the layer's state dict, gradcheck on every option and
 backend, decoding with the cache equal to the full forward on every backend, the cache's
 refusals (nothing written), and bad input. The layer against its NumPy twin, every option and
-backend, is the parity registry's (tests/parity/test_registry.py); against transformers,
+backend, is the parity registry's (tests/parity/test_run.py); against transformers,
 tests/parity/test_hf_models.py.
 """
 
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+import numpy_attention.decode.cache as np_caches
 import numpy_attention.grouped as np_grouped
 from torch_attention import from_numpy
-from torch_attention.grouped import GroupedQueryAttention, KVCache
-from torch_attention.paged import PagedKVCache
+from torch_attention.decode.cache import KVCache, PagedKVCache
+from torch_attention.grouped import GroupedQueryAttention
 
 from ..conftest import assert_close, to_numpy, to_torch
 
@@ -157,7 +158,7 @@ def test_long_rope_decoding_switches_where_numpy_does(rng):
     6 and 7 rotate with the long frequencies, as the NumPy twin's per-call rule says."""
     np_layer, torch_layer = twins(rng, FAMILY_OPTIONS["long_rope"])
     x = rng.standard_normal((1, 8, C))
-    np_cache = np_grouped.KVCache(1, H_KV, 8, D, np.float64)
+    np_cache = np_caches.KVCache(1, H_KV, 8, D, np.float64)
     cache = KVCache(1, H_KV, 8, D, torch.float64)
 
     for start, stop in [(0, 5), (5, 6), (6, 7), (7, 8)]:

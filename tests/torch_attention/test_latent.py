@@ -3,7 +3,7 @@ transfer both ways, autograd gradcheck of both computations, the absorbed form e
 expanded one, decoding with the cache equal to the full forward on every backend and over pages
 equal to the contiguous cache, the cache's refusals through the layer (nothing written), and bad
 input; the caches themselves: test_latent_cache.py. The layer against its NumPy twin on every
-option and backend is the parity registry's (tests/parity/test_registry.py); against
+option and backend is the parity registry's (tests/parity/test_run.py); against
 transformers, tests/parity/test_hf_latent.py.
 """
 
@@ -16,7 +16,8 @@ import torch
 import numpy_attention.latent as np_latent
 from parity_tests.tolerances import LATENT_FORMS_RTOL, rel_error
 from torch_attention import from_numpy, to_numpy
-from torch_attention.latent import LatentCache, MultiHeadLatentAttention, PagedLatentCache
+from torch_attention.latent import MultiHeadLatentAttention
+from torch_attention.latent_cache import LatentCache, PagedLatentCache
 
 from ..conftest import assert_close, to_torch
 

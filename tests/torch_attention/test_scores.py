@@ -1,5 +1,6 @@
-"""torch_attention.scores: the checks of ``prepare``, the score pipeline and the softmax with its
-log-sum-exp, on their own (the backends that run them are tested in test_functional.py)."""
+"""torch_attention.scores: the score pipeline, the rules on positions and the softmax with its
+log-sum-exp, on their own (the backends that run them are tested in test_functional.py; the
+checks of ``rules.prepare``, test_rules.py)."""
 
 from __future__ import annotations
 
@@ -8,40 +9,12 @@ import pytest
 import torch
 
 from torch_attention import scores
+from torch_attention.rules import prepare
 
 from ..conftest import assert_close, to_torch
+from .test_rules import qkv, rules_for
 
 NAN, INF = float("nan"), float("inf")
-
-
-def qkv(rng, n=5, m=7, d=4):
-    q, k, v = (to_torch(rng.standard_normal(shape)) for shape in ((2, n, d), (2, m, d), (2, m, 3)))
-    return q, k, v
-
-
-def test_prepare_turns_the_minus_inf_of_a_float_mask_into_hidden_positions(rng):
-    bias = rng.standard_normal((5, 7))
-    bias[1, 2] = -np.inf
-
-    _, _, _, rules = scores.prepare(*qkv(rng), attn_mask=to_torch(bias))
-
-    assert rules.bias[1, 2] == 0.0
-    assert not rules.allowed[1, 2]
-    assert int(rules.allowed.sum()) == 5 * 7 - 1
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_prepare_computes_half_types_in_float32(rng, dtype):
-    q, k, v = (t.to(dtype) for t in qkv(rng))
-
-    rules = scores.prepare(q, k, v, attn_mask=torch.zeros(5, 7, dtype=dtype)).rules
-
-    expected = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    assert rules.compute == expected and rules.bias.dtype == expected
-
-
-def test_prepare_defaults_the_scale_to_one_over_sqrt_d(rng):
-    assert scores.prepare(*qkv(rng, d=9)).rules.scale == 1 / 3
 
 
 def test_scores_forward_is_the_pipeline(rng):
@@ -49,7 +22,7 @@ def test_scores_forward_is_the_pipeline(rng):
     bias = to_torch(rng.standard_normal((5, 7)))
     padding = torch.zeros(2, 7, dtype=torch.bool)
     padding[0, 6] = True
-    rules = scores.prepare(q, k, k, causal=True, attn_mask=bias, key_padding_mask=padding).rules
+    rules = prepare(q, k, k, causal=True, attn_mask=bias, key_padding_mask=padding).rules
 
     s, _ = scores.scores_forward(q, k, rules)
 
@@ -63,7 +36,7 @@ def test_scores_forward_is_the_pipeline(rng):
 def test_scores_forward_replaces_a_hidden_nan_score(rng):
     q, k, _ = qkv(rng)
     k[:, 6, 0] = NAN
-    rules = scores.prepare(q, k, k, attn_mask=torch.arange(7) != 6).rules
+    rules = prepare(q, k, k, attn_mask=torch.arange(7) != 6).rules
 
     s, _ = scores.scores_forward(q, k, rules)
 
@@ -125,29 +98,6 @@ def test_softmax_forward_gives_a_minus_inf_score_weight_zero(rng):
 # -- today's options: the rules on positions, GQA, sinks ------------------------------------------
 
 
-def rules_for(rng, n=5, m=7, **options):
-    q = to_torch(rng.standard_normal((2, 4, n, 3)))
-    k = to_torch(rng.standard_normal((2, 4, m, 3)))
-    return scores.prepare(q, k, k, **options).rules
-
-
-@pytest.mark.parametrize(
-    ("options", "offset", "left", "right"),
-    [
-        ({}, 0, None, None),
-        ({"causal": True}, 0, None, 0),
-        ({"causal": True, "align": "bottom-right"}, 2, None, 0),
-        ({"window": (2, 3)}, 0, 2, 3),
-        ({"window": (2, 3), "causal": True}, 0, 2, 0),
-        ({"window": (None, 1), "align": "bottom-right"}, 2, None, 1),
-    ],
-)
-def test_prepare_turns_causal_window_and_align_into_one_band(rng, options, offset, left, right):
-    rules = rules_for(rng, **options)
-
-    assert (rules.offset, rules.left, rules.right) == (offset, left, right)
-
-
 def reference_band(n, m, offset, left, right):
     """The band written out entry by entry: p_i - left <= j <= p_i + right, p_i = i + offset."""
     visible = np.ones((n, m), dtype=bool)
@@ -182,18 +132,6 @@ def test_distance_is_alibis_position_gap(rng, align):
     offset = 2 if align == "bottom-right" else 0
     expected = [[abs(i + offset - j) for j in range(7)] for i in range(5)]
     assert torch.equal(gap, torch.tensor(expected, dtype=torch.float64))
-
-
-def test_prepare_shapes_alibi_slopes_and_sinks_to_broadcast_on_the_scores(rng):
-    slopes, sinks = to_torch(rng.random(4)), to_torch(rng.standard_normal(4))
-    batch_slopes = to_torch(rng.random((2, 4)))
-
-    rules = rules_for(rng, alibi_slopes=slopes, sinks=sinks)
-    batched = rules_for(rng, alibi_slopes=batch_slopes)
-
-    assert torch.equal(rules.slopes, slopes[:, None, None])
-    assert torch.equal(rules.sinks, sinks[:, None, None])
-    assert torch.equal(batched.slopes, batch_slopes[:, :, None, None])
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
@@ -238,15 +176,3 @@ def test_softmax_forward_with_a_sink_puts_a_dead_rows_weight_on_it(rng):
     assert_close(probs[[0, 2]], torch.softmax(with_sink, -1)[[0, 2], :7], name="probs")
     assert_close(lse, torch.logsumexp(with_sink, -1), name="lse")
     assert torch.equal(probs[1], torch.zeros(7, dtype=torch.float64)) and lse[1] == 0.5
-
-
-def test_padding_rows_of_k_and_v_are_zeroed_before_any_product(rng):
-    q, k, _ = qkv(rng)
-    padding = torch.zeros(2, 7, dtype=torch.bool)
-    padding[0, 5:] = True
-    k[0, 5:] = NAN
-
-    prepared_k = scores.prepare(q, k, k, key_padding_mask=padding).k
-
-    assert torch.equal(prepared_k[0, 5:], torch.zeros(2, 4, dtype=torch.float64))
-    assert torch.equal(prepared_k[:, :5], k[:, :5]) and torch.equal(prepared_k[1], k[1])

@@ -2,7 +2,7 @@
 sizes (autotuned on a GPU, pinned under the interpreter), and the autograd Function.
 
 ``attention(q, k, v, rules)`` is the ``"triton"`` backend of ``functional.attention`` (a call
-prepared by ``scores.prepare``); ``varlen_attention(...)`` runs packed sequences (flash-attn's
+prepared by ``rules.prepare``); ``varlen_attention(...)`` runs packed sequences (flash-attn's
 layout) in one launch. Both go through ``TritonAttention``, whose forward runs
 ``forward.attention_forward_kernel`` and whose backward computes ``delta = rowsum(dO * O) -
 dlse`` and dsinks in torch, then runs the two backward kernels.
@@ -34,7 +34,7 @@ import triton
 from torch.autograd.function import once_differentiable
 from triton.runtime.interpreter import InterpretedFunction
 
-from ..scores import ScoreRules
+from ..rules import ScoreRules
 from . import backward, forward, pipeline
 
 # The widest head the kernels take: a block of rows of q, k, v, dk, dv (up to 256 wide, in
@@ -111,7 +111,7 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``"triton"`` backend: out (..., H, N, Dv) in q's dtype and lse (..., H, N) float32,
     differentiable in q, k, v, the sinks and the ALiBi slopes, for a call prepared by
-    ``scores.prepare`` (masks and an explicit dropout mask are refused before this,
+    ``rules.prepare`` (masks and an explicit dropout mask are refused before this,
     ``backends``)."""
     lead = tuple(q.shape[:-2])
     heads = lead[-1] if lead else 1
@@ -157,7 +157,7 @@ def varlen_attention(
     bottom_right: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences in one launch: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, Dv) with
-    checked offsets, ``rules`` the options checked by ``scores.prepare`` (its lengths unused),
+    checked offsets, ``rules`` the options checked by ``rules.prepare`` (its lengths unused),
     ``slopes`` (H,) or (S, H) or None. Returns out (T_q, H, Dv) and lse (H, T_q) float32."""
     heads = q.shape[1]
     lengths_q = [b - a for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:], strict=False)]

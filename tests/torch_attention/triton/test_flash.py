@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parity_tests import check_kernel
-from parity_tests.checker.battery import Case
+from parity_tests.checker.battery.attention.case import Case
 
 from .conftest import NEEDS_TRITON
 

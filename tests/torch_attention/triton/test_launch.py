@@ -22,11 +22,12 @@ import torch
 
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
-from parity_tests.checker.judge import judge_keep, judge_lse, judge_tensor
-from parity_tests.checker.reference import attention_scores, plain_attention
-from torch_attention import backends, scores, varlen_attention
+from parity_tests.checker.golden.attention_baseline import attention_scores, plain_attention
+from parity_tests.checker.judge.policy import judge_keep, judge_lse, judge_tensor
+from torch_attention import backends, varlen_attention
 from torch_attention.functional import attention
 from torch_attention.merge import merge_attention
+from torch_attention.rules import prepare
 
 from ...conftest import SEED, to_numpy
 from .conftest import NEEDS_TRITON
@@ -413,7 +414,7 @@ def test_auto_picks_the_kernel_on_cuda_for_what_sdpa_refuses_and_never_on_cpu():
     q = torch.randn(1, 2, 17, 16, requires_grad=True)
 
     def call(device: str, **options: Any) -> backends.Call:
-        rules = scores.prepare(q, q, q, **options).rules
+        rules = prepare(q, q, q, **options).rules
         return backends.Call(rules, False, torch.float16, torch.device(device), True, (16, 16))
 
     assert backends.choose(call("cuda", softcap=2.0)) == "triton"

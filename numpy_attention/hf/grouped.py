@@ -1,0 +1,373 @@
+"""Hugging Face decoder attention -> ``GroupedQueryAttention`` and back: the config read as the
+model reads it, the attention weights found in any state dict, fused projections split on load
+and joined on save, NumPy only (transformers is never imported).
+
+Models (``config["model_type"]``): Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma 2,
+Gemma 3 (text), GPT-OSS, Phi-3, OLMo 2, Cohere, Cohere 2, StarCoder 2, Granite, SmolLM 3, GLM,
+GLM 4 and Falcon. What each family's code reads is one row of ``families.FAMILIES``; RoPE is
+``rope.py``'s, the fused projections ``layouts.py``'.
+
+- Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else
+  ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
+  ``num_kv_heads`` in its new decoder architecture, one with ``multi_query``).
+- Biases: the family's config key (``attention_bias``, ``qkv_bias``, ``use_bias``, ``bias``)
+  on its projections; Qwen2 has no key and biases on q, k and v only: read from the state dict.
+- QK-norm: RMSNorm per head (Qwen3, Qwen3-MoE), per head with Gemma's (1 + w) (Gemma 3), over
+  the whole projection (OLMo 2), or a bias-free LayerNorm with a weight per head (Cohere, under
+  ``use_qk_norm``), before RoPE.
+- Sliding windows: ``layer_types[layer_idx]``, else the family's own rule; Mistral, Phi-3 and
+  StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
+  ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
+  included (``kv > q - W``), so ``window = (W - 1, 0)``.
+- Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
+  ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
+- RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
+  rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
+  (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3.
+  ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
+  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn`` or ``longrope``
+  (the layer switches to the long frequencies per call, as the model does). For exactly the
+  model's frequencies pass them as ``inv_freq=`` (and ``long_inv_freq=``): used as given.
+
+The padding convention differs too, at call time: Hugging Face's ``attention_mask`` is 1 = keep,
+the layer's ``key_padding_mask`` is True = padding; with left padding each row's positions start
+at its first real token. ``padding_from_hf`` turns one into the other.
+docs/hugging-face.md walks through each model.
+
+Tests: tests/numpy_attention/hf/test_grouped.py; against transformers in
+tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import validation
+from ..grouped import GroupedQueryAttention
+from ..module import _to_numpy
+from .families import FAMILIES, as_mapping, layer_options, model_type, sizes
+from .layouts import ANCHORS, expected_form, hf_shapes, join, split
+from .rope import rope_options
+
+__all__ = [
+    "grouped_from_hf",
+    "hf_attention_state",
+    "hf_attention_state_from_grouped",
+    "padding_from_hf",
+]
+
+# -- the attention weights of one layer -------------------------------------------------------
+
+
+def hf_attention_state(state_dict: Mapping[str, Any], *, layer_idx: int = 0) -> dict[str, Any]:
+    """The attention entries of one layer, named as the attention module names them.
+
+    The prefix is whatever precedes the attention's first projection (``q_proj.weight``, or the
+    fused ``qkv_proj.weight`` of Phi-3 and ``query_key_value.weight`` of Falcon): none for an
+    attention module's own state dict, ``self_attn.`` for a decoder layer's,
+    ``model.layers.{i}.self_attn.`` for a whole model's, where ``layer_idx`` chooses i. Entries
+    outside the prefix (embeddings, MLPs, other layers) are left out; every entry under it is
+    returned, expected or not.
+
+    Args:
+        state_dict: name -> array-like (NumPy arrays, torch tensors, ...).
+        layer_idx: the layer to take from a state dict that holds several; a dict that holds one
+            layer under a numbered prefix must hold this one.
+
+    Returns:
+        ``{"q_proj.weight": ..., ...}``, the values as given (not copied or converted).
+
+    Raises:
+        KeyError: no attention projection at all, or none for ``layer_idx``, naming the
+            expected key form.
+        ValueError: a one-layer dict whose prefix names another layer than ``layer_idx``.
+    """
+    anchors = [
+        anchor
+        for anchor in ANCHORS.values()
+        if isinstance(state_dict, Mapping)
+        and any(key == anchor or key.endswith("." + anchor) for key in state_dict)
+    ]
+    anchor = anchors[0] if len(anchors) == 1 else ANCHORS["separate"]
+    layout = next(name for name, value in ANCHORS.items() if value == anchor)
+    return _attention_entries("hf_attention_state", state_dict, layer_idx, layout)[1]
+
+
+def _attention_entries(
+    fn: str, state_dict: Mapping[str, Any], layer_idx: Any, layout: str = "separate"
+) -> tuple[str, dict[str, Any]]:
+    """``hf_attention_state``'s work for the projections' ``layout``: the prefix found and the
+    entries under it."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
+    layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    anchor, form = ANCHORS[layout], expected_form(layout)
+    prefixes = sorted(
+        key.removesuffix(anchor)
+        for key in state_dict
+        if key == anchor or key.endswith("." + anchor)
+    )
+    if not prefixes:
+        raise KeyError(f"{fn}: the state dict has no '{anchor}'; {form}")
+    numbered = {prefix: _layer_number(prefix) for prefix in prefixes}
+    if len(prefixes) == 1:
+        prefix = prefixes[0]
+        if numbered[prefix] not in (None, layer_idx):
+            raise ValueError(
+                f"{fn}: the state dict holds layer {numbered[prefix]} "
+                f"('{prefix}{anchor}') but layer_idx is {layer_idx}"
+            )
+    else:
+        chosen = [prefix for prefix in prefixes if numbered[prefix] == layer_idx]
+        if len(chosen) != 1:
+            shown = ", ".join(f"'{prefix}{anchor}'" for prefix in prefixes[:3])
+            raise KeyError(
+                f"{fn}: the state dict holds {len(prefixes)} attention layers ({shown}, ...) "
+                f"and {len(chosen)} of them for layer_idx {layer_idx}; {form}"
+            )
+        prefix = chosen[0]
+    entries = {
+        key.removeprefix(prefix): value
+        for key, value in state_dict.items()
+        if key.startswith(prefix)
+    }
+    return prefix, entries
+
+
+def _layer_number(prefix: str) -> int | None:
+    """The last numbered segment of a prefix (``model.layers.3.self_attn.`` -> 3), or None."""
+    numbers = re.findall(r"(?:^|\.)(\d+)(?=\.)", prefix)
+    return int(numbers[-1]) if numbers else None
+
+
+# -- the layer ---------------------------------------------------------------------------------
+
+
+def grouped_from_hf(
+    config: Mapping[str, Any] | Any,
+    state_dict: Mapping[str, Any],
+    *,
+    layer_idx: int = 0,
+    inv_freq: Any = None,
+    long_inv_freq: Any = None,
+) -> GroupedQueryAttention:
+    """The NumPy layer of one Hugging Face attention layer, weights loaded, in eval mode.
+
+    Everything is read from the config as the model reads it (module docstring); fused
+    projections (Phi-3's ``qkv_proj``, Falcon's ``query_key_value``) are split into the layer's
+    q_proj, k_proj and v_proj. The layer's dtype is float64 when the weights are float64 and
+    float32 otherwise (float16 and bfloat16 weights are computed in float32). Every check runs
+    before the layer is built.
+
+    Args:
+        config: ``config.to_dict()`` of a supported model (a config object with ``to_dict`` is
+            read through it), or the mapping of its ``config.json``.
+        state_dict: the attention's state dict with any prefix (``hf_attention_state``): a whole
+            model's, a decoder layer's or the attention module's own.
+        layer_idx: which layer: its weights in a whole model's state dict, and its type (sliding
+            or full attention, RoPE or NoPE, its RoPE parameters) in the config.
+        inv_freq: (R/2,) RoPE frequencies, used as given, e.g. the model's own float32
+            ``rotary_emb.inv_freq`` (Gemma 3: the layer type's,
+            ``rotary_emb.sliding_attention_inv_freq``); None computes them from the config
+            (``hf_inv_freq``). Ignored on a NoPE layer.
+        long_inv_freq: LongRoPE's long frequencies, used as given; None computes them.
+
+    Returns:
+        a ``GroupedQueryAttention`` holding the weights, in eval mode.
+
+    Raises:
+        ValueError: an unsupported ``model_type`` (naming the supported ones) or RoPE type, a
+            config the layer cannot express, a layer_idx past ``num_hidden_layers``, weights of
+            shapes other than the config's.
+        KeyError: missing or unexpected attention keys, named with the prefix found.
+    """
+    fn = "grouped_from_hf"
+    config = as_mapping(config)
+    name = model_type(config)
+    layout = FAMILIES[name].layout
+    layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    num_layers = config.get("num_hidden_layers")
+    if num_layers is not None and layer_idx >= num_layers:
+        raise ValueError(
+            f"{fn}: layer_idx is {layer_idx} but the config has num_hidden_layers = {num_layers}"
+        )
+    prefix, attention = _attention_entries(fn, state_dict, layer_idx, layout)
+    options = layer_options(config, name, layer_idx, attention)
+    options |= rope_options(config, layer_idx, inv_freq, long_inv_freq)
+    expected = hf_shapes(layout, _expected_shapes(options))
+    _check_keys(attention, expected, prefix, layout)
+    arrays = {key: _to_numpy(value) for key, value in attention.items()}
+    for key, shape in expected.items():
+        if arrays[key].shape != shape:
+            raise ValueError(
+                f"{fn}: {key} has shape {arrays[key].shape}, but the config "
+                f"({_sizes(options)}) gives {shape}"
+            )
+        validation.float_array(f"{fn}: {key}", arrays[key])
+
+    arrays = split(layout, arrays, options["num_heads"], options["num_kv_heads"])
+    dtype = np.float64 if arrays["q_proj.weight"].dtype == np.float64 else np.float32
+    layer = GroupedQueryAttention(**options, rng=0)
+    layer.astype(dtype)
+    layer.load_state_dict(arrays)
+    layer.eval()
+    return layer
+
+
+def hf_attention_state_from_grouped(
+    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
+    ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
+    q, k and v are joined where the model fuses them (Phi-3's ``qkv_proj``, Falcon's
+    ``query_key_value``, whose ``o_proj`` is ``dense``); the other families keep the names.
+
+    Args:
+        config: the model's config (as for ``grouped_from_hf``).
+        state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
+            and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
+            has (biases, norms, sinks), passed through.
+
+    Returns:
+        the model's names -> fresh NumPy arrays (copies).
+
+    Raises:
+        KeyError: a projection missing, or a bias on some of q, k, v only where they are fused.
+        ValueError: projections of other shapes than the config's.
+    """
+    fn = "hf_attention_state_from_grouped"
+    config = as_mapping(config)
+    name = model_type(config)
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
+    family = FAMILIES[name]
+    shape = sizes(config, family)
+    arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
+    h, h_kv, d, c = (
+        shape["num_heads"],
+        shape["num_kv_heads"],
+        shape["head_dim"],
+        shape["hidden_size"],
+    )
+    expected = {
+        "q_proj.weight": (h * d, c),
+        "k_proj.weight": (h_kv * d, c),
+        "v_proj.weight": (h_kv * d, c),
+        "o_proj.weight": (c, h * d),
+    }
+    missing = [key for key in expected if key not in arrays]
+    if family.layout != "separate":  # fused: the q, k and v biases are one entry
+        biases = [f"{proj}.bias" for proj in ("q_proj", "k_proj", "v_proj")]
+        if any(key in arrays for key in biases):
+            missing += [key for key in biases if key not in arrays]
+    if missing:
+        raise KeyError(
+            f"{fn}: missing keys {missing} of a {name} layer's state dict (where q, k and v are "
+            "fused, their biases go together)"
+        )
+    for key, want in expected.items():
+        if arrays[key].shape != want:
+            raise ValueError(
+                f"{fn}: {key} has shape {arrays[key].shape}, but the config "
+                f"({_sizes(shape)}) gives {want}"
+            )
+    return join(family.layout, arrays, h, h_kv)
+
+
+# -- padding ------------------------------------------------------------------------------------
+
+
+def padding_from_hf(attention_mask: Any, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Hugging Face's ``attention_mask`` as the layer's ``key_padding_mask`` and RoPE positions.
+
+    Hugging Face marks the tokens to keep with 1; the layer's mask marks padding with True, so
+    ``key_padding_mask = attention_mask == 0``. With left padding each row's first real token is
+    at position 0: positions are ``cumsum(attention_mask) - 1`` (0 on the padding, whose queries
+    see nothing), as ``generate`` computes them.
+
+    Args:
+        attention_mask: (B, M) of 0 and 1 (or bool), over every token so far (the cached ones
+            and this call's), as ``generate`` passes it.
+        n: the number of this call's tokens, the last n of the M; None for all M (no cache).
+
+    Returns:
+        ``key_padding_mask`` bool (B, M) and ``positions`` int (B, n).
+    """
+    mask = _to_numpy(attention_mask)
+    if mask.ndim != 2 or mask.dtype.kind not in "biu" or not np.isin(mask, (0, 1)).all():
+        raise ValueError(
+            "attention_mask must be (B, M) of 0 (padding) and 1 (keep), got shape "
+            f"{mask.shape} and dtype {mask.dtype}"
+        )
+    m = mask.shape[1]
+    n = m if n is None else validation.non_negative_int("n", n)
+    if n > m:
+        raise ValueError(f"n = {n} new tokens, but attention_mask covers only M = {m}")
+    keep = mask.astype(np.bool_)
+    positions = np.maximum(np.cumsum(keep, axis=1) - 1, 0)  # (B, M)
+    return ~keep, positions[:, m - n :]
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The attention module's state dict for these options: name -> shape."""
+    c, h, h_kv, d = (
+        options["hidden_size"],
+        options["num_heads"],
+        options["num_kv_heads"],
+        options["head_dim"],
+    )
+    shapes: dict[str, tuple[int, ...]] = {
+        "q_proj.weight": (h * d, c),
+        "k_proj.weight": (h_kv * d, c),
+        "v_proj.weight": (h_kv * d, c),
+        "o_proj.weight": (c, h * d),
+    }
+    if options["bias"]:
+        shapes |= {"q_proj.bias": (h * d,), "k_proj.bias": (h_kv * d,), "v_proj.bias": (h_kv * d,)}
+    if options["out_bias"]:
+        shapes["o_proj.bias"] = (c,)
+    if options.get("qk_norm"):
+        shapes |= {
+            "q_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h, d),
+            "k_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h_kv, d),
+        }
+    if options.get("sinks"):
+        shapes["sinks"] = (h,)
+    return shapes
+
+
+def _norm_shape(shape: str, heads: int, head_dim: int) -> tuple[int, ...]:
+    """The QK-norm weight's shape, as ``GroupedQueryAttention`` makes it."""
+    if shape == "per_head":
+        return (heads, head_dim)
+    return (heads * head_dim,) if shape == "all" else (head_dim,)
+
+
+def _sizes(options: Mapping[str, Any]) -> str:
+    return ", ".join(
+        f"{name}={options[name]}"
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim")
+    )
+
+
+def _check_keys(
+    attention: Mapping[str, Any],
+    expected: Mapping[str, tuple[int, ...]],
+    prefix: str,
+    layout: str,
+) -> None:
+    missing = [prefix + name for name in expected if name not in attention]
+    unexpected = sorted(prefix + name for name in attention if name not in expected)
+    if missing or unexpected:
+        raise KeyError(
+            f"grouped_from_hf: missing keys {missing}, unexpected keys {unexpected} for this "
+            f"config's attention ({sorted(expected)} under the prefix '{prefix}'); "
+            f"{expected_form(layout)}"
+        )

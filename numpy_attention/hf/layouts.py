@@ -1,0 +1,137 @@
+"""Where Hugging Face models keep their attention projections, and the layer's names for them:
+separate ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (the Llama family: the same names), or
+fused, split on load and joined on save.
+
+- ``"qkv_proj"`` (Phi-3): ``qkv_proj.weight`` ((H + 2 H_kv) D, C), rows [all query heads; all
+  key heads; all value heads], then ``o_proj``.
+- ``"falcon"``: ``query_key_value.weight`` ((H + 2 H_kv) D, C) grouped per key/value head: for
+  each kv head c, the g = H / H_kv query heads that read it, then k_c, then v_c (Falcon's
+  ``_split_heads`` views it as (H_kv, g + 2, D)); an optional ``query_key_value.bias`` alike;
+  ``dense`` is o_proj. Multi-query (one kv head) and multi-head (g = 1) Falcons are the same
+  layout.
+
+Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
+weights. NumPy only.
+
+Tests: tests/numpy_attention/hf/test_layouts.py, test_grouped.py (the split and the join, a round
+trip); against transformers' modules in tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+ANCHORS = {  # the one key every layout's attention has, after which nothing is named
+    "separate": "q_proj.weight",
+    "qkv_proj": "qkv_proj.weight",
+    "falcon": "query_key_value.weight",
+}
+EXAMPLES = {  # how a whole model's state dict names it
+    "separate": "model.layers.{i}.self_attn.q_proj.weight",
+    "qkv_proj": "model.layers.{i}.self_attn.qkv_proj.weight",
+    "falcon": "transformer.h.{i}.self_attention.query_key_value.weight",
+}
+_FUSED = {"qkv_proj": "qkv_proj", "falcon": "query_key_value"}
+_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense"}
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def expected_form(layout: str) -> str:
+    """The key forms a state dict of this layout is expected to have, for error messages."""
+    return f"expected keys like '{EXAMPLES[layout]}' or '{ANCHORS[layout]}'"
+
+
+def hf_name(layout: str, name: str) -> str:
+    """The model's name of one of the layer's entries (the fused entry for q, k, v)."""
+    module, _, kind = name.partition(".")
+    if module in _QKV and layout in _FUSED:
+        return f"{_FUSED[layout]}.{kind}"
+    if module == "o_proj":
+        return f"{_OUT[layout]}.{kind}"
+    return name
+
+
+def hf_shapes(layout: str, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The model's entries and shapes for the layer's ``shapes`` (name -> shape): fused rows add
+    up."""
+    result: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        key = hf_name(layout, name)
+        if key in result:  # q, k and v rows stacked into one entry
+            result[key] = (result[key][0] + shape[0], *shape[1:])
+        else:
+            result[key] = tuple(shape)
+    return result
+
+
+def split(
+    layout: str, state: Mapping[str, np.ndarray], num_heads: int, num_kv_heads: int
+) -> dict[str, np.ndarray]:
+    """The model's attention entries (its names) as the layer's: fused rows split into q, k and
+    v, ``dense`` renamed ``o_proj``. Shapes are the caller's to have checked."""
+    out: dict[str, np.ndarray] = {}
+    for key, value in state.items():
+        module, _, kind = key.partition(".")
+        if layout in _FUSED and module == _FUSED[layout]:
+            q, k, v = _split_rows(layout, value, num_heads, num_kv_heads)
+            out |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
+        elif module == _OUT[layout]:
+            out[f"o_proj.{kind}"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def join(
+    layout: str, state: Mapping[str, np.ndarray], num_heads: int, num_kv_heads: int
+) -> dict[str, np.ndarray]:
+    """The layer's entries (its names) as the model's: ``split``'s inverse."""
+    out: dict[str, np.ndarray] = {}
+    for key, value in state.items():
+        module, _, kind = key.partition(".")
+        if layout in _FUSED and module in _QKV:
+            if module == "q_proj":
+                parts = [state[f"{name}.{kind}"] for name in _QKV]
+                out[f"{_FUSED[layout]}.{kind}"] = _join_rows(layout, parts, num_heads, num_kv_heads)
+        elif module == "o_proj":
+            out[f"{_OUT[layout]}.{kind}"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _split_rows(
+    layout: str, fused: np.ndarray, num_heads: int, num_kv_heads: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v rows of a fused weight ((H + 2 H_kv) D, C) or bias ((H + 2 H_kv) D,)."""
+    rest = fused.shape[1:]
+    if layout == "qkv_proj":  # [q heads; k heads; v heads]
+        head_dim = fused.shape[0] // (num_heads + 2 * num_kv_heads)
+        q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
+        q, k, v = np.split(fused, [q_rows, q_rows + kv_rows])
+        return q.copy(), k.copy(), v.copy()
+    group = num_heads // num_kv_heads  # Falcon: per kv head, its g query heads, k, v
+    blocks = fused.reshape(num_kv_heads, group + 2, -1, *rest)  # (H_kv, g + 2, D, ...)
+    q = blocks[:, :group].reshape(-1, *rest)  # (H_kv, g, D, ...) -> (H D, ...)
+    k = blocks[:, group].reshape(-1, *rest)  # (H_kv, D, ...) -> (H_kv D, ...)
+    v = blocks[:, group + 1].reshape(-1, *rest)
+    return q, k, v
+
+
+def _join_rows(
+    layout: str, parts: list[np.ndarray], num_heads: int, num_kv_heads: int
+) -> np.ndarray:
+    """``_split_rows``'s inverse: q (H D, ...), k and v (H_kv D, ...) as one fused entry."""
+    q, k, v = parts
+    if layout == "qkv_proj":
+        return np.concatenate([q, k, v])
+    rest = q.shape[1:]
+    group = num_heads // num_kv_heads
+    blocks = [
+        q.reshape(num_kv_heads, group, -1, *rest),  # (H_kv, g, D, ...)
+        k.reshape(num_kv_heads, 1, -1, *rest),
+        v.reshape(num_kv_heads, 1, -1, *rest),
+    ]
+    return np.concatenate(blocks, axis=1).reshape(-1, *rest)  # (H_kv, g + 2, D, ...) -> rows

@@ -1,0 +1,1 @@
+"""parity_tests/checker/battery/attention"""

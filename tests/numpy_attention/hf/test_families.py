@@ -1,0 +1,86 @@
+"""numpy_attention.hf.families: what a family reads from its config. Which layers slide when a
+config has no ``layer_types`` is checked against the real client, transformers' own config classes
+(tiny, no download), which write the list their model then follows; sizes, refusals and bad configs
+by hand. (Every family's layer against transformers' modules: tests/parity/test_hf_models.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from numpy_attention.hf.families import (
+    FAMILIES,
+    FULL,
+    SLIDING,
+    layer_kind,
+    model_type,
+    required,
+    sizes,
+)
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 6
+SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=LAYERS, sliding_window=8)  # fmt: skip
+FALLBACKS = {  # model_type -> what its config class is given besides SIZES
+    "qwen2": {"use_sliding_window": True, "max_window_layers": 2},
+    "qwen3": {"use_sliding_window": True, "max_window_layers": 3},
+    "qwen2_moe": {"use_sliding_window": True, "max_window_layers": 4},
+    "gemma2": {},
+    "gemma3_text": {"sliding_window_pattern": 3},
+    "cohere2": {},
+    "gpt_oss": {},
+}
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_without_layer_types_the_family_slides_where_its_config_class_would(name):
+    config = transformers.AutoConfig.for_model(name, **SIZES, **FALLBACKS[name]).to_dict()
+    theirs = config.pop("layer_types")
+
+    ours = [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)]
+
+    assert ours == theirs
+    assert SLIDING in ours and FULL in ours  # the case tells the rules apart
+
+
+def test_a_config_list_of_layer_types_is_read_and_checked():
+    family = FAMILIES["gemma2"]
+    config = {**SIZES, "layer_types": [FULL, SLIDING]}
+
+    assert [layer_kind(config, family, i) for i in range(2)] == [FULL, SLIDING]
+    with pytest.raises(ValueError, match="layer_types has 2 entries"):
+        layer_kind(config, family, 2)
+    with pytest.raises(ValueError, match="'chunked_attention'"):
+        layer_kind({**config, "layer_types": ["chunked_attention"]}, family, 0)
+
+
+def test_sizes_as_the_attention_module_takes_them():
+    llama, gemma = FAMILIES["llama"], FAMILIES["gemma2"]
+    config = {**SIZES, "head_dim": 16}
+
+    assert sizes(config, llama) == {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+                                    "head_dim": 16}  # fmt: skip
+    assert sizes({**SIZES, "num_key_value_heads": None}, llama)["num_kv_heads"] == 4
+    assert sizes(config, gemma)["head_dim"] == 16
+    with pytest.raises(ValueError, match="not a multiple of its 3 key/value heads"):
+        sizes({**SIZES, "num_key_value_heads": 3}, llama)
+
+
+def test_falcon_reads_its_key_value_heads_from_its_own_flags():
+    falcon = FAMILIES["falcon"]
+
+    assert sizes({**SIZES, "multi_query": True}, falcon)["num_kv_heads"] == 1
+    assert sizes({**SIZES, "multi_query": False}, falcon)["num_kv_heads"] == 4
+    new = {**SIZES, "new_decoder_architecture": True, "num_kv_heads": 2}
+    assert sizes(new, falcon)["num_kv_heads"] == 2
+
+
+def test_unknown_and_refused_model_types_and_missing_keys_are_named():
+    assert model_type({"model_type": "qwen2"}) == "qwen2"
+    with pytest.raises(ValueError, match="'bert' is not supported; supported:"):
+        model_type({"model_type": "bert"})
+    with pytest.raises(ValueError, match="pass config.text_config"):
+        model_type({"model_type": "gemma3"})
+    with pytest.raises(ValueError, match="no 'hidden_size', which a llama layer needs"):
+        required({"model_type": "llama", "hidden_size": None}, "hidden_size")

@@ -1,0 +1,90 @@
+"""numpy_attention.hf.layouts: where each Hugging Face layout keeps q, k, v and the output
+projection, read row by row from fused weights whose rows name their own origin (head, slot,
+coordinate), and the split and join inverse to each other. (Against transformers' modules:
+tests/parity/test_hf_models.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numpy_attention.hf import layouts
+
+H, H_KV, D, C = 4, 2, 3, 5  # query heads, key/value heads, head width, model width
+
+
+def _labelled_falcon() -> np.ndarray:
+    """query_key_value.weight ((H + 2 H_kv) D, C) whose row r holds 1000 c + 100 slot + d in
+    column 0 (c the kv head, slot 0..g-1 its query heads, g its key, g + 1 its value)."""
+    group = H // H_KV
+    rows = [
+        1000 * c + 100 * slot + d
+        for c in range(H_KV)
+        for slot in range(group + 2)
+        for d in range(D)
+    ]
+    weight = np.zeros((len(rows), C))
+    weight[:, 0] = rows
+    return weight
+
+
+def test_falcon_rows_are_grouped_per_kv_head():
+    group = H // H_KV
+    state = {"query_key_value.weight": _labelled_falcon(), "dense.weight": np.eye(C)}
+
+    layer = layouts.split("falcon", state, H, H_KV)
+
+    q_heads = [layer["q_proj.weight"][h * D : (h + 1) * D, 0] for h in range(H)]
+    for h, rows in enumerate(q_heads):  # query head h reads kv head h // g, slot h % g
+        assert rows.tolist() == [1000 * (h // group) + 100 * (h % group) + d for d in range(D)]
+    for c in range(H_KV):
+        assert layer["k_proj.weight"][c * D : (c + 1) * D, 0].tolist() == [
+            1000 * c + 100 * group + d for d in range(D)
+        ]
+        assert layer["v_proj.weight"][c * D : (c + 1) * D, 0].tolist() == [
+            1000 * c + 100 * (group + 1) + d for d in range(D)
+        ]
+    assert np.array_equal(layer["o_proj.weight"], np.eye(C)) and "dense.weight" not in layer
+
+
+def test_qkv_proj_rows_are_all_queries_then_keys_then_values():
+    fused = np.arange((H + 2 * H_KV) * D, dtype=float)[:, None] * np.ones(C)
+
+    layer = layouts.split("qkv_proj", {"qkv_proj.weight": fused}, H, H_KV)
+
+    assert layer["q_proj.weight"][:, 0].tolist() == list(range(H * D))
+    assert layer["k_proj.weight"][:, 0].tolist() == list(range(H * D, (H + H_KV) * D))
+    assert layer["v_proj.weight"][:, 0].tolist() == list(range((H + H_KV) * D, (H + 2 * H_KV) * D))
+
+
+@pytest.mark.parametrize("layout", ["separate", "qkv_proj", "falcon"])
+def test_join_is_the_inverse_of_split_for_weights_and_biases(layout):
+    rng = np.random.default_rng(0)
+    layer = {
+        f"{name}.{kind}": rng.standard_normal((rows, C) if kind == "weight" else (rows,))
+        for name, rows in (("q_proj", H * D), ("k_proj", H_KV * D), ("v_proj", H_KV * D))
+        for kind in ("weight", "bias")
+    }
+    layer["o_proj.weight"] = rng.standard_normal((C, H * D))
+
+    model = layouts.join(layout, layer, H, H_KV)
+    again = layouts.split(layout, model, H, H_KV)
+
+    assert set(model) == set(layouts.hf_shapes(layout, {k: v.shape for k, v in layer.items()}))
+    assert set(again) == set(layer)
+    for key, value in layer.items():
+        np.testing.assert_array_equal(again[key], value, err_msg=key)
+
+
+def test_names_and_shapes_of_the_model():
+    shapes = {"q_proj.weight": (H * D, C), "k_proj.weight": (H_KV * D, C),
+              "v_proj.weight": (H_KV * D, C), "o_proj.weight": (C, H * D)}  # fmt: skip
+
+    assert layouts.hf_name("falcon", "o_proj.weight") == "dense.weight"
+    assert layouts.hf_name("qkv_proj", "k_proj.bias") == "qkv_proj.bias"
+    assert layouts.hf_name("separate", "k_proj.weight") == "k_proj.weight"
+    assert layouts.hf_shapes("falcon", shapes) == {
+        "query_key_value.weight": ((H + 2 * H_KV) * D, C),
+        "dense.weight": (C, H * D),
+    }
+    assert "query_key_value.weight" in layouts.expected_form("falcon")
