@@ -9,7 +9,7 @@ arithmetic, so both sides hold rounding noise): it is judged on a floor, the sca
 whose rounding it carries, named per case in ``structural_floors``
 (docs/parity.md, "Error measure").
 
-Tests: tests/parity/test_tolerances.py, tests/parity/test_registry.py.
+Tests: tests/parity/test_tolerances.py, tests/parity/test_run.py.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def structural_floors(grads: Mapping[str, np.ndarray], *, one_key: bool) -> dict
       ignores a constant added to a row of scores, such as q . b_key). Floor: the same
       projection's ``<prefix>W_key.weight`` gradient, the other sum over the same dk rows.
     - when ``one_key`` (no query sees two keys: ``at_most_one_key``, or for a layer case
-      ``registry.one_key_per_query``): dS = 0, so the whole query and key paths are 0:
+      ``parity.run.one_key_per_query``): dS = 0, so the whole query and key paths are 0:
       ``W_query``, ``W_key`` (weight and bias), ``Wq``, and ``dx`` of cross attention (x feeds
       only the queries there). Floor: the value path beside them (``W_value``, ``Wkv`` whose
       value rows are nonzero, ``dy``), whose dO and V set the size of the noise.

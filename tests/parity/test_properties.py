@@ -3,7 +3,7 @@ each tensor on its own scale, and no NaN or inf appears where the float64 refere
 
 The examples are derandomized (a fixed seed), so CI and every local run see the same draws.
 
-Tests: parity_tests/registry.py (through ``run_case``), the functional cores of numpy_attention
+Tests: parity_tests/parity/run.py (through ``run_case``), the functional cores of numpy_attention
 and torch_attention.
 """
 
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.masks import causal_mask, combine, key_padding_allowed
-from parity_tests.registry import LayerCase, run_case
+from parity_tests.parity.cases import LayerCase
+from parity_tests.parity.run import run_case
 from parity_tests.tolerances import at_most_one_key, rel_error, rtol_for
 from torch_attention.functional import attention as torch_attention
 

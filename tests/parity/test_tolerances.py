@@ -17,7 +17,8 @@ import torch
 
 import torch_attention.fused
 from numpy_attention.functional import attention_backward, attention_forward
-from parity_tests.registry import CASES, case_tensors, make_data, run_case
+from parity_tests.parity.cases import CASES
+from parity_tests.parity.run import case_tensors, make_data, run_case
 from parity_tests.tolerances import (
     FLOAT16_RTOL,
     FLOAT32_RTOL,

@@ -1,4 +1,4 @@
-"""parity_tests/bench_options.py without timing anything: the visible scores each run is divided
+"""parity_tests/bench/options.py without timing anything: the visible scores each run is divided
 by, the options it names, and the ratios and yes/no of the report on hand-made rows.
 
 The rows are made of dyadic numbers (1.0, 2.0, 64 visible scores, ...) so that every ratio is
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from numpy_attention import functional, no_grad
-from parity_tests import bench_options
-from parity_tests.bench_options import (
+from parity_tests.bench import options as bench_options
+from parity_tests.bench.options import (
     OPTIONS_SHAPE,
     WINDOW,
     WINDOW_SHAPE,

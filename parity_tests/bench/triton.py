@@ -1,5 +1,5 @@
 """The project's Triton kernel against torch's fused kernels on a GPU: ``python -m
-parity_tests.bench_triton`` (never a timed test; it needs CUDA and the extra ``triton``).
+parity_tests.bench.triton`` (never a timed test; it needs CUDA and the extra ``triton``).
 
 At (B, H, N, D) = (4, 16, 4096, 128) in bfloat16, causal, and causal with a window of 1024 keys
 (the query included: ``window=(1023, 0)``), forward and forward+backward of
@@ -24,7 +24,7 @@ shared memory, which proves what the interpreter cannot: that the kernels compil
 
 Shape legend: B batch, H heads, N query and key length, D head width.
 
-Tests: tests/parity/test_bench_triton.py.
+Tests: tests/bench/test_triton.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # one line and exit 2, not a traceback, where torch is missing
     from parity_tests.cli import exit_without_torch
 
-    exit_without_torch("python -m parity_tests.bench_triton")
+    exit_without_torch("python -m parity_tests.bench.triton")
 
 import argparse
 import os
@@ -261,19 +261,19 @@ def kernel_signature(
 def unavailable() -> str | None:
     """Why the benchmark cannot run here, in one line; None when it can."""
     if not torch.cuda.is_available():
-        return "bench_triton needs a CUDA GPU (torch.cuda.is_available() is False); nothing timed"
+        return "bench.triton needs a CUDA GPU (torch.cuda.is_available() is False); nothing timed"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return "bench_triton times the compiled kernel: unset TRITON_INTERPRET (the interpreter)"
+        return "bench.triton times the compiled kernel: unset TRITON_INTERPRET (the interpreter)"
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "bench_triton needs the optional extra 'triton' (pip install -e '.[triton]')"
+        return "bench.triton needs the optional extra 'triton' (pip install -e '.[triton]')"
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m parity_tests.bench_triton",
+        prog="python -m parity_tests.bench.triton",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument(

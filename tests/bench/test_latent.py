@@ -1,4 +1,4 @@
-"""parity_tests/bench_latent.py without timing anything: the report and the targets on hand-made
+"""parity_tests/bench/latent.py without timing anything: the report and the targets on hand-made
 rows, and the bookkeeping of ``latent_rows`` (which call each memory figure measures, the cache
 bytes per token from the caches' own arrays, the weights) on a layer small enough to run in
 milliseconds.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests import bench_latent
-from parity_tests.bench_latent import CACHE, TORCH_TARGET, latent_lines, targets
+from parity_tests.bench import latent as bench_latent
+from parity_tests.bench.latent import CACHE, TORCH_TARGET, latent_lines, targets
 
 MIB = 2**20
 
@@ -124,7 +124,7 @@ def test_latent_rows_measure_each_run_and_size_the_caches_and_weights(tiny, monk
     assert rows["numpy absorbed peak"] == 1 and rows["numpy expanded peak"] == 0
     assert rows["latent bytes/token"] == (rank + rope) * 4  # float32
     assert rows["expanded bytes/token"] == h * (p + rope + dv) * 4
-    assert rows["gqa bytes/token"] == 2 * 8 * 128 * 4  # bench_decode's Llama-8B layer
+    assert rows["gqa bytes/token"] == 2 * 8 * 128 * 4  # decode.py's Llama-8B layer
     assert rows["weight bytes"] == (c * h * (p + rope) + c * (rank + rope)
                                     + rank * h * (p + dv) + h * dv * c + rank) * 4  # fmt: skip
     times = [rows[row] for row, *_ in bench_latent.RUNS]

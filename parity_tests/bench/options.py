@@ -9,7 +9,7 @@ score: ``(time / visible scores) / (plain time / plain visible scores)``. Every 
 exactly what plain causal sees. ``window``: a window of 512 keys at (1, 4, 16384, 64) against the
 full causal run, forward+backward, the ratio the issue's target names.
 
-Tests: tests/parity/test_bench_options.py.
+Tests: tests/bench/test_options.py.
 """
 
 from __future__ import annotations

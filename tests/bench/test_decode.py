@@ -1,4 +1,4 @@
-"""parity_tests/bench_decode.py without timing anything: the report and the targets on hand-made
+"""parity_tests/bench/decode.py without timing anything: the report and the targets on hand-made
 rows, and the bookkeeping of ``decode_rows`` (which call each memory figure measures, the sizes of
 the cache and the weights) on a layer small enough to run in milliseconds.
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests import bench_decode
-from parity_tests.bench_decode import CACHE, PAGE_SIZES, PREFILL, decode_lines, targets
+from parity_tests.bench import decode as bench_decode
+from parity_tests.bench.decode import CACHE, PAGE_SIZES, PREFILL, decode_lines, targets
 
 MIB = 2**20
 

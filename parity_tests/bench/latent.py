@@ -15,9 +15,9 @@ FlashMLA's): one sequence, whose pages the pool gives consecutively, so they are
 Memory: NumPy's tracemalloc peak of one step of each form (what the call allocates beyond the
 weights and the cache), and the bytes a token takes in the cache, one layer: the latent's
 L + R numbers against the keys and values a KVCache would hold, for this layer's heads expanded
-(H (P + R) + H Dv) and for the Llama-8B-shaped GQA layer of ``bench_decode`` (2 H_kv D).
+(H (P + R) + H Dv) and for the Llama-8B-shaped GQA layer of ``decode.py`` (2 H_kv D).
 
-Tests: tests/parity/test_bench_latent.py.
+Tests: tests/bench/test_latent.py.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from numpy_attention import no_grad
-from numpy_attention.grouped import KVCache
-from numpy_attention.latent import LatentCache, MultiHeadLatentAttention, PagedLatentCache
+from numpy_attention.decode.cache import KVCache
+from numpy_attention.latent import MultiHeadLatentAttention
+from numpy_attention.latent_cache import LatentCache, PagedLatentCache
 from torch_attention import from_numpy
-from torch_attention.latent import LatentCache as TorchLatentCache
 from torch_attention.latent import MultiHeadLatentAttention as TorchMultiHeadLatentAttention
+from torch_attention.latent_cache import LatentCache as TorchLatentCache
 
-from .bench_decode import LAYER as GQA_LAYER
+from .decode import LAYER as GQA_LAYER
 
 LAYER = {
     "hidden_size": 2048,

@@ -1,4 +1,4 @@
-"""parity_tests/bench_triton.py without a GPU: the one-line refusal, and the report on hand-made
+"""parity_tests/bench/triton.py without a GPU: the one-line refusal, and the report on hand-made
 timings (the measurement itself needs CUDA: docs/triton-kernel.md)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_tests import bench_triton
-from parity_tests.bench_triton import SHAPE, TARGET, Row, report_lines, tflops, visible_scores
+from parity_tests.bench import triton as bench_triton
+from parity_tests.bench.triton import SHAPE, TARGET, Row, report_lines, tflops, visible_scores
 
 
 def test_without_cuda_it_refuses_in_one_line_with_exit_code_2(monkeypatch, capsys):

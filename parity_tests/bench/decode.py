@@ -12,7 +12,7 @@ torch twin (``torch_attention.grouped``, backend "auto") holding the same weight
 - the same decode step over a ``PagedKVCache`` of pages of 16 and of 256 tokens (the pages the
   cache gives one sequence are consecutive in its pool, and are read in place), against the
   contiguous ``KVCache``'s step (the issue's bound: 1.2x);
-- the attention alone (``numpy_attention.paged.kvcache_attention_forward``, one query over the
+- the attention alone (``numpy_attention.decode.kvcache_attention_forward``, one query over the
   4096 cached keys, no append), contiguous, over pages in pool order, and over shuffled pages
   (a fragmented pool, whose pages it gathers: the cost of a copy of the keys and values).
 
@@ -20,7 +20,7 @@ Memory: the cache's own size, and NumPy's tracemalloc peak of one decode step an
 (what the call allocates beyond the weights and the cache); torch's allocations are not visible
 to tracemalloc.
 
-Tests: tests/parity/test_bench_decode.py.
+Tests: tests/bench/test_decode.py.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import numpy as np
 import torch
 
 from numpy_attention import no_grad
-from numpy_attention.grouped import GroupedQueryAttention, KVCache
-from numpy_attention.paged import PagedKVCache, kvcache_attention_forward
+from numpy_attention.decode.cache import KVCache, PagedKVCache
+from numpy_attention.decode.paged import kvcache_attention_forward
+from numpy_attention.grouped import GroupedQueryAttention
 from torch_attention import from_numpy
+from torch_attention.decode.cache import KVCache as TorchKVCache
 from torch_attention.grouped import GroupedQueryAttention as TorchGroupedQueryAttention
-from torch_attention.grouped import KVCache as TorchKVCache
 
 LAYER = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 CACHE = 4096  # tokens in the cache at a decode step

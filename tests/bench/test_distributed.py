@@ -1,4 +1,4 @@
-"""parity_tests/bench_distributed.py without timing anything: its command line, the bytes a rank
+"""parity_tests/bench/distributed.py without timing anything: its command line, the bytes a rank
 should send (docs/context-parallel.md, "Communication"), the counting of the bytes it does send,
 and the reading of the peak resident set.
 
@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parity_tests import bench_distributed
-from parity_tests.bench_distributed import build_parser, main, peak, reset_peak, run_world, theory
+from parity_tests.bench import distributed as bench_distributed
+from parity_tests.bench.distributed import build_parser, main, peak, reset_peak, run_world, theory
 
 MIB = 2**20
 STATUS = "Name:\tpython\nVmPeak:\t  900000 kB\nVmHWM:\t    5678 kB\nVmRSS:\t    1234 kB\n"
@@ -72,7 +72,7 @@ def test_bad_usage_is_exit_2_before_any_work(argv, unmeasured, capsys):
         main(argv)
 
     assert done.value.code == 2
-    assert "usage: python -m parity_tests.bench_distributed" in capsys.readouterr().err
+    assert "usage: python -m parity_tests.bench.distributed" in capsys.readouterr().err
     assert unmeasured == []
 
 

@@ -1,8 +1,8 @@
 """Benchmark of ring attention (``torch_attention.distributed``) on gloo CPU processes.
 
-    python -m parity_tests.bench_distributed --help
-    python -m parity_tests.bench_distributed                       # the measurement of the docs
-    python -m parity_tests.bench_distributed --shape 1,4,4096,64 --worlds 1,2,4
+    python -m parity_tests.bench.distributed --help
+    python -m parity_tests.bench.distributed                       # the measurement of the docs
+    python -m parity_tests.bench.distributed --shape 1,4,4096,64 --worlds 1,2,4
 
 For each world size W of ``--worlds`` and each sequence length of ``--lengths`` (default: N/4,
 N/2 and N of ``--shape``), W processes are started (torch.multiprocessing, gloo on 127.0.0.1)
@@ -27,7 +27,7 @@ autograd), whose peak grows as N^2: its need at N is extrapolated from it, not r
 
 The report goes to stdout; nothing is written. docs/context-parallel.md records one run.
 
-Tests: tests/parity/test_bench_distributed.py (never timed); the ring it measures is tested in
+Tests: tests/bench/test_distributed.py (never timed); the ring it measures is tested in
 tests/torch_attention/test_distributed.py.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # one line and exit 2, not a traceback, where torch is missing
     from parity_tests.cli import exit_without_torch
 
-    exit_without_torch("python -m parity_tests.bench_distributed")
+    exit_without_torch("python -m parity_tests.bench.distributed")
 
 import argparse
 import math
@@ -55,7 +55,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from torch_attention.distributed import LAYOUTS, ring_attention, shard_sequence
+from torch_attention.distributed import ring_attention, shard_sequence
+from torch_attention.ring_checks import LAYOUTS
 
 SHAPE = (1, 4, 16384, 64)  # (B, H, N, D): dense math would hold 4 GiB per (B, H, N, N) array
 DENSE_N = 4096  # the plain dense attention is measured here and extrapolated to N
@@ -309,7 +310,7 @@ def _shape(text: str) -> tuple[int, int, int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m parity_tests.bench_distributed",
+        prog="python -m parity_tests.bench.distributed",
         description="Ring attention on gloo CPU processes: time, bytes sent, peak memory.",
     )
     parser.add_argument("--shape", type=_shape, default=SHAPE, help="B,H,N,D (default %(default)s)")
