@@ -70,13 +70,14 @@ def _installs(dist: metadata.Distribution, package: Path) -> bool:
 __version__ = _version()
 
 _EXPORTS = {
-    "Case": "battery.case",
+    "Case": "battery.attention.case",
     "FEATURES": "specs",
     "KernelLimits": "battery.limits",
     "KernelReport": "report.rows",
     "KernelRow": "report.rows",
     "KernelUnsupported": "report.rows",
     "SPECS": "specs",
+    "SPEC_FEATURES": "specs",
     "check_kernel": "pipeline",
     "plan_groups": "pipeline",
     "Group": "pipeline",
@@ -100,6 +101,10 @@ _MOVED = {
     "bench_options": "bench.options",
     "bench_triton": "bench.triton",
     "registry": "parity.run",
+    "checker.adapters": "checker.targets.adapters",
+    "checker.decode_calibration": "checker.calibration.decode",
+    "checker.reference": "checker.golden.attention_baseline",
+    "checker.third_party": "checker.targets.third_party",
 }
 
 
@@ -112,7 +117,7 @@ class _MovedPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        package, _, old = fullname.rpartition(".")
+        package, _, old = fullname.partition(".")
         if package != __name__ or old not in _MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
@@ -131,7 +136,7 @@ class _MovedPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _new_name(fullname: str) -> str:
-    return f"{__name__}.{_MOVED[fullname.rpartition('.')[2]]}"
+    return f"{__name__}.{_MOVED[fullname.partition('.')[2]]}"
 
 
 sys.meta_path.append(_MovedPaths())

@@ -1,30 +1,23 @@
 """The kernel checker: a user's attention kernel judged case by case against the float64 NumPy
-golden (docs/kernel-verification.md).
+golden, through one pipeline for every kernel API (docs/kernel-verification.md; a case's path,
+file by file: docs/checker-map.md).
 
-One idea per module, each importing only those above it in this list:
-``case`` (one case and its inputs), ``pairs`` (each spec's factors and values, the pairs one
-case can hold, the covering array, pair coverage), ``named`` (the hand-written cases, kept by
-name), ``sizes`` (the block edges, split-KV paths and head widths a battery must hold),
-``generate`` (each spec's default battery: the covering array sized, shaped and named),
-``battery`` (the batteries and the cases by name; the quick battery), ``decode_battery`` (the
-decode specs' cases and inputs), ``reference`` (the plain same-dtype baseline),
-``decode_reference`` (its decode form: pages, rotary, append), ``specs`` (how each library's
-signature and layout calls a kernel, and the features it can express), ``report`` (rows,
-verdicts, coverage), ``judge`` (the tolerance policy on one tensor, the bias statistic, lse,
-dropout's draws), ``expected`` (a case's inputs, golden and baseline), ``memory`` (where q, k, v
-sit in memory), ``dropout`` (the keep-mask read back, the draws), ``calls`` (one kernel call
-made and judged: the request, its outcome, the in-place checks), ``decode`` (the decode specs: a
-decode call made and judged, out, lse and the caches after it), ``isolation`` (each call in a
-child process), ``ring`` (the distributed spec on spawned gloo ranks), ``kernels``
-(``check_kernel``: the cases and dtypes of one kernel, in this process, isolated or on a ring),
-``adapters`` (``torch_attention`` behind flash-attn's signatures), ``decode_kernels`` (correct
-decode kernels: ``torch_attention.paged`` behind flash-attn's and FlashMLA's signatures,
-transformers' paged attention), ``third_party`` (FlexAttention and Hugging Face's attention
-functions behind a spec), ``pitfalls_today``, ``pitfalls_kernels``, ``pitfalls`` and
-``pitfalls_decode`` (broken kernels that prove the checker has teeth), ``targets`` (the built-in
-kernels and their documented failures), ``calibration`` (the measurement behind the tolerance
-policy), ``decode_calibration`` (its decode specs alone), ``render`` (tables and JSON for the
-CLI).
+- ``spec`` (the plugin interface) and ``specs/`` (one module per kernel API: sdpa, flash,
+  flash_varlen, flex, ring, flash_kvcache, flash_mla, found by walking the folder);
+- ``pipeline`` (``check_kernel`` and ``plan_groups``: battery -> call -> golden -> judge ->
+  report, knowing no API by name);
+- ``battery/`` (covering arrays over any spec's factors, the kernel's limits, batteries and cases
+  by name, the fuzzer; ``attention/`` and ``decode/``: each family's cases, sizes and builder);
+- ``golden/`` (the float64 golden and the plain same-dtype baseline of each family);
+- ``running/`` (a call made and protected, in this process, in a child, on ranks);
+- ``judge/`` (the tolerance policy on one tensor; each family's verdict on one call);
+- ``report/`` (rows, verdicts, coverage, "not covered"; tables, JSON, ``--list-cases``);
+- ``pitfalls/`` (broken kernels, one module per spec), ``targets/`` (the built-in correct
+  kernels) and ``calibration/`` (the measurement behind the policy).
 
-Tests: tests/checker/ (one test file per module)
+Each folder's modules import only what lies before them in this list, or in their own folder;
+``parity_tests`` exports ``check_kernel``, ``plan_groups``, ``KernelLimits``, ``KernelReport``
+and the names of the specs and features.
+
+Tests: tests/checker/ (one test file per module, mirroring these folders)
 """

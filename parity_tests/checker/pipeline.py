@@ -6,36 +6,35 @@ and each of ``out, dq, dk, dv`` (and lse, where the kernel claims the feature) i
 
     max|K - G| <= c * max|Bl - G| + floor(dtype) * max|G|
 
-beside the bias statistic ``rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(R - G), rms(rd(G) -
-G)) + BIAS_FLOOR * rms(G)`` (rd: stored in the kernel's dtype; R, for dq and dk: the exact answer
-of a kernel reading back its stored output, which also stands in for Bl in the max bound where
-farther from G),
-where G is the float64 golden (``numpy_attention``'s core, or its varlen form, with the case's
-options) computed on the inputs *after* their cast to the kernel's dtype (input rounding is not
-charged to the kernel), Bl is plain torch math in the kernel's dtype without upcasting
-(``checker.reference``), and K the kernel (``checker.judge`` applies the inequalities). The
-constants live in ``parity_tests.tolerances`` and were set by measurement: ``python -m
-parity_tests --calibrate 60``, docs/kernel-verification.md.
+beside the bias statistic ``rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(R - G), rms(rd(G) - G))
++ BIAS_FLOOR * rms(G)`` (rd: stored in the kernel's dtype; R, for dq and dk: the exact answer of a
+kernel reading back its stored output, which also stands in for Bl in the max bound where farther
+from G), where G is the float64 golden (``numpy_attention``'s core, or its varlen form, with the
+case's options) computed on the inputs *after* their cast to the kernel's dtype (input rounding is
+not charged to the kernel), Bl is plain torch math in the kernel's dtype without upcasting
+(``checker.golden.attention_baseline``), and K the kernel (``checker.judge`` applies the
+inequalities). The constants live in ``parity_tests.tolerances`` and were set by measurement:
+``python -m parity_tests --calibrate 60``, docs/kernel-verification.md.
 
 The checker also refuses what no correct kernel does, as failing verdicts rather than exceptions
-(``checker.calls`` makes each call and judges what it gave, the keep-mask of dropout included):
-NaN or inf where the golden is finite, a result of another dtype than the inputs (lse: float32
-for half-precision inputs), a result of another shape or layout, inputs changed in place (the
-kernel gets copies; the golden is computed from the originals), an exception: a refusal
-("refused": ``ValueError``, ``NotImplementedError``, ``AssertionError``, ``TypeError``) apart
-from any other ("error", ``SystemExit`` included; ``KeyboardInterrupt`` is left to propagate, so
-that Ctrl-C still stops a run), the forward judged when only the backward raised. With
-``isolate=True`` every call runs in a child process (``checker.isolation``): a crash or a hang
-past ``timeout`` is an "error" verdict naming the signal or the time limit.
-``forward_only=True`` judges out (and lse) with no backward, on inputs that do not require
-grad. ``limits=KernelLimits(...)`` (``checker.limits``) declares the head widths, lengths and
-layouts a kernel takes: a case outside them is "not run", and its nearest case inside them is
-judged instead.
+(``checker.running.calls`` makes each call and judges what it gave, the keep-mask of dropout
+included): NaN or inf where the golden is finite, a result of another dtype than the inputs (lse:
+float32 for half-precision inputs), a result of another shape or layout, inputs changed in place
+(the kernel gets copies; the golden is computed from the originals), an exception: a refusal
+("refused": ``ValueError``, ``NotImplementedError``, ``AssertionError``, ``TypeError``) apart from
+any other ("error", ``SystemExit`` included; ``KeyboardInterrupt`` is left to propagate, so that
+Ctrl-C still stops a run), the forward judged when only the backward raised. With ``isolate=True``
+every call runs in a child process (``checker.running.isolation``): a crash or a hang past
+``timeout`` is an "error" verdict naming the signal or the time limit. ``forward_only=True`` judges
+out (and lse) with no backward, on inputs that do not require grad. ``limits=KernelLimits(...)``
+(``checker.battery.limits``) declares the head widths, lengths and layouts a kernel takes: a case
+outside them is "not run", and its nearest case inside them is judged instead.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
 
-Tests: tests/checker/test_pipeline.py (one call, made and judged: tests/checker/running/test_calls.py)
+Tests: tests/checker/test_pipeline.py (one call, made and judged:
+tests/checker/running/test_calls.py)
 """
 
 from __future__ import annotations
@@ -49,18 +48,14 @@ import torch
 
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
-from .battery.catalog import Case, default_battery, quick_battery, resolve
-from .battery.decode_case import resolve_decode
-from .battery.limits import KernelLimits, not_run, outside
+from .battery.catalog import select
+from .battery.limits import KernelLimits, not_run
 from .battery.limits import apply as apply_limits
-from .battery.limits import check_spec as check_limits
-from .golden.expected import DTYPES
+from .golden import DTYPES
 from .judge.policy import unmeasured
 from .report.rows import KernelReport
-from .running.calls import Kernel, Request, judge_outcome, load_kernel, run_case
-from .running.decode import check_decode
+from .running.calls import Kernel, Outcome, Request, load_kernel
 from .running.isolation import IsolatedKernel
-from .running.ranks import check_ring
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 # What torch.manual_seed and NumPy's SeedSequence both accept.
@@ -74,7 +69,7 @@ def check_kernel(
     features: Iterable[str] | None = None,
     device: str | torch.device = "cpu",
     dtypes: Sequence[torch.dtype | str] = DEFAULT_DTYPES,
-    cases: str | Sequence[Case | str] | None = None,
+    cases: str | Sequence[Any] | None = None,
     limits: KernelLimits | None = None,
     forward_only: bool = False,
     isolate: bool | float = False,
@@ -96,22 +91,22 @@ def check_kernel(
             dtype, differentiable by autograd (``enable_gqa`` is passed only to cases with
             fewer KV heads). Dropout must draw from torch's default generator (the checker reads
             the keep-mask back).
-        spec: "sdpa", "flash", "flash_varlen", "flex", "ring", or a decode spec,
-            "flash_kvcache" or "flash_mla" (``checker.decode``: their own battery, forward
-            only by nature; ``cases`` None, "default" or "quick" runs it).
+        spec: a spec's name (``checker.specs.SPECS``): "sdpa", "flash", "flash_varlen", "flex",
+            "ring", or a decode spec, "flash_kvcache" or "flash_mla" (forward only by nature).
         features: the options the kernel claims (``specs.FEATURES``); None is the spec's
             default set. A case needing an undeclared feature is "not run"; "lse" asks the
-            kernel for lse and judges it.
+            kernel for lse and judges it. A claimed feature that no judged case of a battery
+            exercised is "not covered", and fails the verdict (``KernelReport.not_covered``).
         device: where the inputs live.
         dtypes: torch dtypes or their names ("float64", "float32", "float16", "bfloat16").
-        cases: None (the spec's default battery), "quick", "stress", "ring", or a sequence of
-            cases or names (``checker.battery``). The default and quick batteries are built for
-            the spec and the features claimed (every pair of the claimed features' values meets
-            in a case), and list the spec's cases that need other features as not run; the
-            stress battery keeps the cases the spec can express; a case named explicitly that
-            the spec cannot express, or that lies outside ``limits``, is a ValueError.
-        limits: the head widths, lengths and memory layouts the kernel takes
-            (``KernelLimits``, ``checker.limits``; None: any). A case of a battery outside them
+        cases: None (the spec's default battery), a battery's name ("quick"; "stress" for the
+            attention specs, "ring" for the ring spec), or a sequence of cases or names. A
+            battery is built for the spec and the features claimed (every pair of the claimed
+            features' values meets in a case), and lists the spec's cases that need other
+            features as not run; a case named explicitly that the spec cannot express, or that
+            lies outside ``limits``, is a ValueError.
+        limits: the head widths, lengths, page sizes and memory layouts the kernel takes
+            (``KernelLimits``, ``battery.limits``; None: any). A case of a battery outside them
             is "not run", and the battery holds its nearest case inside them instead.
         forward_only: judge out (and lse) only, with inputs that do not require grad.
         isolate: run every kernel call in a child process, which imports a "module:function"
@@ -143,72 +138,104 @@ def check_kernel(
         ValueError: an unknown spec, feature, dtype or case, a case the spec cannot express or
             named outside the limits, limits the spec's battery cannot honour, an empty list of
             dtypes or cases, ``seed`` out of range, a time limit that is not > 0 (given twice,
-            or without isolation), isolation of the ring or decode specs, ``world_size``
-            outside the ring spec.
+            or without isolation), an option of another spec (``world_size``,
+            ``mla_metadata``), isolation of a spec that runs on ranks of its own.
     """
     given = kernel
     kernel = load_kernel(kernel)
-    spec = specs.check_spec(spec)
-    claimed = specs.resolve_features(spec, features)
+    plan = _plan(spec, features, dtypes, cases, limits)
     check_seed(seed)
     if not isinstance(forward_only, bool):
         raise TypeError(f"forward_only must be a bool, got {type(forward_only).__name__}")
-    if limits is not None and not isinstance(limits, KernelLimits):
-        raise TypeError(f"limits must be a KernelLimits, got {type(limits).__name__}")
-    if limits is not None:
-        check_limits(spec, limits)
-    declared = {} if limits is None else limits.declared
     limit = time_limit(isolate, timeout)
-    names = [_dtype_name(dtype) for dtype in dtypes]
-    if not names:
-        raise ValueError("dtypes is empty")
-    if spec in specs.DECODE_SPECS:
-        if limit is not None or world_size is not None:
-            raise ValueError(f"the {spec} spec runs in this process, without ranks")
-        report = check_decode(
-            kernel, spec, claimed, torch.device(device), names, cases, seed, progress,
-            mla_metadata,
-        )  # fmt: skip
-        report.limits = declared
-        return report
-    battery, excluded = within_limits(spec, cases, claimed, limits)
+    asked = {"world_size": world_size, "mla_metadata": mla_metadata}
+    options = plan.spec.options({name: value for name, value in asked.items() if value is not None})
+    plan.spec.check_options(plan.battery, options)
     device = torch.device(device)
-    if mla_metadata is not None:
-        raise ValueError(f"mla_metadata is for the flash_mla spec only, not {spec!r}")
-    if spec == "ring":
-        if limit is not None:
-            raise ValueError("the ring spec runs in spawned ranks of its own: no isolate")
-        world = 2 if world_size is None else world_size
-        inside = tuple(case for case in battery if case.name not in excluded)
-        report = check_ring(given, claimed, device, names, inside, forward_only, seed, world,
-                            progress)  # fmt: skip
-        return _with_excluded(report, battery, names, claimed, excluded, declared)
-    if world_size is not None:
-        raise ValueError(f"world_size is for the ring spec only, not {spec!r}")
     report = KernelReport(
         getattr(kernel, "__name__", repr(kernel)),
         str(device),
-        cases={case.name: case for case in battery},
-        limits=declared,
-        excluded=excluded,
+        cases={case.name: case for case in plan.battery},
+        limits={} if limits is None else limits.declared,
+        excluded=plan.excluded,
+        claimed=plan.claimed,
+        exercised={case.name: plan.spec.exercised(case, plan.claimed) for case in plan.battery},
+        named=not (cases is None or isinstance(cases, str)),
     )
-    call = IsolatedKernel(given, limit) if limit is not None else None
+    requests = []
+    for case in plan.battery:
+        for dtype in plan.dtypes:
+            if not_run(case, plan.claimed, plan.excluded) is None:
+                requests.append(
+                    Request(
+                        plan.spec.name,
+                        case,
+                        dtype,
+                        device,
+                        seed,
+                        forward_only or not plan.spec.backward,
+                        "lse" in plan.claimed,
+                        options,
+                    )  # fmt: skip
+                )
+    if limit is not None and not plan.spec.isolatable:
+        raise ValueError(f"the {plan.spec.name} spec runs in spawned ranks of its own: no isolate")
+    outcomes = plan.spec.run_all(given, requests, options, progress) if requests else {}
+    call = IsolatedKernel(given, limit) if limit is not None and outcomes is None else None
+    pending = iter(requests)
     try:
-        for case in battery:
-            for name in names:
-                if progress is not None:
-                    progress(f"{report.kernel} {case.name} {name}")
-                detail = not_run(case, claimed, excluded)
+        for case in plan.battery:
+            for dtype in plan.dtypes:
+                detail = not_run(case, plan.claimed, plan.excluded)
                 if detail is not None:
-                    report.rows.append(unmeasured(case.name, name, "not-run", detail))
+                    report.rows.append(unmeasured(case.name, dtype, "not-run", detail))
                     continue
-                request = Request(spec, case, name, device, seed, forward_only, "lse" in claimed)
-                outcome = call(request) if call is not None else run_case(kernel, request)
-                report.rows.extend(judge_outcome(request, outcome, report.errors))
+                request = next(pending)
+                if outcomes is not None:
+                    outcome: Outcome = outcomes[case.name, dtype]
+                else:
+                    if progress is not None:
+                        progress(f"{report.kernel} {case.name} {dtype}")
+                    outcome = call(request) if call is not None else plan.spec.run(kernel, request)
+                report.rows.extend(plan.spec.judge(request, outcome, report.errors))
     finally:
         if call is not None:
             call.close()
     return report
+
+
+class Plan(NamedTuple):
+    """What a check runs: the spec, the features claimed, the cases (each outside the
+    kernel's limits followed by its nearest case inside them), those excluded by the limits
+    (why, the case judged instead) and the dtypes' names."""
+
+    spec: Any
+    claimed: frozenset[str]
+    battery: tuple[Any, ...]
+    excluded: dict[str, tuple[str, str]]
+    dtypes: tuple[str, ...]
+
+
+def _plan(
+    spec: Any,
+    features: Iterable[str] | None,
+    dtypes: Sequence[torch.dtype | str],
+    cases: str | Sequence[Any] | None,
+    limits: KernelLimits | None,
+) -> Plan:
+    """Everything a check decides before it runs anything, each bad argument a ValueError or
+    TypeError."""
+    found = specs.get(spec)
+    claimed = specs.resolve_features(found, features)
+    if limits is not None and not isinstance(limits, KernelLimits):
+        raise TypeError(f"limits must be a KernelLimits, got {type(limits).__name__}")
+    if limits is not None:
+        found.check_limits(limits)
+    names = tuple(_dtype_name(dtype) for dtype in dtypes)
+    if not names:
+        raise ValueError("dtypes is empty")
+    battery, excluded = within_limits(found, cases, claimed, limits)
+    return Plan(found, claimed, battery, excluded, names)
 
 
 class Group(NamedTuple):
@@ -228,118 +255,60 @@ def plan_groups(
     *,
     features: Iterable[str] | None = None,
     dtypes: Sequence[torch.dtype | str] = DEFAULT_DTYPES,
-    cases: str | Sequence[Case | str] | None = None,
+    cases: str | Sequence[Any] | None = None,
     limits: KernelLimits | None = None,
 ) -> list[Group]:
     """The (case, dtype) groups ``check_kernel`` runs for these arguments, in its order, without
     running anything: each names a case that ``check_kernel(..., cases=[group.case],
     dtypes=[group.dtype])`` judges alone (the same verdict as inside the whole battery)."""
-    spec = specs.check_spec(spec)
-    claimed = specs.resolve_features(spec, features)
-    if limits is not None and not isinstance(limits, KernelLimits):
-        raise TypeError(f"limits must be a KernelLimits, got {type(limits).__name__}")
-    if limits is not None:
-        check_limits(spec, limits)
-    names = [_dtype_name(dtype) for dtype in dtypes]
-    if not names:
-        raise ValueError("dtypes is empty")
-    if spec in specs.DECODE_SPECS:
-        battery: tuple[Any, ...] = resolve_decode(spec, cases)
-        excluded: dict[str, tuple[str, str]] = {}
-    else:
-        battery, excluded = within_limits(spec, cases, claimed, limits)
+    plan = _plan(spec, features, dtypes, cases, limits)
     groups = []
-    for case in battery:
-        detail = not_run(case, claimed, excluded)
-        for name in names:
-            groups.append(Group(case.name, name, detail is None, detail or "", case.needs))
+    for case in plan.battery:
+        detail = not_run(case, plan.claimed, plan.excluded)
+        exercised = plan.spec.exercised(case, plan.claimed)
+        for name in plan.dtypes:
+            groups.append(Group(case.name, name, detail is None, detail or "", exercised))
     return groups
 
 
 def within_limits(
-    spec: str,
-    cases: str | Sequence[Case | str] | None,
+    spec: Any,
+    cases: str | Sequence[Any] | None,
     claimed: frozenset[str],
     limits: KernelLimits | None,
-) -> tuple[tuple[Case, ...], dict[str, tuple[str, str]]]:
-    """The cases ``spec`` runs (``battery_for``) for a kernel claiming ``claimed`` with
-    ``limits``: a battery holds, after each case outside them, its nearest case inside them;
-    and for each case outside them (why, the case judged instead). A case named explicitly
-    outside them is a ValueError: the limits exclude what was asked for."""
-    battery = battery_for(spec, cases, claimed)
+) -> tuple[tuple[Any, ...], dict[str, tuple[str, str]]]:
+    """The cases ``spec`` runs (``battery.catalog.select``) for a kernel claiming ``claimed``
+    with ``limits``: a battery holds, after each case outside them, its nearest case inside
+    them; and for each case outside them (why, the case judged instead). A case named
+    explicitly is looked up among the spec's cases and those the limits add to its batteries
+    (so that each group ``plan_groups`` lists runs alone); one outside the limits is a
+    ValueError: the limits exclude what was asked for."""
+    spec = specs.get(spec)
     if limits is None:
-        return battery, {}
-    if cases is not None and not isinstance(cases, str):
-        for case in battery:
-            why = outside(limits, case) if case.needs <= claimed else None
-            if why is not None:
-                raise ValueError(f"case {case.name!r} is outside the kernel's limits: {why}")
-        return battery, {}
-    return apply_limits(limits, battery, claimed)
-
-
-def _with_excluded(
-    report: KernelReport,
-    battery: tuple[Case, ...],
-    dtypes: list[str],
-    claimed: frozenset[str],
-    excluded: dict[str, tuple[str, str]],
-    declared: dict[str, Any],
-) -> KernelReport:
-    """``report`` of the cases inside the limits, with a "not-run" row per dtype of each case
-    outside them, every row in the battery's order."""
-    cases = {case.name: case for case in battery}
-    rows = list(report.rows)
-    for name in excluded:
-        detail = not_run(cases[name], claimed, excluded) or ""
-        rows += [unmeasured(name, dtype, "not-run", detail) for dtype in dtypes]
-    order = {name: i for i, name in enumerate(cases)}
-    report.rows = sorted(rows, key=lambda row: order[row.case])
-    report.cases, report.limits, report.excluded = cases, declared, excluded
-    return report
-
-
-def battery_for(
-    spec: str,
-    cases: str | Sequence[Case | str] | None,
-    features: Iterable[str] | None = None,
-) -> tuple[Case, ...]:
-    """The cases ``spec`` runs for a kernel claiming ``features`` (None: all the spec's): the
-    default or quick battery built for them, then the spec's own cases that need features not
-    claimed (to be listed as not run); the stress battery's cases the spec can express; the
-    ring battery for the ring spec. Explicitly named cases (looked up in the spec's batteries
-    first) must all be expressible."""
-    claimed = None if features is None else frozenset(features)
-    if claimed is not None and claimed >= specs.SPEC_FEATURES[spec] - {"lse"}:
-        claimed = None
+        return select(spec, cases, claimed), {}
     if cases is None or isinstance(cases, str):
-        if spec == "ring" and cases in (None, "default", "quick"):
-            cases = "ring"
-        if spec == "ring" and cases == "stress":
-            raise ValueError(
-                "the ring spec has no stress battery (its cases must split over the ranks): "
-                "run its own battery, 'ring', or name cases"
-            )
-        if cases in (None, "default", "quick") and claimed is not None:
-            build = quick_battery if cases == "quick" else default_battery
-            unclaimed = tuple(c for c in build(spec) if c.needs - claimed)
-            named = _unique_names(build(spec, claimed) + unclaimed)
-        else:
-            named = resolve(cases, spec)
-        kept = tuple(c for c in named if specs.cannot_express(spec, c) is None)
-        if not kept:
-            raise ValueError(f"the {cases or 'default'} battery has no case the {spec} spec runs")
-        return kept
-    battery = resolve(cases, spec, claimed)
+        return apply_limits(spec, limits, select(spec, cases, claimed), claimed)
+    battery = select(spec, cases, claimed, added_by(spec, claimed, limits))
     for case in battery:
-        reason = specs.cannot_express(spec, case)
-        if reason is not None:
-            raise ValueError(f"the {spec} spec cannot run case {case.name!r}: {reason}")
-    return battery
+        why = spec.outside(limits, case) if case.needs <= claimed else None
+        if why is not None:
+            raise ValueError(f"case {case.name!r} is outside the kernel's limits: {why}")
+    return battery, {}
 
 
-def _unique_names(cases: tuple[Case, ...]) -> tuple[Case, ...]:
-    return tuple({case.name: case for case in cases}.values())
+def added_by(spec: Any, claimed: frozenset[str], limits: KernelLimits) -> tuple[Any, ...]:
+    """The cases ``limits`` add to ``spec``'s batteries (each the nearest case inside them of
+    one outside)."""
+    added: dict[str, Any] = {}
+    for name in spec.batteries:
+        try:
+            battery = select(spec, name, claimed)
+        except ValueError:  # a battery this spec cannot run (the ring's stress)
+            continue
+        names = {case.name for case in battery}
+        kept, _ = apply_limits(spec, limits, battery, claimed)
+        added.update((case.name, case) for case in kept if case.name not in names)
+    return tuple(added.values())
 
 
 def check_seed(seed: object) -> int:

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import KernelUnsupported, check_kernel
-from parity_tests.checker.battery.catalog import RING
-from parity_tests.checker.pipeline import SEED_LIMIT, battery_for
+from parity_tests.checker.battery.catalog import select as battery_for
+from parity_tests.checker.pipeline import SEED_LIMIT
+from parity_tests.checker.specs import get
 
 
 def test_rows_cover_every_case_dtype_and_tensor():
@@ -69,7 +70,9 @@ def test_the_ring_spec_has_no_stress_battery():
     # The stress cases do not split over the ranks; the ring spec's battery is its own.
     with pytest.raises(ValueError, match="the ring spec has no stress battery"):
         battery_for("ring", "stress")
-    assert battery_for("ring", "quick") == battery_for("ring", None) == RING
+    assert (
+        battery_for("ring", "quick") == battery_for("ring", None) == get("ring").default_battery()
+    )
 
 
 @pytest.mark.parametrize(
@@ -173,3 +176,41 @@ def test_forward_only_still_catches_a_wrong_output():
                           forward_only=True)  # fmt: skip
 
     assert [row.verdict for row in report.rows] == ["fail"]
+
+
+def _skips_gqa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):  # fmt: skip
+    if enable_gqa:
+        raise KernelUnsupported("no GQA here")
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                          scale=scale)  # fmt: skip
+
+
+def test_a_claimed_feature_that_no_judged_case_exercised_is_not_covered_and_fails():
+    report = check_kernel(_skips_gqa, dtypes=["float32"], cases="quick",
+                          features={"causal", "gqa"})  # fmt: skip
+
+    statuses = list(report.groups.values())
+    assert "fail" not in statuses and statuses.count("skip") < statuses.count("pass")
+    assert report.not_covered == ["gqa"] and not report.passed
+    assert report.summary.startswith("fail: not covered: gqa (claimed, no judged case);")
+
+
+def test_cases_named_one_by_one_report_what_they_leave_uncovered_without_failing():
+    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], cases=["plain"])
+
+    assert report.passed and "gqa" in report.not_covered
+
+
+def test_every_group_plan_groups_lists_is_judged_alone_even_one_the_limits_added():
+    from parity_tests import KernelLimits, plan_groups
+
+    limits = KernelLimits(head_dims=(64,))
+    groups = plan_groups("sdpa", dtypes=["float32"], cases="quick", limits=limits)
+    instead = {g.detail.rpartition("judged instead: ")[2] for g in groups if not g.runs}
+    added = next(g for g in groups if g.runs and g.case in instead)
+
+    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"],
+                          cases=[added.case], limits=limits)  # fmt: skip
+
+    assert report.groups == {(added.case, "float32"): "pass"}

@@ -18,14 +18,17 @@ import torch
 import torch.nn.functional as F
 
 import parity_tests
-from parity_tests import check_kernel, registry
-from parity_tests.checker import calibration, pitfalls, targets
-from parity_tests.checker.render import SCHEMA_VERSION
+from parity_tests import check_kernel
+from parity_tests.checker import pitfalls
+from parity_tests.checker.calibration import calibrate as calibration
+from parity_tests.checker.report.render import SCHEMA_VERSION
+from parity_tests.checker.targets import builtin as targets
 from parity_tests.cli import VERSION, main
-from parity_tests.registry import ParityRow
+from parity_tests.parity import run as parity_run
+from parity_tests.parity.run import ParityRow
 
 SDPA = "torch.nn.functional:scaled_dot_product_attention"
-FLASH = "parity_tests.checker.adapters:flash_attn_func"
+FLASH = "parity_tests.checker.targets.adapters:flash_attn_func"
 BROKEN = "parity_tests.checker.pitfalls:scale_by_d"
 QUICK_F32 = ["--quick", "--dtype", "float32", "--device", "cpu"]
 BUILTIN_TARGETS = targets.builtin_targets  # before any test replaces it
@@ -77,7 +80,7 @@ def test_json_names_the_versions_and_the_device(tmp_path):
 
 
 def _hf_sdpa_targets(device, dtypes):
-    from parity_tests.checker import third_party
+    from parity_tests.checker.targets import third_party
 
     return [targets.Target("hf.sdpa_attention_forward", third_party.hf_sdpa, dtypes)]
 
@@ -163,7 +166,7 @@ def compiled_like(monkeypatch):
                                     detail="CppCompileError")  # fmt: skip
     monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
     monkeypatch.setattr(targets, "builtin_targets", _compiled_like_targets)
-    monkeypatch.setattr(registry, "run_registry", _fake_rows_passing)
+    monkeypatch.setattr(parity_run, "run_registry", _fake_rows_passing)
 
 
 def test_a_passing_run_prints_a_table_not_a_compiler_log(compiled_like, tmp_path, capsys):
@@ -234,7 +237,7 @@ def _fake_rows_passing(*, device, dtypes, quick, progress):
 
 
 def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(registry, "run_registry", _fake_rows)
+    monkeypatch.setattr(parity_run, "run_registry", _fake_rows)
     path = tmp_path / "report.json"
 
     code = main(["--no-kernels", "--device", "cpu", "--json", str(path)])
@@ -266,7 +269,9 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
     sdpa = targets.Target("sdpa", F.scaled_dot_product_attention, ("bfloat16",))
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: [sdpa])
     monkeypatch.setattr(
-        calibration, "PITFALLS", {"rowsum": pitfalls.PITFALLS["backward_without_rowsum"]}
+        calibration,
+        "all_pitfalls",
+        lambda: {"rowsum": pitfalls.PITFALLS["backward_without_rowsum"]},
     )
 
     code = main(["--calibrate", "1", "--quick", "--dtype", "bfloat16", "--device", "cpu"])
@@ -301,7 +306,6 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
         ["--kernel", SDPA, "--timeout", "5"],  # a time limit needs a child to end
         ["--kernel", SDPA, "--isolate", "5", "--timeout", "5"],
         ["--kernel", SDPA, "--spec", "ring", "--isolate"],
-        ["--kernel", SDPA, "--spec", "flash_kvcache", "--isolate"],
         ["--kernel", SDPA, "--head-dims", "16,x"],
         ["--kernel", SDPA, "--head-dims", "16,0"],
         ["--kernel", SDPA, "--seqlen-multiple", "0"],
@@ -344,8 +348,8 @@ def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
     ],
 )
 def test_bad_usage_exits_2_in_one_line_before_any_work(argv, monkeypatch, capsys):
-    monkeypatch.setattr(registry, "run_registry", None)  # any work would crash, not exit 2
-    monkeypatch.setattr("parity_tests.checker.targets.check_kernel", None)
+    monkeypatch.setattr(parity_run, "run_registry", None)  # any work would crash, not exit 2
+    monkeypatch.setattr("parity_tests.checker.targets.builtin.check_kernel", None)
 
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -375,7 +379,7 @@ def test_a_json_path_that_is_a_directory_is_bad_usage(tmp_path, capsys):
 
 def test_the_json_check_leaves_no_file_behind(tmp_path, monkeypatch):
     path = tmp_path / "report.json"
-    monkeypatch.setattr("parity_tests.checker.targets.check_kernel", None)
+    monkeypatch.setattr("parity_tests.checker.targets.builtin.check_kernel", None)
 
     with pytest.raises(TypeError):  # the run itself, after the usage checks
         main(["--kernel", SDPA, *QUICK_F32, "--json", str(path)])
@@ -561,7 +565,7 @@ def test_without_torch_the_cli_says_what_to_install_in_one_line(argv, code):
         assert result.stdout == f"attention-parity {parity_tests.__version__}\n"
 
 
-@pytest.mark.parametrize("module", ["bench", "bench_distributed", "bench_triton"])
+@pytest.mark.parametrize("module", ["bench", "bench.distributed", "bench.triton"])
 def test_without_torch_the_benchmarks_say_what_to_install_in_one_line(module):
     name = f"parity_tests.{module}"
     result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, name],

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import parity_tests
 from parity_tests import _MOVED
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,16 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from ..golden.decode import CACHES
 from ..pipeline import check_kernel
-from ..pitfalls import PITFALLS as ATTENTION_PITFALLS
-from ..pitfalls_decode import DECODE_PITFALLS
+from ..pitfalls import all_pitfalls
 from ..running.calls import TENSORS
-from ..running.decode import CACHES
 from ..targets.builtin import builtin_targets, expected_failure
 
-# Every pitfall, of every spec: the two registries' names are disjoint (a name in both would
-# keep only the decode pitfall, and the other would go unmeasured; a test holds it).
-PITFALLS = {**ATTENTION_PITFALLS, **DECODE_PITFALLS}
 # The tensors whose ratios the tables show: the attention specs' and the decode specs'.
 TRACKED = TENSORS + ("lse", *CACHES)
 
@@ -81,7 +77,7 @@ def calibrate(
     ]
     pitfalls = {
         name: pitfall
-        for name, pitfall in PITFALLS.items()
+        for name, pitfall in all_pitfalls().items()
         if specs is None or pitfall.spec in specs
     }
     ratio = {(d, t): _Worst() for d in dtypes for t in TENSORS}

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..battery.decode_case import DECODE_SPECS
-from ..golden.expected import DTYPES
+from ..battery.decode.case import DECODE_SPECS
+from ..golden import DTYPES
 from .calibrate import calibrate
 
 DEFAULT_DTYPES = ("float64", "float32", "float16", "bfloat16")

@@ -1,1 +1,34 @@
-"""parity_tests/checker/golden"""
+"""What a kernel is judged against: for each case, the float64 golden G (``numpy_attention``'s
+reference, on the inputs *after* their cast to the kernel's dtype, so that input rounding is not
+charged to the kernel) and the plain same-dtype baseline Bl the bound scales, cached per (case,
+dtype, device, seed) and shared by every kernel checked. One pair of modules per family of
+cases: ``attention`` with ``attention_baseline`` (kernels over whole sequences), ``decode`` with
+``decode_baseline`` (kernels over a cache). This module holds what they share: the dtypes by
+name, and tensors as float64 arrays.
+
+Tests: tests/checker/golden/
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def to64(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor as a float64 NumPy array on the CPU (a bool tensor stays bool)."""
+    if tensor.dtype == torch.bool:
+        return tensor.cpu().numpy()
+    return tensor.detach().to("cpu", torch.float64).numpy()
+
+
+def stored(array: np.ndarray, dtype: str) -> np.ndarray:
+    """A float64 array rounded to ``dtype`` (bfloat16 included, through torch) and back."""
+    return to64(torch.from_numpy(array).to(DTYPES[dtype]))

@@ -1,13 +1,14 @@
-"""What a kernel is judged against: the inputs of a case in the kernel's dtype, the float64
-golden G (``numpy_attention``'s core, or its varlen form, with the case's options, on the inputs
-*after* their cast, so that input rounding is not charged to the kernel) and the plain same-dtype
-baseline Bl (``checker.reference``), both cached per (case, dtype, device, seed) and shared by
-every kernel checked.
+"""What a kernel is judged against: the inputs of a case in the kernel's dtype, the float64 golden G
+(``numpy_attention``'s core, or its varlen form, with the case's options, on the inputs *after*
+their cast, so that input rounding is not charged to the kernel) and the plain same-dtype baseline
+Bl (``checker.golden.attention_baseline``), both cached per (case, dtype, device, seed) and shared
+by every kernel checked.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q packed query tokens.
 
-Tests: tests/checker/golden/test_expected.py, tests/checker/golden/test_baseline.py (the baseline itself)
+Tests: tests/checker/golden/test_attention.py, tests/checker/golden/test_attention_baseline.py
+(the baseline itself)
 """
 
 from __future__ import annotations
@@ -21,15 +22,9 @@ import torch
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
 
-from ..battery.catalog import Case, make_inputs
-from .baseline import dropout_variance, per_sequence, plain_attention_lse, plain_varlen
-
-DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+from ..battery.attention.case import Case, make_inputs
+from . import DTYPES, to64
+from .attention_baseline import dropout_variance, per_sequence, plain_attention_lse, plain_varlen
 
 
 class Inputs(NamedTuple):
@@ -109,7 +104,7 @@ def _options(case: Case) -> dict[str, Any]:
 
 
 def _expected(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> tuple:
-    """Golden (NumPy float64 on the cast inputs) and baseline (``checker.reference``)."""
+    """Golden (NumPy float64 on the cast inputs) and baseline (``attention_baseline``)."""
     q, k, v, attn_mask, dout, slopes = (None if t is None else to64(t) for t in inputs)
     options = _options(case)
     if case.packed:
@@ -208,10 +203,3 @@ def _baseline(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> dict[str
 def _cast(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     return tensor.to(device) if tensor.dtype == torch.bool else tensor.to(device, dtype)
-
-
-def to64(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor as a float64 NumPy array on the CPU (a bool tensor stays bool)."""
-    if tensor.dtype == torch.bool:
-        return tensor.cpu().numpy()
-    return tensor.detach().to("cpu", torch.float64).numpy()

@@ -2,7 +2,7 @@
 no upcasting and autograd's backward, with every option of today's attention family.
 
 The bound of every judged tensor is relative to how far this baseline lands from the float64
-golden (``checker.kernels``), so the baseline must be plain: no fused kernel, no float32
+golden (``checker.pipeline``), so the baseline must be plain: no fused kernel, no float32
 accumulation of half-precision inputs. The pitfalls (``checker.pitfalls``) are built from the same
 pieces, each with one step broken.
 
@@ -16,7 +16,7 @@ bottom-right.
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
 
-Tests: tests/checker/golden/test_baseline.py
+Tests: tests/checker/golden/test_attention_baseline.py
 """
 
 from __future__ import annotations

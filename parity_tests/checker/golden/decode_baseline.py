@@ -1,9 +1,9 @@
 """The decode specs' same-dtype baseline Bl: flash-attn's ``flash_attn_with_kvcache`` (and
 FlashMLA's ``flash_mla_with_kvcache``) computed plainly in torch, in the inputs' dtype, with no
-upcasting: each sequence's pages gathered in table order, the new keys rotated and written in
-place, then ``reference.plain_attention_lse`` aligned bottom-right, with the keys before
-``cache_leftpad`` hidden by a bool mask. The decode pitfalls (``checker.pitfalls_decode``) are
-built from the same pieces, each with one step broken. docs/decoding.md states the semantics.
+upcasting: each sequence's pages gathered in table order, the new keys rotated and written in place,
+then ``reference.plain_attention_lse`` aligned bottom-right, with the keys before ``cache_leftpad``
+hidden by a bool mask. The decode pitfalls (``checker.pitfalls.flash_kvcache``) are built from the
+same pieces, each with one step broken. docs/decoding.md states the semantics.
 
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size, L_b the keys of sequence b.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .baseline import plain_attention_lse
+from .attention_baseline import plain_attention_lse
 
 
 def pages_of(b: int, block_table: Any, cache_batch_idx: Any) -> list[int]:

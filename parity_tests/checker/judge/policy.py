@@ -20,7 +20,7 @@ row with nothing to see may carry -inf or +inf; under causal ALiBi flash-attn's 
 by slope_h * p_i, is recognised exactly, docs/derivations/alibi.md); the kept fraction of dropout
 against 1 - p; and, where the signature returns no keep-mask (flash-attn's), the outputs of many
 draws at p against what dropout does to the output at p = 0 (``judge_draws``). Pure NumPy on float64
-arrays: running the kernel is ``checker.calls``' job.
+arrays: running the kernel is ``checker.running.calls``' job.
 
 Tests: tests/checker/judge/test_policy.py
 """
@@ -242,3 +242,16 @@ def unmeasured(case: str, dtype: str, verdict: str, detail: str, exception: int 
     """The one row of a case that produced nothing to measure ("error" or "skip")."""
     nan = math.nan
     return KernelRow(case, dtype, "-", nan, nan, nan, nan, verdict, detail, exception)
+
+
+def dtype_checked(row: KernelRow, got: str, expected: str) -> KernelRow:
+    """``row``, or its "dtype" verdict when the result was ``got`` where ``expected`` was due
+    (lse: float32 for half-precision inputs, as the libraries return it)."""
+    if got == expected:
+        return row
+    return wrong_dtype(row, got) if row.tensor != "lse" else _wrong_lse_dtype(row, got, expected)
+
+
+def _wrong_lse_dtype(row: KernelRow, got: str, expected: str) -> KernelRow:
+    detail = f"lse is {got}, the libraries return {expected} for inputs of {row.dtype}"
+    return dataclasses.replace(row, verdict="dtype", detail=detail)

@@ -39,6 +39,7 @@ from .rows import (
     coverage_summary,
     group_status,
     statuses_pass,
+    uncovered_features,
 )
 
 # 2: a check's coverage counts expected failures apart ("judged" no longer includes them);
@@ -47,7 +48,9 @@ from .rows import (
 # "refused" are new statuses (and "refused" a new verdict), coverage counts them apart
 # ("flagged", "refused", "error") and the groups outside the kernel's limits
 # ("outside_limits"); a check names its limits, and settings the limits, timeout and fuzz.
-SCHEMA_VERSION = 3
+# 4: a check names the claimed features no judged case exercised ("not_covered"); for a
+# battery (not cases named one by one) they fail its verdict, and its summary says so.
+SCHEMA_VERSION = 4
 TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "lse", "keep")
 SHAPE_KEYS = ("B", "H", "N", "M", "D", "Dv")
 _WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4}
@@ -80,6 +83,9 @@ def check_entry(
         )
     statuses = [group["status"] for group in groups]
     outside = report.outside_limits
+    by_group = {(group["case"], group["dtype"]): group["status"] for group in groups}
+    missing = uncovered_features(report.claimed, report.exercised, by_group)
+    failing = [] if report.named or not judged else missing
     return {
         "target": target,
         "spec": spec,
@@ -87,8 +93,11 @@ def check_entry(
         "device_name": device_name(report.device),
         "battery": battery,
         "judged": judged,
-        "verdict": ("pass" if statuses_pass(statuses) else "fail") if judged else None,
-        "summary": coverage_summary(statuses, outside),
+        "verdict": ("pass" if statuses_pass(statuses) and not failing else "fail")
+        if judged
+        else None,
+        "summary": coverage_summary(statuses, outside, failing),
+        "not_covered": missing,
         "coverage": coverage_counts(statuses, outside),
         "limits": {
             "declared": report.limits,

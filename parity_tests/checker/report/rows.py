@@ -20,7 +20,7 @@ one of three outcomes that are never mixed (``OUTCOMES``):
 - "skip": the kernel raised ``KernelUnsupported``, the checker's own opt-out (the case is outside
   its scope, said explicitly): not a failure, but it counts against coverage;
 - "not-run": the case needs a feature the kernel does not claim (``features=``), or lies outside
-  the kernel's limits (``limits=``, ``checker.limits``: the battery then holds its nearest case
+  the kernel's limits (``limits=``, ``battery.limits``: the battery then holds its nearest case
   inside them); never a pass.
 
 When the backward raises, the forward's rows are judged all the same, and one more row says what
@@ -44,8 +44,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-from ..battery.catalog import Case
 
 VERDICTS = (
     "pass", "fail", "bias", "nonfinite", "dtype", "inplace", "error", "refused", "skip", "not-run"
@@ -140,20 +138,26 @@ class KernelReport:
     """The rows of one ``check_kernel`` run.
 
     ``passed`` (a bool): no group failed (flagged, refused or an error), at least one group
-    passed, and skipped groups do not outnumber passed ones. ``failures`` lists the failed rows,
-    ``errors`` each distinct exception once (refusals' too), ``cases`` the cases run by name
-    (their shapes: ``cases[name].shape``). ``limits`` holds the kernel's declared limits by name
-    (``KernelLimits.declared``; empty: none), ``excluded`` each case outside them: (why, the
-    name of the case judged instead).
+    passed, skipped groups do not outnumber passed ones, and every feature the kernel claims
+    was exercised by a judged group (``not_covered`` empty; for a battery, not for cases named
+    one by one). ``failures`` lists the failed rows, ``errors`` each distinct exception once
+    (refusals' too), ``cases`` the cases run by name (their shapes: ``cases[name].shape``).
+    ``limits`` holds the kernel's declared limits by name (``KernelLimits.declared``; empty:
+    none), ``excluded`` each case outside them: (why, the name of the case judged instead).
+    ``claimed`` are the features the kernel claims and ``exercised`` those each case exercises
+    (``Spec.exercised``); ``named`` says the cases were named one by one, not a battery.
     """
 
     kernel: str
     device: str
     rows: list[KernelRow] = field(default_factory=list)
     errors: list[KernelError] = field(default_factory=list)
-    cases: dict[str, Case] = field(default_factory=dict)
+    cases: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
     excluded: dict[str, tuple[str, str]] = field(default_factory=dict)
+    claimed: frozenset[str] = frozenset()
+    exercised: dict[str, frozenset[str]] = field(default_factory=dict)
+    named: bool = False
 
     @property
     def failures(self) -> list[KernelRow]:
@@ -181,13 +185,44 @@ class KernelReport:
         return (len(statuses) - unjudged) / len(statuses) if statuses else 0.0
 
     @property
+    def not_covered(self) -> list[str]:
+        """The claimed features that no judged group exercised, sorted."""
+        return uncovered_features(self.claimed, self.exercised, self.groups)
+
+    @property
+    def failing_coverage(self) -> list[str]:
+        """``not_covered`` where it fails the verdict: a battery's (cases named one by one are
+        the user's choice of what to judge)."""
+        return [] if self.named else self.not_covered
+
+    @property
     def passed(self) -> bool:
-        return statuses_pass(list(self.groups.values()))
+        return statuses_pass(list(self.groups.values())) and not self.failing_coverage
 
     @property
     def summary(self) -> str:
         """One line: the verdict and what fraction of the battery it covers."""
-        return coverage_summary(list(self.groups.values()), self.outside_limits)
+        statuses = list(self.groups.values())
+        return coverage_summary(statuses, self.outside_limits, self.failing_coverage)
+
+
+# The group statuses whose case was run and judged (a documented failure, "xfail", too): the
+# features of its case were exercised.
+EXERCISED = ("pass", "fail", "error", "refused", "xfail", "xpass")
+
+
+def uncovered_features(
+    claimed: frozenset[str],
+    exercised: dict[str, frozenset[str]],
+    statuses: dict[tuple[str, str], str],
+) -> list[str]:
+    """The features of ``claimed`` that no group whose status is in ``EXERCISED`` exercised
+    (``exercised``: the features of each case by name), sorted."""
+    seen: set[str] = set()
+    for (case, _), status in statuses.items():
+        if status in EXERCISED:
+            seen |= exercised.get(case, frozenset())
+    return sorted(claimed - seen)
 
 
 def group_status(rows: list[KernelRow]) -> str:
@@ -243,10 +278,13 @@ def coverage_counts(statuses: list[str], outside_limits: int = 0) -> dict[str, i
     }
 
 
-def coverage_summary(statuses: list[str], outside_limits: int = 0) -> str:
-    """One line: "pass" or "fail", why (the failing groups, flagged, refused and errors apart),
-    how many groups were judged, and apart from them the expected failures, the skipped groups
-    and those not run (for features not declared, or outside the kernel's limits)."""
+def coverage_summary(
+    statuses: list[str], outside_limits: int = 0, not_covered: list[str] | None = None
+) -> str:
+    """One line: "pass" or "fail", why (the failing groups, flagged, refused and errors apart;
+    the claimed features no judged case exercised, ``not_covered``), how many groups were
+    judged, and apart from them the expected failures, the skipped groups and those not run
+    (for features not declared, or outside the kernel's limits)."""
     counts = coverage_counts(statuses, outside_limits)
     total, judged, failing = counts["total"], counts["judged"], counts["failing"]
     share = f"{judged} of {total} case-dtype groups judged ({judged / max(total, 1):.0%})"
@@ -256,8 +294,11 @@ def coverage_summary(statuses: list[str], outside_limits: int = 0) -> str:
         apart += f", {xfails} expected failure{'s' if xfails != 1 else ''}"
     apart += f", {counts['skipped']} skipped" if counts["skipped"] else ""
     apart += _not_run(int(counts["not_run"]), outside_limits)
+    gap = (
+        f"not covered: {', '.join(not_covered)} (claimed, no judged case); " if not_covered else ""
+    )
     if statuses_pass(statuses):
-        return f"pass: {share}{apart}"
+        return f"fail: {gap}{share}{apart}" if gap else f"pass: {share}{apart}"
     if failing:
         xpass = statuses.count("xpass")
         kinds = [
@@ -267,10 +308,10 @@ def coverage_summary(statuses: list[str], outside_limits: int = 0) -> str:
             (xpass, "unexpected pass" if xpass == 1 else "unexpected passes"),
         ]
         ways = ", ".join(f"{count} {name}" for count, name in kinds if count)
-        return f"fail: {failing} failing groups ({ways}); {share}{apart}"
+        return f"fail: {failing} failing groups ({ways}); {gap}{share}{apart}"
     if total == 0:
         return "fail: nothing was checked"
-    return f"fail: only {share}{apart}; skips outnumber passes, so this is not a pass"
+    return f"fail: {gap}only {share}{apart}; skips outnumber passes, so this is not a pass"
 
 
 def _not_run(not_run: int, outside_limits: int) -> str:

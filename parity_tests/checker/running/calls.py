@@ -2,25 +2,24 @@
 in a child process or on a rank too), its ``Outcome`` (what the kernel gave, as plain data that
 crosses processes), ``run_case`` (forward, backward unless forward-only, the in-place checks) and
 ``judge_outcome`` (the rows of one case and dtype); ``load_kernel`` imports a "module:function".
-``checker.kernels`` makes the calls in this process, ``checker.isolation`` in a child process,
-``checker.ring`` on each rank (through ``run_protected``).
+``checker.pipeline`` makes the calls in this process, ``checker.running.isolation`` in a child
+process, ``checker.running.ranks`` on each rank (through ``run_protected``).
 
 The kernel gets copies of the inputs in its spec's layout, laid out in memory as the case says
-(``checker.memory``: contiguous, views of one fused buffer, k and v with different strides, a
-storage offset), as fresh leaves, with torch seeded by the request's seed (the caller's generator
-state is restored after); the golden is computed from the originals, and a copy the kernel
-changed is an "inplace" row. Every failure of the kernel is an ``Outcome``, never an exception,
-of one of three kinds never mixed (``checker.report``): a ``ValueError``,
-``NotImplementedError``, ``AssertionError`` or ``TypeError`` is "refused" (the kernel's own
-refusal); a ``BadResult`` (a result its spec's library would not return) or any other exception,
-``SystemExit`` included, is an "error"; ``KernelUnsupported`` is a "skip"; wrong numbers are
-judged. ``KeyboardInterrupt`` propagates, so that Ctrl-C still stops a run. The forward and the
-backward are protected apart: when the backward fails, the forward's out (and lse) are judged
-all the same, beside a row for what the backward raised. For a dropout case through SDPA's
-signature the kernel's keep-mask is read back first (``dropout.read_keep_mask``), and the golden
-applies that mask; through flash-attn's, the kernel is judged at p = 0 like any case, and its
-outputs at p (``dropout.draw_outputs``, part of the forward) are judged statistically
-(``judge.judge_draws``).
+(``checker.running.memory``: contiguous, views of one fused buffer, k and v with different strides,
+a storage offset), as fresh leaves, with torch seeded by the request's seed (the caller's generator
+state is restored after); the golden is computed from the originals, and a copy the kernel changed
+is an "inplace" row. Every failure of the kernel is an ``Outcome``, never an exception, of one of
+three kinds never mixed (``checker.report``): a ``ValueError``, ``NotImplementedError``,
+``AssertionError`` or ``TypeError`` is "refused" (the kernel's own refusal); a ``BadResult`` (a
+result its spec's library would not return) or any other exception, ``SystemExit`` included, is an
+"error"; ``KernelUnsupported`` is a "skip"; wrong numbers are judged. ``KeyboardInterrupt``
+propagates, so that Ctrl-C still stops a run. The forward and the backward are protected apart: when
+the backward fails, the forward's out (and lse) are judged all the same, beside a row for what the
+backward raised. For a dropout case through SDPA's signature the kernel's keep-mask is read back
+first (``dropout.read_keep_mask``), and the golden applies that mask; through flash-attn's, the
+kernel is judged at p = 0 like any case, and its outputs at p (``dropout.draw_outputs``, part of the
+forward) are judged statistically (``judge.judge_draws``).
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
@@ -30,23 +29,25 @@ Tests: tests/checker/running/test_calls.py
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .. import specs
-from ..battery.catalog import Case
-from ..golden.expected import Inputs, case_inputs, dropout_spread, reference, to64
-from ..judge.policy import judge_draws, judge_keep, judge_lse, judge_tensor, unmeasured, wrong_dtype
+from ..golden import to64
+from ..golden.attention import Inputs, case_inputs
+from ..judge.policy import unmeasured
 from ..report.rows import KernelError, KernelRow, KernelUnsupported
 from . import dropout, memory
+from .request import Outcome, Request
+
+if TYPE_CHECKING:
+    from ..spec import Spec
 
 Kernel = Callable[..., Any]
 
@@ -55,38 +56,6 @@ TENSORS = ("out", "dq", "dk", "dv")
 # no argument for): the verdict "refused", apart from wrong numbers and from errors.
 REFUSALS = (ValueError, NotImplementedError, AssertionError, TypeError)
 _CHECKER_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-class Request(NamedTuple):
-    """One kernel call to make: everything needed to rebuild its inputs (in a child process
-    too)."""
-
-    spec: str
-    case: Case
-    dtype: str
-    device: torch.device
-    seed: int
-    forward_only: bool
-    want_lse: bool
-
-
-class Outcome(NamedTuple):
-    """What one kernel call gave, as plain data (it crosses processes): ``kind`` "ok" (arrays
-    out, dq, dk, dv, lse in the canonical layout, float64), "skip", "refused" or "error"
-    (``message``; for an exception ``error`` = (type, first line, traceback)); ``keep`` the
-    keep-mask read back through SDPA's signature, ``draws`` the outputs at dropout_p through
-    flash-attn's; ``backward`` (kind, message, error) when the forward returned and the backward
-    failed: the arrays then hold the forward's only."""
-
-    kind: str
-    arrays: dict[str, np.ndarray]
-    dtypes: dict[str, str]
-    changed: list[KernelRow]
-    keep: np.ndarray | None = None
-    message: str = ""
-    error: tuple[str, str, str] | None = None
-    draws: np.ndarray | None = None
-    backward: tuple[str, str, tuple[str, str, str] | None] | None = None
 
 
 class BadResult(Exception):
@@ -108,23 +77,23 @@ def load_kernel(kernel: Kernel | str) -> Kernel:
     return kernel
 
 
-def run_case(kernel: Kernel, request: Request) -> Outcome:
+def run_case(spec: Spec, kernel: Kernel, request: Request) -> Outcome:
     """One case and dtype of ``kernel``: the forward (with dropout's read-back or draws), then
     the backward (unless forward-only), the in-place checks; every failure of the kernel is an
     ``Outcome``, never an exception (but Ctrl-C). A backward that fails leaves the forward's
     results in the outcome, to be judged."""
-    spec, case, dtype, device, seed = request[:5]
+    case, dtype, device, seed = request.case, request.dtype, request.device, request.seed
     inputs = case_inputs(case, dtype, device, seed)
     changed: list[KernelRow] = []  # filled as it goes, kept if the backward raises
     found: dict[str, Any] = {}
 
     def forward() -> tuple:
-        if case.dropout_p and spec in specs.DROPOUT_READBACK:
-            found["keep"] = dropout.read_keep_mask(kernel, case, inputs, device, seed)
-        judged = request._replace(case=specs.judged_case(spec, case))
-        called = _forward(kernel, judged, inputs, changed)
-        if case.dropout_p and spec in specs.DROPOUT_DRAWS:
-            given = specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device)
+        if case.dropout_p and spec.dropout == "readback":
+            found["keep"] = dropout.read_keep_mask(spec, kernel, case, inputs, device, seed)
+        judged = request._replace(case=spec.judged_case(case))
+        called = _forward(spec, kernel, judged, inputs, changed)
+        if case.dropout_p and spec.dropout == "draws":
+            given = spec.extras(case, inputs.attn_mask, inputs.alibi_slopes, device)
             found["draws"] = dropout.draw_outputs(kernel, spec, case, inputs, given, seed)
         return called
 
@@ -160,51 +129,6 @@ def run_protected(call: Callable[[], Any], changed: list[KernelRow]) -> tuple[An
         return None, Outcome("error", {}, {}, changed, None, _first_line(exc), _describe(exc))
 
 
-def judge_outcome(request: Request, outcome: Outcome, errors: list[KernelError]) -> list[KernelRow]:
-    """The rows of one case and dtype from what the kernel gave: the forward's results judged
-    even when the backward failed, and one row more for that failure."""
-    case, dtype = request.case, request.dtype
-    rows: list[KernelRow] = []
-    keep = None
-    if outcome.keep is not None:
-        inputs = case_inputs(case, dtype, request.device, request.seed)
-        seen = dropout.visible(case, inputs)
-        rows.append(judge_keep(case.name, dtype, case.dropout_p, outcome.keep[seen]))
-        keep = torch.from_numpy(outcome.keep).to(request.device)
-    rows += outcome.changed
-    if outcome.kind != "ok":
-        return rows + [failed_row(case.name, dtype, outcome.kind, outcome.message,
-                                  outcome.error, errors)]  # fmt: skip
-    judged = specs.judged_case(request.spec, case)
-    golden, baseline = reference(judged, dtype, request.device, request.seed, keep)
-    if outcome.draws is not None:
-        spread = dropout_spread(case, dtype, request.device, request.seed)
-        rows.append(judge_draws(case.name, dtype, case.dropout_p, outcome.draws,
-                                outcome.arrays["out"], spread))  # fmt: skip
-    names = ("out",) if request.forward_only or outcome.backward else TENSORS
-    for tensor in names:
-        row = judge_tensor(
-            case.name, dtype, tensor, outcome.arrays[tensor], golden[tensor], baseline[tensor],
-            golden.get(f"{tensor}_read_back"),
-        )  # fmt: skip
-        rows.append(_dtype_checked(row, outcome.dtypes[tensor], dtype))
-    if request.want_lse:
-        row = judge_lse(
-            case.name,
-            dtype,
-            outcome.arrays["lse"],
-            golden["lse"],
-            baseline["lse"],
-            golden.get("lse_shifted"),
-        )
-        expected = "float32" if dtype in ("float16", "bfloat16") else dtype
-        rows.append(_dtype_checked(row, outcome.dtypes["lse"], expected))
-    if outcome.backward is not None:
-        kind, message, error = outcome.backward
-        rows.append(failed_row(case.name, dtype, kind, f"the backward: {message}", error, errors))
-    return rows
-
-
 def failed_row(
     case: str,
     dtype: str,
@@ -217,17 +141,6 @@ def failed_row(
     number of its exception in ``errors`` (added there if new)."""
     number = 0 if error is None or kind == "skip" else _record(errors, error, case, dtype)
     return unmeasured(case, dtype, kind, message, number)
-
-
-def _dtype_checked(row: KernelRow, got: str, expected: str) -> KernelRow:
-    if got == expected:
-        return row
-    return wrong_dtype(row, got) if row.tensor != "lse" else _wrong_lse_dtype(row, got, expected)
-
-
-def _wrong_lse_dtype(row: KernelRow, got: str, expected: str) -> KernelRow:
-    detail = f"lse is {got}, the libraries return {expected} for inputs of {row.dtype}"
-    return dataclasses.replace(row, verdict="dtype", detail=detail)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -261,19 +174,20 @@ def _record(errors: list[KernelError], error: tuple[str, str, str], case: str, d
 
 
 def _forward(
-    kernel: Kernel, request: Request, inputs: Inputs, changed: list[KernelRow]
+    spec: Spec, kernel: Kernel, request: Request, inputs: Inputs, changed: list[KernelRow]
 ) -> tuple[dict[str, np.ndarray], dict[str, str], Callable[[], tuple[dict, dict]]]:
     """The forward of ``kernel`` on copies of the inputs in the spec's layout, as fresh leaves:
     out (and lse) back in the canonical layout, float64, their dtypes, and the backward to run
     next (it gives dq, dk, dv the same way). An "inplace" row is appended to ``changed`` for
     each copy the kernel changed, checked after the forward and again after the backward."""
-    spec, case, dtype, device, seed, forward_only, want_lse = request
+    case, dtype, device, seed = request.case, request.dtype, request.device, request.seed
+    forward_only, want_lse = request.forward_only, request.want_lse
     originals = {
-        name: specs.layout(spec, case, t)
+        name: spec.layout(case, t)
         for name, t in zip("qkv", (inputs.q, inputs.k, inputs.v), strict=True)
     }
-    placed = memory.place(case.memory, *originals.values(), specs.heads_first(spec, case))
-    extras = specs.extras(spec, case, inputs.attn_mask, inputs.alibi_slopes, device)
+    placed = memory.place(case.memory, *originals.values(), spec.heads_first(case))
+    extras = spec.extras(case, inputs.attn_mask, inputs.alibi_slopes, device)
     originals.update(extras)
     given = dict(zip("qkv", placed, strict=True))
     given.update(
@@ -283,22 +197,22 @@ def _forward(
     leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
     with torch.random.fork_rng(devices=dropout.rng_devices(device)):
         torch.manual_seed(seed)
-        result = specs.invoke(spec, kernel, case, *leaves, given, want_lse)
+        result = spec.invoke(kernel, case, *leaves, given, want_lse)
     changed += _changed(case.name, dtype, given, originals, "forward", changed)
     try:
-        out, lse = specs.split_result(spec, result, want_lse)
+        out, lse = spec.split_result(result, want_lse)
     except TypeError as exc:
         raise BadResult(str(exc)) from exc
-    expected = tuple(specs.layout(spec, case, inputs.dout).shape)
+    expected = tuple(spec.layout(case, inputs.dout).shape)
     _check_tensor("out", out, expected)
-    arrays = {"out": specs.unlayout(spec, case, out, case.heads)}
+    arrays = {"out": spec.unlayout(case, out, case.heads)}
     dtypes = {"out": _name(out.dtype)}
     if want_lse:
-        _check_tensor("lse", lse, specs.lse_shape(spec, case))
-        arrays["lse"], dtypes["lse"] = specs.unlayout_lse(spec, case, lse), _name(lse.dtype)
+        _check_tensor("lse", lse, spec.lse_shape(case))
+        arrays["lse"], dtypes["lse"] = spec.unlayout_lse(case, lse), _name(lse.dtype)
 
     def backward() -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        upstream = specs.layout(spec, case, inputs.dout)
+        upstream = spec.layout(case, inputs.dout)
         upstream = upstream.to(out.dtype) if out.is_floating_point() else upstream
         try:
             grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
@@ -308,7 +222,7 @@ def _forward(
         for name, leaf, grad in zip(TENSORS[1:], leaves, grads, strict=True):
             grad = torch.zeros_like(leaf) if grad is None else grad
             heads = case.heads if name == "dq" else case.kv_heads
-            found[name] = to64(specs.unlayout(spec, case, grad, heads))
+            found[name] = to64(spec.unlayout(case, grad, heads))
             types[name] = _name(grad.dtype)
         return found, types
 

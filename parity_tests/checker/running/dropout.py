@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .. import specs
-from ..battery.case import Case
-from ..golden.expected import Inputs, to64
+from ..battery.attention.case import Case
+from ..golden import to64
+from ..golden.attention import Inputs
 from . import memory
+
+if TYPE_CHECKING:
+    from ..spec import Spec
 
 Kernel = Callable[..., Any]
 
@@ -43,10 +46,12 @@ class ProbeError(Exception):
 
 
 def read_keep_mask(
-    kernel: Kernel, case: Case, inputs: Inputs, device: torch.device, seed: int
-) -> torch.Tensor:
-    """The kernel's dropout keep-mask (B, H, N, M) for ``seed`` through SDPA's signature (see
-    the module docstring); entries the case hides read as dropped."""
+    spec: Spec, kernel: Kernel, case: Case, inputs: Inputs, device: torch.device,
+    seed: int,
+) -> torch.Tensor:  # fmt: skip
+    """The kernel's dropout keep-mask (B, H, N, M) for ``seed`` through a signature that takes
+    (B, H, L, W) tensors and returns the output alone, SDPA's (see the module docstring);
+    entries the case hides read as dropped."""
     b, h, h_kv, n, m = case.batch, case.heads, case.kv_heads, case.n, case.m
     dv, dtype = case.value_width, inputs.q.dtype
     q = torch.zeros(b, h, n, case.d, dtype=dtype, device=device)
@@ -61,7 +66,7 @@ def read_keep_mask(
         v[..., start : start + width, :width] = torch.eye(width, dtype=dtype, device=device)
         placed = memory.place(case.memory, q, k, v, heads_first=True)
         given = {} if mask is None else {"attn_mask": mask}
-        out = _seeded(seed, device, functools.partial(specs.invoke, "sdpa", kernel, case,
+        out = _seeded(seed, device, functools.partial(spec.invoke, kernel, case,
                                                       *placed, given, False))  # fmt: skip
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (b, h, n, dv):
             what = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -84,7 +89,7 @@ def visible(case: Case, inputs: Inputs) -> np.ndarray:
 
 def draw_outputs(
     kernel: Kernel,
-    spec: str,
+    spec: Spec,
     case: Case,
     inputs: Inputs,
     given: dict[str, torch.Tensor],
@@ -93,20 +98,20 @@ def draw_outputs(
     """``DRAWS`` outputs of the kernel at the case's dropout_p, forward only, each under its
     own torch seed, in the canonical layout: (DRAWS, B, H, N, Dv) or (DRAWS, T_q, H, Dv)."""
     device = inputs.q.device
-    heads_first = specs.heads_first(spec, case)
-    qkv = [specs.layout(spec, case, t) for t in (inputs.q, inputs.k, inputs.v)]
-    expected = tuple(specs.layout(spec, case, inputs.dout).shape)
+    heads_first = spec.heads_first(case)
+    qkv = [spec.layout(case, t) for t in (inputs.q, inputs.k, inputs.v)]
+    expected = tuple(spec.layout(case, inputs.dout).shape)
     draws = []
     for draw in range(DRAWS):
         placed = memory.place(case.memory, *qkv, heads_first=heads_first)
         with torch.no_grad():
-            call = functools.partial(specs.invoke, spec, kernel, case, *placed, given, False)
+            call = functools.partial(spec.invoke, kernel, case, *placed, given, False)
             result = _seeded(draw_seed(seed, draw), device, call)
-        out, _ = specs.split_result(spec, result, want_lse=False)
+        out, _ = spec.split_result(result, want_lse=False)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
             what = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ProbeError(f"kernel returned out {what} at dropout_p, expected {expected}")
-        draws.append(to64(specs.unlayout(spec, case, out, case.heads)))
+        draws.append(to64(spec.unlayout(case, out, case.heads)))
     return np.stack(draws)
 
 

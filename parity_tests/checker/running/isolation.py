@@ -39,7 +39,7 @@ import tempfile
 from multiprocessing import resource_tracker
 from typing import Any
 
-from .calls import Kernel, Outcome, Request, load_kernel, run_case
+from .calls import Kernel, Outcome, Request, load_kernel
 
 # A child that has not imported torch and unpickled the kernel within this many seconds is
 # stopped: starting is not the kernel's time.
@@ -248,7 +248,9 @@ def _serve(conn: Any, payload: bytes, folder: str) -> None:
             request = conn.recv()
         except (EOFError, OSError):
             return
-        outcome = run_case(kernel, request)
+        from ..specs import get  # in the child: the spec by name, as the request carries it
+
+        outcome = get(request.spec).run(kernel, request)
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(outcome)

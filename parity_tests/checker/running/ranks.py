@@ -29,6 +29,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,19 +38,10 @@ import numpy as np
 import torch
 
 from ...tolerances import ISOLATE_TIME_LIMIT_S
-from ..battery.catalog import Case
-from ..golden.expected import case_inputs
-from ..judge.policy import unmeasured
-from ..report.rows import KernelReport, KernelRow
-from .calls import (
-    BadResult,
-    Kernel,
-    Outcome,
-    Request,
-    judge_outcome,
-    load_kernel,
-    run_protected,
-)
+from ..battery.attention.case import Case
+from ..golden.attention import case_inputs
+from ..report.rows import KernelRow
+from .calls import BadResult, Kernel, Outcome, Request, load_kernel, run_protected
 
 # Any collective of a healthy group on the battery's small cases takes far less; a rank that
 # never arrives (its kernel raised before a collective the others are in) fails its peers then.
@@ -71,22 +63,19 @@ def check_world_size(battery: tuple[Case, ...], world_size: Any) -> None:
             )
 
 
-def check_ring(
+def run_ranks(
     kernel: Kernel | str,
-    features: frozenset[str],
-    device: torch.device,
-    dtypes: list[str],
-    battery: tuple[Case, ...],
-    forward_only: bool,
-    seed: int,
+    requests: Sequence[Request],
     world_size: int,
     progress: Any,
-) -> KernelReport:
-    """The report of ``kernel`` (a "module:function" is imported by each rank by that name) on
-    ``battery`` over ``world_size`` spawned ranks."""
-    check_world_size(battery, world_size)
-    if device.type != "cpu":
-        raise ValueError(f"the ring spec runs gloo ranks on CPU, got device {device}")
+) -> dict[tuple[str, str], Outcome]:
+    """The outcome of every request of ``kernel`` (a "module:function" is imported by each
+    rank by that name), run on ``world_size`` spawned ranks; by (case, dtype)."""
+    check_world_size(tuple({request.case.name: request.case for request in requests}.values()),
+                     world_size)  # fmt: skip
+    devices = {request.device.type for request in requests}
+    if devices - {"cpu"}:
+        raise ValueError(f"the ring spec runs gloo ranks on CPU, got device {devices.pop()}")
     try:
         payload = pickle.dumps(kernel)
     except Exception as exc:  # what pickle raises for closures, lambdas, local classes
@@ -96,26 +85,9 @@ def check_ring(
             "module-level function, or 'module:function'"
         ) from exc
     name = getattr(load_kernel(kernel), "__name__", repr(kernel))
-    report = KernelReport(name, str(device), cases={case.name: case for case in battery})
-    requests, rows = [], {}
-    for case in battery:
-        for dtype in dtypes:
-            missing = case.needs - features
-            if missing:
-                detail = f"needs {', '.join(sorted(missing))}, not in the kernel's features"
-                rows[case.name, dtype] = [unmeasured(case.name, dtype, "not-run", detail)]
-            else:
-                requests.append(Request("ring", case, dtype, device, seed, forward_only, False))
     if progress is not None:
         progress(f"{name}: {len(requests)} case-dtype groups on {world_size} gloo ranks")
-    outcomes = _spawn(payload, requests, world_size) if requests else {}
-    for request in requests:
-        outcome = outcomes[request.case.name, request.dtype]
-        rows[request.case.name, request.dtype] = judge_outcome(request, outcome, report.errors)
-    for case in battery:
-        for dtype in dtypes:
-            report.rows.extend(rows[case.name, dtype])
-    return report
+    return _spawn(payload, list(requests), world_size)
 
 
 def _spawn(payload: bytes, requests: list[Request], world: int) -> dict[tuple, Outcome]:

@@ -6,14 +6,14 @@ Targets: ``F.scaled_dot_product_attention`` with the default dispatch and with e
 with each backend that runs forward and backward there (forward-only where only the forward runs:
 FlexAttention on CPU); ``nn.MultiheadAttention`` through an adapter (identity projections), with
 ``need_weights=True`` and ``False``; and, where installed, the real third-party kernels of
-``checker.third_party``: FlexAttention itself (the "flex" spec; eager, and compiled in a child
-process) and Hugging Face's attention functions; on CUDA, the project's own Triton kernel behind
-flash-attn's signatures (``triton_targets``). The decode specs' targets (``decode_targets``):
-``torch_attention.paged`` behind flash-attn's ``flash_attn_with_kvcache`` and FlashMLA's
+``checker.targets.third_party``: FlexAttention itself (the "flex" spec; eager, and compiled in a
+child process) and Hugging Face's attention functions; on CUDA, the project's own Triton kernel
+behind flash-attn's signatures (``triton_targets``). The decode specs' targets (``decode_targets``):
+``torch_attention.decode.paged`` behind flash-attn's ``flash_attn_with_kvcache`` and FlashMLA's
 ``flash_mla_with_kvcache``, and, where installed, transformers' paged attention. A backend that
-cannot take a small plain problem on the device is left out (found by trying one). Compiled
-targets compile once per shape and dtype (~10-40 s each on a 2-core CPU), so they run a few cases
-in float32 (``Target.cases``).
+cannot take a small plain problem on the device is left out (found by trying one). Compiled targets
+compile once per shape and dtype (~10-40 s each on a 2-core CPU), so they run a few cases in float32
+(``Target.cases``).
 
 A forced backend that refuses a case (the CPU flash kernel has no dropout, say) raises
 ``KernelUnsupported`` with torch's (or torch_attention's) own reason, and the case is skipped for
@@ -47,9 +47,9 @@ from torch_attention.distributed import ring_attention
 from torch_attention.functional import BACKENDS, attention
 
 from .. import specs
-from ..battery.catalog import Case, default_battery, lookup
-from ..battery.decode_case import KVCACHE, MLA
-from ..pipeline import Kernel, KernelLimits, check_kernel
+from ..battery.catalog import lookup
+from ..battery.limits import KernelLimits
+from ..pipeline import Kernel, check_kernel
 from ..report.rows import KernelReport, KernelUnsupported
 from . import adapters, third_party
 from . import decode as decode_kernels
@@ -89,15 +89,17 @@ class Target:
     def check(
         self,
         device: str,
-        battery: str | list[str] | tuple[Case, ...],
+        battery: str | list[str] | tuple[Any, ...],
         seed: int,
         progress: Any = None,
     ) -> KernelReport | None:
         """The target's report on ``battery`` (a battery's name, case names, or cases drawn
-        for it: ``checker.fuzz``). None when the target runs none of it: a target with its own
-        cases asked for the stress battery, or case names that its spec cannot express or its
-        own cases leave out."""
-        cases: str | list[str] | tuple[str, ...] | tuple[Case, ...]
+        for it: ``battery.fuzz``). None when the target runs none of it: a battery its spec has
+        not, a target with its own cases asked for the stress battery, or case names that its
+        spec cannot express or its own cases leave out."""
+        cases: str | list[str] | tuple[str, ...] | tuple[Any, ...]
+        if isinstance(battery, str) and battery not in specs.get(self.spec).batteries:
+            return None  # a battery its spec has not (the decode specs' stress battery)
         if isinstance(battery, tuple):
             cases = battery
         elif isinstance(battery, list):
@@ -228,8 +230,8 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
         "hf.llama.eager_attention_forward", "*", HF_FLOAT32_SOFTMAX, dtypes=("float64",)
     ),
     *(
-        ExpectedFailure("hf.paged.eager", case.name, HF_PAGED_FLOAT32_SOFTMAX, dtypes=("float64",))
-        for case in KVCACHE if case.needs <= decode_kernels.HF_PAGED_FEATURES
+        ExpectedFailure("hf.paged.eager", case, HF_PAGED_FLOAT32_SOFTMAX, dtypes=("float64",))
+        for case in decode_kernels.hf_paged_cases()
     ),
 )  # fmt: skip
 
@@ -280,16 +282,12 @@ def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list
         ),
     ]
     if torch.device(device).type == "cpu":  # the ring spec runs gloo ranks on CPU
-        ring_cases = tuple(case.name for case in default_battery("ring"))  # no stress battery
-        targets.append(
-            Target("ring_attention", ring_attention, dtypes, "ring", cases=ring_cases, world_size=2)
-        )
-    return (
-        targets
-        + triton_targets(device, dtypes)
-        + third_party_targets(device, dtypes)
-        + decode_targets(device, dtypes)
-    )
+        targets.append(Target("ring_attention", ring_attention, dtypes, "ring", world_size=2))
+    targets += triton_targets(device, dtypes) + third_party_targets(device, dtypes)
+    targets += decode_targets(device, dtypes)
+    for spec in specs.registry().values():  # the correct kernels a spec module brings itself
+        targets += spec.targets(device, dtypes)
+    return targets
 
 
 def triton_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
@@ -312,17 +310,18 @@ def triton_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[
 
 
 NO_GQA = frozenset({"mask", "causal", "dropout", "dv"})
+
+
 # The few cases a compiled target runs (each shape compiles): plain, causal with N < M, one
 # option of the spec each, and the cases of the documented findings.
-_DECODE_CASES = frozenset(case.name for case in KVCACHE + MLA)
-
-
 def _runs_case(spec: str, name: str, features: frozenset[str] | None) -> bool:
-    """Whether a target of ``spec`` runs the case called ``name``: a decode case for the decode
-    specs (their own battery), else one the spec can express."""
-    if spec in specs.DECODE_SPECS or name in _DECODE_CASES:
-        return spec in specs.DECODE_SPECS and name in _DECODE_CASES
-    return specs.cannot_express(spec, lookup(name, spec, features)) is None
+    """Whether a target of ``spec`` runs the case called ``name``: one the spec can express."""
+    found = specs.get(spec)
+    try:
+        case = lookup(name, found, features)
+    except ValueError:
+        return False
+    return found.cannot_express(case) is None
 
 
 COMPILED_FLEX_CASES = ("plain", "causal-br-n<m", "window-tl", "alibi-h")
@@ -380,22 +379,21 @@ def third_party_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> 
 
 
 def decode_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
-    """The decode specs' targets (``checker.decode_kernels``), each running its spec's own
+    """The decode specs' targets (``checker.targets.decode``), each running its spec's own
     battery whatever battery is asked for (none of the stress battery)."""
-    kvcache, mla = tuple(c.name for c in KVCACHE), tuple(c.name for c in MLA)
     targets = [
         Target("torch_attention:flash_attn_with_kvcache", decode_kernels.flash_attn_with_kvcache,
-               dtypes, "flash_kvcache", cases=kvcache),
+               dtypes, "flash_kvcache"),
         Target("torch_attention:flash_mla_with_kvcache", decode_kernels.flash_mla_with_kvcache,
-               dtypes, "flash_mla", cases=mla),
+               dtypes, "flash_mla"),
     ]  # fmt: skip
     if third_party.transformers_available():
-        features = decode_kernels.HF_PAGED_FEATURES
+        features, cases = decode_kernels.HF_PAGED_FEATURES, decode_kernels.hf_paged_cases()
         targets += [
             Target("hf.paged.eager", decode_kernels.hf_paged_eager, dtypes, "flash_kvcache",
-                   features, cases=kvcache),
+                   features, cases=cases),
             Target("hf.paged.sdpa", decode_kernels.hf_paged_sdpa, dtypes, "flash_kvcache",
-                   features, cases=kvcache),
+                   features, cases=cases),
         ]  # fmt: skip
     return targets
 

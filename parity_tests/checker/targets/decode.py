@@ -1,8 +1,8 @@
 """Correct decode kernels behind the real libraries' signatures: the built-in targets of the
-"flash_kvcache" and "flash_mla" specs (``checker.decode``).
+"flash_kvcache" and "flash_mla" specs (``checker.specs._decode``).
 
 - ``flash_attn_with_kvcache``: flash-attn's signature, computed by
-  ``torch_attention.paged.kvcache_attention`` (``num_splits`` is a scheduling hint: accepted and
+  ``torch_attention.decode.kvcache_attention`` (``num_splits`` is a scheduling hint: accepted and
   unused, as a kernel that never splits may).
 - ``flash_mla_with_kvcache``: FlashMLA's signature over the same twin: the one latent head of
   the pages as K, its first ``head_dim_v`` coordinates as V (a view, as FlashMLA reads them),
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from torch_attention.paged import kvcache_attention
+from torch_attention.decode.paged import kvcache_attention
 
 from ..report.rows import KernelUnsupported
 
@@ -95,6 +95,23 @@ def hf_paged_sdpa(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_s
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return _hf_paged(sdpa_attention_forward, locals())
+
+
+def hf_paged_cases() -> tuple[str, ...]:
+    """The cases of the flash_kvcache battery built for ``HF_PAGED_FEATURES`` that
+    transformers' paged attention takes (``_hf_unsupported``, read from the case): the new
+    tokens are the queries, and the queries are causal (or one). A battery's other cases would
+    be skipped, and skips would outnumber the judged cases."""
+    from ..specs import get
+
+    battery = get("flash_kvcache").battery("default", HF_PAGED_FEATURES)
+    return tuple(
+        case.name
+        for case in battery
+        if case.needs <= HF_PAGED_FEATURES
+        and case.s_new == case.s_q
+        and (case.causal or case.s_q == 1)
+    )
 
 
 def _hf_unsupported(args: dict[str, Any]) -> str | None:

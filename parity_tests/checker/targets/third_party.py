@@ -1,7 +1,7 @@
 """Real third-party attention kernels behind a spec's signature: FlexAttention (eager and
 compiled) and Hugging Face's attention functions, each through the smallest adapter that lets the
 checker call it. Every adapter is a module-level function, so that it pickles into the child
-process of ``isolate=True`` (``checker.isolation``).
+process of ``isolate=True`` (``checker.running.isolation``).
 
 Hugging Face's functions take ``(module, query, key, value, attention_mask, ...)`` with q, k, v
 (B, H, N, D) and return ``(out (B, N, H, Dv), weights)``; the adapters give them a bare module
@@ -37,7 +37,7 @@ from unittest import mock
 import torch
 from torch import nn
 
-from ..golden.baseline import visible
+from ..golden.attention_baseline import visible
 
 
 def flex_available() -> bool:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity_tests.checker.battery.case import HEAVY_CLIP, Case, make_inputs
-from parity_tests.checker.battery.handwritten import NAMED
+from parity_tests.checker.battery.attention.case import HEAVY_CLIP, Case, make_inputs
+from parity_tests.checker.battery.attention.handwritten import NAMED
 
 BY_NAME = {case.name: case for case in NAMED}
 

@@ -1,22 +1,25 @@
-"""The fuzzer (``checker.fuzz``): random cases of a spec's space, each re-created alone from its
-index and seed, expressible by the spec, inside the kernel's limits; the specs without a fuzzer
-and a count below 1 refused. (``--fuzz`` and its rerun commands: tests/parity/test_cli.py.)"""
+"""The fuzzer (``battery.fuzz``, every spec's draw but the ring's): random cases of a spec's space,
+each re-created alone from its index and seed, expressible by the spec, inside the kernel's limits;
+the specs without a fuzzer and a count below 1 refused. (``--fuzz`` and its rerun commands:
+tests/parity/test_cli.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from parity_tests.checker import specs
+from parity_tests.checker.battery.attention.limits import outside
 from parity_tests.checker.battery.fuzz import fuzz_case, fuzz_cases
-from parity_tests.checker.battery.generate import GENERATED_SPECS
-from parity_tests.checker.battery.limits import KernelLimits, outside
+from parity_tests.checker.battery.limits import KernelLimits
+from parity_tests.checker.specs import get
+
+FUZZED = ("sdpa", "flash", "flash_varlen", "flex", "flash_kvcache", "flash_mla")
 
 
-@pytest.mark.parametrize("spec", GENERATED_SPECS)
+@pytest.mark.parametrize("spec", FUZZED)
 def test_drawn_cases_are_cases_the_spec_expresses_each_named_by_its_index(spec):
     cases = fuzz_cases(spec, 40, seed=5)
 
-    assert all(specs.cannot_express(spec, case) is None for case in cases)
+    assert all(get(spec).cannot_express(case) is None for case in cases)
     assert [case.name.split("-")[0] for case in cases] == [f"fuzz{i}" for i in range(40)]
     assert len({case.name.split("-", 1)[1] for case in cases}) > 30  # not one case again
 
@@ -55,3 +58,14 @@ def test_no_drawn_case_has_one_key_where_dq_and_dk_are_exactly_zero():
     assert min(case.m for case in cases) >= 2
     # One query is still drawn where it can be judged (bottom-right causal, as a decode step).
     assert min(case.n for case in fuzz_cases("flash", 2000, seed=0)) == 1
+
+
+def test_drawn_decode_cases_hold_only_the_features_claimed_and_lie_inside_the_limits():
+    spec = get("flash_kvcache")
+    limits = KernelLimits(head_dims=(64, 128), page_sizes=(16,))
+    claimed = {"paged", "append", "causal"}
+
+    cases = fuzz_cases(spec, 30, seed=0, features=claimed, limits=limits)
+
+    assert all(case.needs <= claimed and spec.outside(limits, case) is None for case in cases)
+    assert {case.page_size for case in cases} == {None, 16} and any(c.s_new for c in cases)

@@ -1,7 +1,7 @@
-"""A kernel's limits (``checker.limits``): a case outside them is not run, the battery holds its
-nearest case inside them instead, so that declaring limits never empties a feature's coverage
-(every pair of values the limits allow still meets in a case); limits a spec cannot honour, and
-a case named outside them, are refused before any work."""
+"""A kernel's limits (``checker.battery.limits``): a case outside them is not run, the battery holds
+its nearest case inside them instead, so that declaring limits never empties a feature's coverage
+(every pair of values the limits allow still meets in a case); limits a spec cannot honour, and a
+case named outside them, are refused before any work."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import pytest
 import torch.nn.functional as F
 
 from parity_tests import check_kernel
-from parity_tests.checker import specs
 from parity_tests.checker.battery import pairs
-from parity_tests.checker.battery.catalog import Case
-from parity_tests.checker.battery.generate import GENERATED_SPECS
-from parity_tests.checker.battery.limits import KernelLimits, allowed_pairs, nearest, outside
+from parity_tests.checker.battery.attention.case import Case
+from parity_tests.checker.battery.attention.limits import nearest, outside
+from parity_tests.checker.battery.limits import KernelLimits, allowed_pairs
 from parity_tests.checker.pipeline import within_limits
+from parity_tests.checker.specs import get
+
+GENERATED_SPECS = ("sdpa", "flash", "flash_varlen", "flex")
 
 LIMITS = {
     "head widths": KernelLimits(head_dims=(16, 32, 64, 128)),
@@ -26,12 +28,12 @@ LIMITS = {
 @pytest.mark.parametrize("limits", LIMITS.values(), ids=LIMITS.keys())
 @pytest.mark.parametrize("spec", GENERATED_SPECS)
 def test_the_battery_within_the_limits_keeps_every_pair_they_allow(spec, limits):
-    claimed = specs.SPEC_FEATURES[spec]
-    battery, excluded = within_limits(spec, None, claimed, limits)
+    found = get(spec)
+    battery, excluded = within_limits(found, None, found.features, limits)
 
     inside = [case for case in battery if case.name not in excluded]
-    assert excluded and all(outside(limits, case) is None for case in inside)
-    assert not allowed_pairs(spec, limits) & pairs.uncovered(spec, inside)
+    assert excluded and all(found.outside(limits, case) is None for case in inside)
+    assert not allowed_pairs(found, limits) & pairs.uncovered(found, inside)
     assert {instead for _, instead in excluded.values()} <= {case.name for case in inside}
 
 
@@ -97,6 +99,8 @@ def test_a_case_named_outside_the_limits_is_refused_before_any_work():
         ("ring", KernelLimits(seqlen_multiple=16), "the ring spec takes no seqlen_multiple"),
         ("flash_kvcache", KernelLimits(equal_lengths=True), "takes no seqlen_multiple and no"),
         ("flash_mla", KernelLimits(head_dims=(64, 128)), r"head widths \[576, 512\], outside"),
+        ("flash_mla", KernelLimits(page_sizes=(16,)), r"pages hold \[64\] tokens, none in"),
+        ("sdpa", KernelLimits(page_sizes=(16,)), "takes no page_sizes"),
     ],
 )
 def test_limits_a_spec_cannot_honour_are_refused_by_name(spec, limits, error):
@@ -107,7 +111,7 @@ def test_limits_a_spec_cannot_honour_are_refused_by_name(spec, limits, error):
 def test_the_ring_takes_head_widths():
     limits = KernelLimits(head_dims=(32,), contiguous_only=True)
 
-    battery, excluded = within_limits("ring", None, specs.SPEC_FEATURES["ring"], limits)
+    battery, excluded = within_limits("ring", None, get("ring").features, limits)
 
     assert excluded and all(case.d == 32 for case in battery if case.name not in excluded)
 
@@ -122,8 +126,42 @@ def test_the_ring_takes_head_widths():
         ({"seqlen_multiple": 1025}, ValueError),  # nearest cases past any calibrated length
         ({"head_dims": (16, 2048)}, ValueError),
         ({"equal_lengths": 1}, TypeError),
+        ({"page_sizes": ()}, ValueError),
+        ({"page_sizes": (16.0,)}, TypeError),
     ],
 )
 def test_bad_limits_are_refused(kwargs, error):
     with pytest.raises(error):
         KernelLimits(**kwargs)
+
+
+DECODE_LIMITS = {
+    "head widths": KernelLimits(head_dims=(64, 128)),
+    "pages of 16 and 64": KernelLimits(page_sizes=(16, 64)),
+    "both": KernelLimits(head_dims=(32, 128), page_sizes=(64,)),
+}
+
+
+@pytest.mark.parametrize("limits", DECODE_LIMITS.values(), ids=DECODE_LIMITS.keys())
+def test_a_decode_battery_within_the_limits_keeps_every_pair_they_allow(limits):
+    spec = get("flash_kvcache")
+    battery, excluded = within_limits(spec, None, spec.features, limits)
+
+    inside = [case for case in battery if case.name not in excluded]
+    assert excluded and all(spec.outside(limits, case) is None for case in inside)
+    assert not allowed_pairs(spec, limits) & pairs.uncovered(spec, inside)
+    assert {instead for _, instead in excluded.values()} <= {case.name for case in inside}
+
+
+def test_the_nearest_decode_case_keeps_its_options_and_its_lengths_at_the_page_edges():
+    spec = get("flash_kvcache")
+    case = next(c for c in spec.default_battery() if c.page_size == 256 and c.rotary != "none")
+    limits = KernelLimits(head_dims=(64,), page_sizes=(16, 64))
+
+    found = spec.nearest(limits, case)
+
+    assert (found.page_size, found.d) == (64, 64)
+    assert (found.rotary, found.window, found.alibi, found.s_q) == (
+        case.rotary, case.window, case.alibi, case.s_q
+    )  # fmt: skip
+    assert found.length_labels == case.length_labels and spec.outside(limits, found) is None

@@ -10,8 +10,14 @@ import dataclasses
 import pytest
 
 from parity_tests.checker.battery import pairs
-from parity_tests.checker.battery.catalog import default_battery
-from parity_tests.checker.battery.handwritten import NAMED
+from parity_tests.checker.battery.attention.handwritten import NAMED
+from parity_tests.checker.battery.attention.space import NA
+from parity_tests.checker.specs import get
+
+
+def default_battery(spec, features=None):
+    return get(spec).default_battery(None if features is None else frozenset(features))
+
 
 SPECS = ("sdpa", "flash", "flash_varlen", "flex", "ring")
 BY_NAME = {case.name: case for case in NAMED}
@@ -21,9 +27,9 @@ BY_NAME = {case.name: case for case in NAMED}
 def test_every_pair_of_each_specs_factors_meets_in_its_default_battery(spec):
     cases = default_battery(spec)
 
-    missing = pairs.uncovered(spec, cases)
+    missing = pairs.uncovered(get(spec), cases)
 
-    assert pairs.required_pairs(spec) and not missing, sorted(missing)
+    assert pairs.required_pairs(get(spec)) and not missing, sorted(missing)
 
 
 @pytest.mark.parametrize(
@@ -37,8 +43,8 @@ def test_every_pair_of_each_specs_factors_meets_in_its_default_battery(spec):
 def test_a_kernel_claiming_fewer_features_gets_every_pair_of_those(spec, features):
     cases = [case for case in default_battery(spec, features) if case.needs <= features]
 
-    assert not pairs.uncovered(spec, cases, features)
-    assert pairs.required_pairs(spec, features) < pairs.required_pairs(spec)
+    assert not pairs.uncovered(get(spec), cases, features)
+    assert pairs.required_pairs(get(spec), features) < pairs.required_pairs(get(spec))
 
 
 @pytest.mark.parametrize(
@@ -57,12 +63,12 @@ def test_a_kernel_claiming_fewer_features_gets_every_pair_of_those(spec, feature
     ],
 )
 def test_the_pairs_where_kernels_break_are_required(spec, first, second):
-    assert _pair(spec, first, second) in pairs.required_pairs(spec)
+    assert _pair(spec, first, second) in pairs.required_pairs(get(spec))
 
 
 def _pair(spec: str, first: tuple[str, str], second: tuple[str, str]) -> pairs.Pair:
     """The pair as ``pairs`` orders it: by the factors' order in the spec's space."""
-    order = pairs.SPACES[spec]
+    order = list(get(spec).factors)
     return (first, second) if order.index(first[0]) < order.index(second[0]) else (second, first)
 
 
@@ -76,75 +82,76 @@ def _pair(spec: str, first: tuple[str, str], second: tuple[str, str]) -> pairs.P
     ],
 )
 def test_what_one_case_cannot_hold_is_never_required(spec, row):
-    assert not pairs.allowed(spec, row)
+    assert not get(spec).allowed(row)
     first, second = row.items()
-    assert _pair(spec, first, second) not in pairs.required_pairs(spec)
+    assert _pair(spec, first, second) not in pairs.required_pairs(get(spec))
 
 
 def test_a_case_whose_positions_matter_has_an_alignment():
-    assert not pairs.allowed("flex", {"align": pairs.NA, "causal": "on", "lengths": "n<m"})
-    assert pairs.allowed("flex", {"align": pairs.NA, "causal": "on", "lengths": "n=m"})
+    assert not get("flex").allowed({"align": NA, "causal": "on", "lengths": "n<m"})
+    assert get("flex").allowed({"align": NA, "causal": "on", "lengths": "n=m"})
 
 
 def test_flex_holds_causal_with_a_mask_and_sdpa_does_not():
     flex = _pair("flex", ("causal", "on"), ("mask", "bool"))
     sdpa = _pair("sdpa", ("causal", "on"), ("mask", "bool"))
 
-    assert flex in pairs.required_pairs("flex") and sdpa not in pairs.required_pairs("sdpa")
+    assert flex in pairs.required_pairs(get("flex"))
+    assert sdpa not in pairs.required_pairs(get("sdpa"))
 
 
 def test_a_battery_without_its_fused_layout_misses_every_pair_of_it():
     cases = [case for case in default_battery("flash") if case.memory != "fused"]
 
-    missing = pairs.uncovered("flash", cases)
+    missing = pairs.uncovered(get("flash"), cases)
 
-    fused = {pair for pair in pairs.required_pairs("flash") if ("memory", "fused") in pair}
+    fused = {pair for pair in pairs.required_pairs(get("flash")) if ("memory", "fused") in pair}
     assert fused and fused <= missing
 
 
 def test_the_covering_array_is_deterministic_and_near_the_lower_bound():
-    first, again = pairs.covering_rows("flex"), pairs.covering_rows("flex")
+    first, again = pairs.covering_rows(get("flex")), pairs.covering_rows(get("flex"))
 
     assert first == again
     assert 5 * 4 <= len(first) <= 2 * 5 * 4  # mask (5 values) x memory (4) pairs at least
 
 
 def test_a_covering_array_grows_from_seed_rows():
-    rows = pairs.covering_rows("ring")
+    rows = pairs.covering_rows(get("ring"))
     half = rows[: len(rows) // 2]
 
-    rest = pairs.covering_rows("ring", None, half)
+    rest = pairs.covering_rows(get("ring"), None, half)
 
-    held = set().union(*(pairs.pairs_of(row, pairs.SPACES["ring"]) for row in half + rest))
-    assert pairs.required_pairs("ring") <= held
+    held = set().union(*(pairs.pairs_of(get("ring"), row) for row in half + rest))
+    assert pairs.required_pairs(get("ring")) <= held
 
 
 def test_case_values_are_read_from_the_cases_fields():
     case = BY_NAME["alibi-bh-causal"]
 
-    values = pairs.case_values("flash", case)
+    values = get("flash").values_of(case)
 
     assert values["alibi"] == "per-batch" and values["causal"] == "on"
     assert values["lengths"] == "n<m" and values["gqa"] == "mha"
     assert values["memory"] == "contiguous"
     moved = dataclasses.replace(case, memory="offset", heads_kv=1)
-    assert pairs.case_values("flash", moved)["memory"] == "offset"
-    assert pairs.case_values("flash", moved)["gqa"] == "mqa"
+    assert get("flash").values_of(moved)["memory"] == "offset"
+    assert get("flash").values_of(moved)["gqa"] == "mqa"
 
 
 def test_an_alignment_counts_only_where_positions_matter():
     square = BY_NAME["causal-square"]  # N = M: top-left and bottom-right are one case
     shifted = BY_NAME["causal-br-n<m"]
 
-    assert pairs.case_values("flex", square)["align"] == pairs.NA
-    assert pairs.case_values("flex", shifted)["align"] == "bottom-right"
+    assert get("flex").values_of(square)["align"] == NA
+    assert get("flex").values_of(shifted)["align"] == "bottom-right"
 
 
 def test_coverage_counts_the_cases_holding_each_value():
     cases = default_battery("sdpa")
 
-    found = pairs.coverage("sdpa", cases)
+    found = pairs.coverage(get("sdpa"), cases)
 
-    assert found.fraction == 1.0 and found.required == len(pairs.required_pairs("sdpa"))
+    assert found.fraction == 1.0 and found.required == len(pairs.required_pairs(get("sdpa")))
     assert sum(found.counts["mask"].values()) == len(cases)
     assert all(count > 0 for counts in found.counts.values() for count in counts.values())

@@ -24,7 +24,7 @@ class _Progress:
 
 def _calibrate(monkeypatch, correct, pitfalls, first_seed=0) -> tuple[int, list[str]]:
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
-    monkeypatch.setattr(calibration, "PITFALLS", pitfalls)
+    monkeypatch.setattr(calibration, "all_pitfalls", lambda: pitfalls)
     lines: list[str] = []
     cases = ["plain", "causal-n<m"]  # two named cases: the measurement of a battery, small
     code = calibration.calibrate(1, "cpu", ("float32",), cases, _Progress(), lines.append,
@@ -91,11 +91,19 @@ def test_a_measured_row_flags_by_its_ratio_and_a_skip_not_at_all():
     assert calibration._flag(skipped) == 0.0
 
 
-def test_every_pitfall_of_every_registry_is_calibrated_under_its_own_name():
-    # A name in both registries would keep one pitfall and leave the other unmeasured (it did:
+def test_every_pitfall_of_every_spec_is_calibrated_under_its_own_name():
+    # A name in two specs' tables would keep one pitfall and leave the other unmeasured (it did:
     # the flash spec's window_off_by_one was hidden by the decode one of that name).
-    from parity_tests.checker.pitfalls import PITFALLS as ATTENTION
-    from parity_tests.checker.pitfalls_decode import DECODE_PITFALLS as DECODE
+    import importlib
+    import pkgutil
 
-    assert not set(ATTENTION) & set(DECODE)
-    assert len(calibration.PITFALLS) == len(ATTENTION) + len(DECODE)
+    from parity_tests.checker import pitfalls
+
+    modules = [importlib.import_module(f"{pitfalls.__name__}.{module.name}")
+               for module in pkgutil.iter_modules(pitfalls.__path__)]  # fmt: skip
+    tables = [module.PITFALLS for module in modules]
+
+    assert len(calibration.all_pitfalls()) == sum(len(table) for table in tables)
+    assert {pitfall.spec for table in tables for pitfall in table.values()} == {
+        "sdpa", "flash", "flash_varlen", "ring", "flash_kvcache", "flash_mla"
+    }  # fmt: skip

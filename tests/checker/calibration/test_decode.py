@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests.checker.battery.decode_case import KVCACHE
 from parity_tests.checker.calibration import calibrate as calibration
 from parity_tests.checker.calibration import decode as decode_calibration
-from parity_tests.checker.pitfalls_decode import DECODE_PITFALLS
+from parity_tests.checker.pitfalls.flash_kvcache import PITFALLS as DECODE_PITFALLS
+from parity_tests.checker.specs import get
 from parity_tests.checker.targets import decode as decode_kernels
 from parity_tests.checker.targets.builtin import Target
 
 
 def test_it_measures_the_decode_targets_and_pitfalls_alone(monkeypatch, capsys):
     twin = Target("twin", decode_kernels.flash_attn_with_kvcache, ("float32",), "flash_kvcache",
-                  cases=(KVCACHE[0].name,))  # fmt: skip
+                  cases=(get("flash_kvcache").default_battery()[0].name,))  # fmt: skip
     sdpa = Target("sdpa", lambda *args, **kwargs: None, ("float32",))  # never run: another spec
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: [twin, sdpa])
-    monkeypatch.setattr(calibration, "PITFALLS", {"no_append": DECODE_PITFALLS["no_append"]})
+    monkeypatch.setattr(
+        calibration, "all_pitfalls", lambda: {"no_append": DECODE_PITFALLS["no_append"]}
+    )
 
     code = decode_calibration.main(["1", "--dtype", "float32"])
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import check_kernel
-from parity_tests.checker.battery.case import make_inputs
-from parity_tests.checker.battery.handwritten import NAMED
-from parity_tests.checker.golden.baseline import attention_scores, masked_softmax
-from parity_tests.checker.golden.expected import case_inputs, reference, to64
+from parity_tests.checker.battery.attention.case import make_inputs
+from parity_tests.checker.battery.attention.handwritten import NAMED
+from parity_tests.checker.golden.attention import case_inputs, reference, to64
+from parity_tests.checker.golden.attention_baseline import attention_scores, masked_softmax
 from parity_tests.checker.targets import adapters
 from parity_tests.tolerances import FLOAT32_RTOL
 

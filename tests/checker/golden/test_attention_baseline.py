@@ -13,9 +13,9 @@ import torch
 
 from numpy_attention.functional import attention_backward, attention_forward
 from numpy_attention.varlen import varlen_attention_backward, varlen_attention_forward
-from parity_tests.checker.battery.case import make_inputs
-from parity_tests.checker.battery.handwritten import NAMED
-from parity_tests.checker.golden.baseline import (
+from parity_tests.checker.battery.attention.case import make_inputs
+from parity_tests.checker.battery.attention.handwritten import NAMED
+from parity_tests.checker.golden.attention_baseline import (
     attention_scores,
     masked_softmax,
     plain_attention,

@@ -1,6 +1,6 @@
-"""The decode specs' baseline (checker.decode_reference): flash-attn's semantics computed plainly,
-equal to the NumPy reference in float64 (out, lse and the caches it writes), and kept in the
-inputs' dtype in half precision (no upcast: that is what makes it a baseline)."""
+"""The decode specs' baseline (checker.golden.decode_baseline): flash-attn's semantics computed
+plainly, equal to the NumPy reference in float64 (out, lse and the caches it writes), and kept in
+the inputs' dtype in half precision (no upcast: that is what makes it a baseline)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from numpy_attention.paged import kvcache_attention_forward
-from parity_tests.checker.battery.decode_case import KVCACHE, MLA
+from numpy_attention.decode.paged import kvcache_attention_forward
+from parity_tests.checker.golden.decode import decode_inputs
 from parity_tests.checker.golden.decode_baseline import plain_kvcache, plain_mla
-from parity_tests.checker.running.decode import decode_inputs
+from parity_tests.checker.specs import get
 
 from ...conftest import assert_close
+
+KVCACHE = get("flash_kvcache").default_battery()
+MLA = get("flash_mla").default_battery()
 
 CPU = torch.device("cpu")
 RICH = [KVCACHE[1], next(c for c in KVCACHE if c.rotary == "partial" and c.page_size)]

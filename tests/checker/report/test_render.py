@@ -18,7 +18,7 @@ import torch
 
 import parity_tests
 from parity_tests import check_kernel
-from parity_tests.checker.battery.catalog import DEFAULT
+from parity_tests.checker.battery.catalog import everything
 from parity_tests.checker.report.render import (
     check_entry,
     environment,
@@ -34,7 +34,7 @@ from parity_tests.checker.report.render import (
 from parity_tests.checker.report.rows import KernelReport, KernelRow
 from parity_tests.checker.targets import builtin as targets
 
-CASES = {case.name: case for case in DEFAULT}
+CASES = {case.name: case for case in everything()}
 
 
 def _report(*rows: KernelRow) -> KernelReport:

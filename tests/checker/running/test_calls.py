@@ -1,9 +1,9 @@
-"""One kernel call, made and judged (``checker.calls``, through ``check_kernel``): every way a
-kernel can be wrong named as a verdict (a NaN, a dtype, an input changed in place in the forward
+"""One kernel call, made and judged (``checker.running.calls``, through ``check_kernel``): every way
+a kernel can be wrong named as a verdict (a NaN, a dtype, an input changed in place in the forward
 or the backward, a raise, a refusal, a skip, a wrong shape, sys.exit, dropout from a generator the
-checker cannot seed), the forward judged when only the backward raises, each distinct exception
-kept once with its traceback, the golden untouched by what the kernel does to its copies, and
-Ctrl-C still stopping the run."""
+checker cannot seed), the forward judged when only the backward raises, each distinct exception kept
+once with its traceback, the golden untouched by what the kernel does to its copies, and Ctrl-C
+still stopping the run."""
 
 from __future__ import annotations
 

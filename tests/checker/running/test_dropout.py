@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests import check_kernel
-from parity_tests.checker.battery.case import Case
-from parity_tests.checker.golden.baseline import dropout_variance
+from parity_tests.checker.battery.attention.case import Case
+from parity_tests.checker.golden.attention_baseline import dropout_variance
 from parity_tests.checker.judge.policy import judge_draws
-from parity_tests.checker.pitfalls_kernels import ignores_dropout
+from parity_tests.checker.pitfalls.tiled import ignores_dropout
 from parity_tests.checker.targets import adapters
 
 READBACK = [

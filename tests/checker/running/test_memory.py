@@ -76,7 +76,7 @@ _strides_seen.seen = []
 
 
 def test_the_kernel_gets_the_layout_the_case_says():
-    from parity_tests.checker.battery.case import Case
+    from parity_tests.checker.battery.attention.case import Case
 
     cases = [Case(f"layout-{kind}", 1, 2, 9, 9, 8, memory=kind)
              for kind in ("contiguous", "fused", "kv-strides", "offset")]  # fmt: skip
@@ -97,7 +97,7 @@ def _writes_into_q(q, k, v, **kwargs):
 
 
 def test_a_kernel_writing_through_a_view_of_the_fused_buffer_is_caught():
-    from parity_tests.checker.battery.case import Case
+    from parity_tests.checker.battery.attention.case import Case
 
     case = Case("fused-write", 1, 2, 9, 9, 8, memory="fused")
 

@@ -1,6 +1,6 @@
-"""The specs: each calls a kernel with the real library's signature and layout, passes a correct
-kernel, turns a kernel of the wrong layout or lse into a verdict, and refuses specs, features and
-cases that do not exist or do not fit."""
+"""The attention specs (``specs._attention`` and its subclasses): each calls a kernel with the real
+library's signature and layout, passes a correct kernel, turns a kernel of the wrong layout or lse
+into a verdict, and refuses specs, features and cases that do not exist or do not fit."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 
 from parity_tests import check_kernel
 from parity_tests.checker import specs
-from parity_tests.checker.battery.catalog import Case, default_battery
-from parity_tests.checker.battery.handwritten import NAMED
+from parity_tests.checker.battery.attention.case import Case
+from parity_tests.checker.battery.attention.handwritten import NAMED
+from parity_tests.checker.specs import get
 from parity_tests.checker.targets import adapters
 
 BY_NAME = {case.name: case for case in NAMED}
@@ -32,7 +33,7 @@ def test_the_flex_spec_builds_masks_and_mods_for_flexattention():
 
 @pytest.mark.parametrize("spec", ["flash", "flash_varlen"])
 def test_each_spec_runs_the_cases_it_can_express(spec):
-    names = {case.name for case in NAMED if specs.cannot_express(spec, case) is None}
+    names = {case.name for case in NAMED if get(spec).cannot_express(case) is None}
 
     assert {"causal-br-n<m", "decode-n1", "window-br", "softcap", "alibi-bh-causal"} <= names
     assert {"dropout"} <= names  # judged by draws: flash-attn returns no mask
@@ -41,7 +42,7 @@ def test_each_spec_runs_the_cases_it_can_express(spec):
 
 
 def test_sdpa_runs_top_left_causal_and_gqa_and_nothing_it_has_no_argument_for():
-    names = {c.name for c in NAMED if specs.cannot_express("sdpa", c) is None}
+    names = {c.name for c in NAMED if get("sdpa").cannot_express(c) is None}
 
     assert {"causal-n<m", "gqa-2of4", "dropout", "bool-mask"} <= names
     assert not names & {"causal-br-n<m", "window-causal", "softcap", "alibi-h", "varlen"}
@@ -50,13 +51,13 @@ def test_sdpa_runs_top_left_causal_and_gqa_and_nothing_it_has_no_argument_for():
 def test_sdpa_takes_a_mask_or_is_causal_and_flex_both():
     both = Case("both", 1, 2, 9, 9, 8, causal=True, mask="bool")
 
-    assert "not both" in specs.cannot_express("sdpa", both)
-    assert specs.cannot_express("flex", both) is None
+    assert "not both" in get("sdpa").cannot_express(both)
+    assert get("flex").cannot_express(both) is None
 
 
 @pytest.mark.parametrize("spec", ["sdpa", "flash", "flash_varlen", "flex"])
 def test_every_spec_runs_its_own_default_battery(spec):
-    assert all(specs.cannot_express(spec, case) is None for case in default_battery(spec))
+    assert all(get(spec).cannot_express(case) is None for case in get(spec).default_battery())
 
 
 @pytest.mark.parametrize("name", ["causal-br-n>m", "gqa-2of4", "dv<d"])
@@ -65,10 +66,10 @@ def test_layout_round_trips(spec, name):
     case = BY_NAME[name]
     q = torch.randn(case.batch, case.heads, case.n, case.d)
 
-    moved = specs.layout(spec, case, q)
+    moved = get(spec).layout(case, q)
 
     assert moved.shape[-2:] == (case.heads, case.d)
-    assert torch.equal(specs.unlayout(spec, case, moved, case.heads), q)
+    assert torch.equal(get(spec).unlayout(case, moved, case.heads), q)
 
 
 def _sdpa_layout(q, k, v, **kwargs):
@@ -139,12 +140,12 @@ def test_a_varlen_kernel_that_changes_its_offsets_is_caught():
         ({"spec": "sdpa", "features": ["lse"]}, "cannot express the features"),
         ({"spec": "flash", "cases": ["causal-n<m"]}, "aligns causal, windows and ALiBi bottom"),
         ({"spec": "sdpa", "cases": ["varlen"]}, "packed sequences need the flash_varlen spec"),
-        ({"world_size": 2}, "world_size is for the ring spec only"),
+        ({"world_size": 2}, "world_size is not an argument of the flash spec"),
     ],
 )
 def test_specs_features_and_cases_that_do_not_exist_or_fit_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        check_kernel(adapters.flash_attn_func, dtypes=["float32"], **kwargs)
+        check_kernel(adapters.flash_attn_func, dtypes=["float32"], **{"spec": "flash", **kwargs})
 
 
 def test_features_must_be_a_collection_of_names():

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
-from parity_tests import KernelUnsupported, check_kernel
-from parity_tests.checker.battery.catalog import case_cost
-from parity_tests.checker.battery.decode_case import DECODE_SPECS
-from parity_tests.checker.pipeline import battery_for
+from parity_tests import KernelUnsupported
+from parity_tests.checker.battery.attention.quick import case_cost
+from parity_tests.checker.battery.catalog import select as battery_for
+from parity_tests.checker.battery.decode.case import DECODE_SPECS
 from parity_tests.checker.report.render import check_entry
 from parity_tests.checker.targets import builtin as targets
 from parity_tests.checker.targets.builtin import (
@@ -39,12 +39,9 @@ IN_PROCESS = [name for name, target in TARGETS.items() if not target.isolate]
 def test_builtin_targets_fail_only_where_documented(name):
     # bfloat16 (the loosest dtype) on the quick battery; every dtype on the default battery is
     # the main job, python -m parity_tests, and 60 seeds of it python -m parity_tests --calibrate.
-    target = TARGETS[name]
+    target = dataclasses.replace(TARGETS[name], dtypes=("bfloat16",))
 
-    report = check_kernel(
-        target.kernel, spec=target.spec, features=target.features, dtypes=("bfloat16",),
-        cases="quick", forward_only=target.forward_only, world_size=target.world_size,
-    )  # fmt: skip
+    report = target.check("cpu", "quick", seed=0)
 
     unexpected = [
         row for row in report.failures if not expected_failure(name, row.case, row.dtype, "cpu")

@@ -1,4 +1,4 @@
-"""The correct decode kernels (checker.decode_kernels): FlashMLA's signature reads V as the first
+"""The correct decode kernels (checker.targets.decode): FlashMLA's signature reads V as the first
 head_dim_v coordinates of its K pages; transformers' paged attention, behind flash-attn's
 signature, equals the torch twin on out and on the pages it leaves (the adapter translates
 layouts only), and refuses by name what it cannot take."""
@@ -10,7 +10,7 @@ import torch
 
 from parity_tests.checker.report.rows import KernelUnsupported
 from parity_tests.checker.targets import decode as decode_kernels
-from torch_attention.paged import kvcache_attention
+from torch_attention.decode.paged import kvcache_attention
 
 from ...conftest import assert_close
 

@@ -4,13 +4,12 @@ interpreter (pinned blocks of 16), on a GPU where there is one.
 
 The oracle is the float64 NumPy golden (``attention_forward`` / ``attention_backward``,
 ``varlen_attention_*``) on the inputs rounded to the tested dtype: out, lse, dq, dk, dv, dsinks,
-with a random upstream gradient of lse (dlse) as well as of out; the slopes' gradient, which
-NumPy does not give, against torch's "math" backend in float64 (autograd). Each tensor is judged
-by the kernel checker's policy (``parity_tests.tolerances``, ``checker.judge``) against the plain
-same-dtype baseline (``checker.reference``; the sink merged into it): the kernel multiplies in the
-inputs' dtype, as flash-attn does, so float16 is not the "rounded once" result that
-``FLOAT16_RTOL`` describes. Lengths 1, 15-17 and 33 sit on both sides of the block edges.
-"""
+with a random upstream gradient of lse (dlse) as well as of out; the slopes' gradient, which NumPy
+does not give, against torch's "math" backend in float64 (autograd). Each tensor is judged by the
+kernel checker's policy (``parity_tests.tolerances``, ``checker.judge``) against the plain
+same-dtype baseline (``checker.golden.attention_baseline``; the sink merged into it): the kernel
+multiplies in the inputs' dtype, as flash-attn does, so float16 is not the "rounded once" result
+that ``FLOAT16_RTOL`` describes. Lengths 1, 15-17 and 33 sit on both sides of the block edges."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ class Case:
             activations have).
         logits: the typical magnitude of the scores q k^T * scale (q and k are scaled for it).
         dropout_p: inverted dropout on the weights; the checker reads the keep-mask back
-            through SDPA's signature and judges flash-attn's statistically (``checker.calls``).
+            through SDPA's signature and judges flash-attn's statistically
+            (``running.calls``).
         seqlens: for packed variable-length sequences, the (query, key) length of each
             sequence; lengths, never offsets, so the offsets are monotonic by construction.
         layout: how the distributed spec shards the sequence ("contiguous" or "zigzag").

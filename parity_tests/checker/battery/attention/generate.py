@@ -20,16 +20,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from . import pairs
+from .. import pairs
 from .case import Case
 from .handwritten import RING_SEEDS
 from .sizes import BLOCK, EDGES, ODD_WIDTH, SPLIT_KEYS, Requirement, Sizes, met_by, requirements
+from .space import FACTORS, NA
+
+if TYPE_CHECKING:
+    from ...spec import Spec
 
 DROPOUT_P = 0.3
 SHARP_LOGITS = 30.0
 SOFTCAP = 5.0
-GENERATED_SPECS = ("sdpa", "flash", "flash_varlen", "flex")
 WIDE_MODEL = 256  # the widest H * D a case takes (wide heads go to rows of few heads)
 
 _N_POOL = (1, 37, *EDGES)
@@ -40,27 +44,14 @@ _PACKED_REST = ((1, 64), (64, 37), (20, 20))  # a packed row's sequences after i
 _MEMORY_TAGS = {"fused": "fused", "kv-strides": "kvstrides", "offset": "offset"}
 
 
-def default_battery(spec: str, features: Iterable[str] | None = None) -> tuple[Case, ...]:
-    """The default battery of ``spec`` for a kernel claiming ``features`` (None: all)."""
-    return _default(spec, features_key(spec, features))
-
-
-def features_key(spec: str, features: Iterable[str] | None) -> frozenset[str] | None:
-    """The features that shape ``spec``'s battery: those with a factor in its space (lse has
-    none); None when that is all of them."""
-    if features is None:
-        return None
-    factors = frozenset(pairs.FEATURE_FACTORS) & frozenset(pairs.SPACES[spec])
-    claimed = frozenset(features) & factors
-    return None if claimed == factors else claimed
+def default_battery(spec: Spec, features: frozenset[str] | None = None) -> tuple[Case, ...]:
+    """The default battery of ``spec`` for a kernel claiming ``features`` (the claimed features
+    that have a factor, ``Spec.claim_key``; None: all)."""
+    return _default(spec, features)
 
 
 @functools.cache
-def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
-    if spec == "ring":
-        return _ring(features)
-    if spec not in GENERATED_SPECS:
-        raise ValueError(f"no battery for spec {spec!r}")
+def _default(spec: Spec, features: frozenset[str] | None) -> tuple[Case, ...]:
     # A kernel claiming fewer features keeps the full battery's cases it can run (shared with
     # every other kernel of the spec), and gets rows for the pairs and sizes they leave.
     seeds = (
@@ -68,12 +59,12 @@ def _default(spec: str, features: frozenset[str] | None) -> tuple[Case, ...]:
         if features is None
         else tuple(case for case in _default(spec, None) if case.needs <= features)
     )
-    reqs = requirements(spec, features)
+    reqs = requirements(features)
     lengths = [r for r in reqs if not r.widths and not met_by(r, list(seeds))]
     widths = [r for r in reqs if r.widths and not met_by(r, list(seeds))]
-    array = pairs.covering_rows(spec, features, [pairs.case_values(spec, c) for c in seeds])
+    array = pairs.covering_rows(spec, features, [spec.values_of(c) for c in seeds])
     for row in array:
-        row.setdefault("align", pairs.ALIGN.get(spec, pairs.NA))  # a spec of one alignment
+        row.setdefault("align", spec.align or NA)  # a spec of one alignment
     rows = [(row, *_pick_lengths(row, lengths)) for row in array]
     while lengths:  # what the array's rows could not take: plain rows
         rows.append(_plain_for_lengths(spec, features, lengths))
@@ -139,13 +130,13 @@ def _candidates(relation: str) -> list[tuple[int, int]]:
 
 
 def _plain_for_lengths(
-    spec: str, features: frozenset[str] | None, unmet: list[Requirement]
+    spec: Spec, features: frozenset[str] | None, unmet: list[Requirement]
 ) -> tuple[pairs.Row, int, int]:
     """A row with no option but causal, at the sizes meeting the most unmet requirements."""
     causal = ("off", "on") if features is None or "causal" in features else ("off",)
     best = None
     for value in causal:
-        for relation in pairs.FACTORS["lengths"]:
+        for relation in FACTORS["lengths"]:
             row = _plain_row(spec, value, relation)
             for n, m in _candidates(relation):
                 if n == 1 and one_query_excluded(row):
@@ -163,14 +154,14 @@ def _plain_for_lengths(
     return row, n, m
 
 
-def _plain_row(spec: str, causal: str, relation: str) -> pairs.Row:
+def _plain_row(spec: Spec, causal: str, relation: str) -> pairs.Row:
     """Every factor of ``spec`` off but causal and the lengths; aligned where positioned."""
     row = {factor: values[0] for factor, values in pairs.space(spec).items()}
     row.update(causal=causal, lengths=relation)
-    if spec in pairs.ALIGN:
-        row["align"] = pairs.ALIGN[spec]
+    if spec.align is not None:
+        row["align"] = spec.align
     else:
-        row["align"] = "top-left" if causal == "on" and relation != "n=m" else pairs.NA
+        row["align"] = "top-left" if causal == "on" and relation != "n=m" else NA
     return row
 
 
@@ -227,17 +218,17 @@ def _shape(row: pairs.Row, n: int, m: int) -> tuple[int, int, int]:
     return batch, heads, heads_kv
 
 
-def case_of(spec: str, row: pairs.Row, n: int, m: int, d: int) -> Case:
+def case_of(spec: Spec, row: pairs.Row, n: int, m: int, d: int) -> Case:
     """The case of ``row`` (a value for factors of ``pairs.space(spec)``; a factor left out is
     "off") at lengths (N, M) and head width D, named by what it holds: how every battery makes
     its cases, and how a draw of random values and sizes makes one too. Its shape follows from
     the row (``_shape``); a packed row's sequences are (N, M), (1, 64), (64, 37), (20, 20)."""
 
     def value(factor: str) -> str:
-        return row.get(factor, pairs.FACTORS[factor][0])
+        return row.get(factor, FACTORS[factor][0])
 
     batch, heads, heads_kv = _shape(row, n, m)
-    align = row.get("align", pairs.NA)
+    align = row.get("align", NA)
     windows = {"none": None, "left": (max(1, m // 8), None),
                "two-sided": (max(1, m // 8), max(1, m // 16))}  # fmt: skip
     seqlens = ((n, m), *_PACKED_REST) if value("sequences") == "packed" else None
@@ -256,7 +247,7 @@ def case_of(spec: str, row: pairs.Row, n: int, m: int, d: int) -> Case:
         logits=SHARP_LOGITS if value("logits") == "sharp" else 1.0,
         dropout_p=DROPOUT_P if value("dropout") == "on" else 0.0,
         heads_kv=heads_kv if heads_kv != heads else None,
-        align=pairs.ALIGN.get(spec, "top-left") if align == pairs.NA else align,
+        align=(spec.align or "top-left") if align == NA else align,
         window=windows[value("window")],
         softcap=SOFTCAP if value("softcap") == "on" else 0.0,
         alibi={"none": "none", "per-head": "H", "per-batch": "BH"}[value("alibi")],
@@ -314,17 +305,16 @@ def unique_by_name(cases: Iterable[Case]) -> tuple[Case, ...]:
     return tuple(found.values())
 
 
-def _ring(features: frozenset[str] | None) -> tuple[Case, ...]:
+@functools.cache
+def ring_battery(spec: Spec, features: frozenset[str] | None) -> tuple[Case, ...]:
     """The ring battery: the named ring cases the features allow, and the rows of the ring's
     covering array they leave (48 positions, D = 16)."""
     claimed = None if features is None else features
     seeds = [c for c in RING_SEEDS if claimed is None or c.needs <= claimed]
-    rows = pairs.covering_rows(
-        "ring", features, [pairs.case_values("ring", case) for case in seeds]
-    )
+    rows = pairs.covering_rows(spec, features, [spec.values_of(case) for case in seeds])
     generated = []
     for row in rows:
-        case = case_of("ring", row, 48, 48, 16)
+        case = case_of(spec, row, 48, 48, 16)
         if case.window is not None:  # a window that cuts 48 positions on both sides
             window = (5, None) if case.window[1] is None else (5, 3)
             case = dataclasses.replace(case, window=window)

@@ -81,7 +81,7 @@ STRESS: tuple[Case, ...] = (
 
 # Self-attention (N = M) for the distributed spec; 48 positions split into 2W equal chunks for
 # W in 2, 3, 4, 6 (zigzag) and more (contiguous). The ring battery starts from these and adds
-# the rows its covering array still needs (``checker.generate``).
+# the rows its covering array still needs (``checker.battery.attention.generate``).
 RING_SEEDS: tuple[Case, ...] = (
     Case("ring-plain", 2, 2, 48, 48, 16),
     Case("ring-causal", 2, 2, 48, 48, 16, causal=True),

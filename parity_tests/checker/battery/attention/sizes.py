@@ -1,13 +1,13 @@
 """The sizes a battery must hold: where block-tiled kernels break.
 
-``requirements`` lists them for a spec: each block-edge length 63, 64, 65, 127, 128, 129, 255,
-256, 257 (both sides of the 64- and 128-key blocks) as N and as M, causal and not; non-causal
-N a multiple of 128 with M not (where zero-padded keys enter the softmax) and N = M a multiple
-of 128 (the even-length path); a decode step N = 1; many keys (M = 1024) for few (batch, head)
-pairs, non-causal and causal with a whole block of keys hidden from a row (the split-KV paths);
-head widths D = 16 ... 256 with N > M and with N < M, and an odd one. ``checker.generate``
-meets them while it gives the covering array's rows their sizes; ``size_coverage`` reads from
-a battery's cases which it meets.
+``requirements`` lists them for a spec: each block-edge length 63, 64, 65, 127, 128, 129, 255, 256,
+257 (both sides of the 64- and 128-key blocks) as N and as M, causal and not; non-causal N a
+multiple of 128 with M not (where zero-padded keys enter the softmax) and N = M a multiple of 128
+(the even-length path); a decode step N = 1; many keys (M = 1024) for few (batch, head) pairs,
+non-causal and causal with a whole block of keys hidden from a row (the split-KV paths); head widths
+D = 16 ... 256 with N > M and with N < M, and an odd one. ``checker.battery.attention.generate``
+meets them while it gives the covering array's rows their sizes; ``size_coverage`` reads from a
+battery's cases which it meets.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width.
 
@@ -49,12 +49,14 @@ class Requirement(NamedTuple):
     widths: bool = False
     edge: bool = False  # a block-edge length as N or M
 
+    def met(self, case: Case) -> bool:
+        """Whether ``case`` meets it (any sequence of a packed case)."""
+        return any(self.test(sizes) for sizes in sizes_of(case))
 
-def requirements(spec: str, features: Iterable[str] | None = None) -> tuple[Requirement, ...]:
-    """The size requirements of ``spec``'s default battery (the ring spec has none: its
-    ranks split one length)."""
-    if spec == "ring":
-        return ()
+
+def requirements(features: Iterable[str] | None = None) -> tuple[Requirement, ...]:
+    """The size requirements of an attention spec's default battery, for a kernel claiming
+    ``features`` (None: all; the ring spec has none: its ranks split one length)."""
     causal = (False, True) if features is None or "causal" in set(features) else (False,)
     found = [
         Requirement(
@@ -122,21 +124,11 @@ def sizes_of(case: Case) -> list[Sizes]:
     ]
 
 
-def size_coverage(
-    spec: str, cases: Iterable[Case], features: Iterable[str] | None = None
-) -> dict[str, bool]:
-    """For each size requirement of ``spec``, whether some case of ``cases`` meets it."""
-    sizes = [s for case in cases for s in sizes_of(case)]
-    return {r.label: any(r.test(s) for s in sizes) for r in requirements(spec, features)}
-
-
-def size_summary(
-    spec: str, cases: Iterable[Case], features: Iterable[str] | None = None
-) -> list[str]:
-    """``size_coverage`` as lines to print: the block-edge lengths met as N and as M, causal and
-    not, on one line each, then every other requirement with the first case that meets it."""
-    cases = list(cases)
-    reqs = requirements(spec, features)
+def size_summary(reqs: Iterable[Requirement], cases: Iterable[Case]) -> list[str]:
+    """Which of ``reqs`` (an attention spec's requirements) ``cases`` meet, as lines to print:
+    the block-edge lengths met as N and as M, causal and not, on one line each, then every
+    other requirement with the first case that meets it."""
+    cases, reqs = list(cases), tuple(reqs)
     edges = {r.label: r for r in reqs if r.edge}
     lines = []
     for side in ("N", "M"):

@@ -1,17 +1,12 @@
-"""The batteries of the decode specs ("flash_kvcache", "flash_mla"): what each case exercises and
-how its inputs are drawn.
+"""The cases of the decode specs ("flash_kvcache", "flash_mla"): what one decode call holds and
+how its inputs are drawn (``battery.decode.generate`` builds the batteries).
 
 A decode case is a batch of sequences, each with its own cache length, a cache (contiguous rows,
 or a pool of pages reached through a shuffled block table), s_q queries and s_new new tokens per
-sequence, and the options of flash-attn's ``flash_attn_with_kvcache`` (docs/decoding.md). The
-"flash_kvcache" battery is generated, not picked: a covering array (``covering_cases``) meets
-every allowed pair of option values in at least one case (the page size with rotary, leftpad
-with ALiBi, ...), and in every case the sequences take the lengths where decode kernels break,
-cycled so that each page size meets them all: 0, 1, odd, a page boundary - 1, on it and + 1, and
-the full capacity (the new tokens end exactly at the last slot). Pages are 16, 64 and 256 tokens,
-and shuffled in the pool: a kernel that reads them as contiguous reads other sequences' tokens.
-The "flash_mla" battery is FlashMLA's shape (one latent head of 576 = 512 + 64 numbers, pages of
-64, the layer's scale) over the same lengths, ``cache_seqlens`` counting the new tokens.
+sequence, and the options of flash-attn's ``flash_attn_with_kvcache`` (docs/decoding.md); a
+"flash_mla" case is FlashMLA's shape (one latent head of 576 = 512 + 64 numbers, pages of 64, the
+layer's scale), ``cache_seqlens`` counting the queries' own tokens. Pages are shuffled in the
+pool: a kernel that reads them as contiguous reads other sequences' tokens.
 
 Inputs are drawn in float64 from a generator seeded by (seed, case name); every slot of a cache,
 beyond the lengths too, holds random numbers, so that reading a slot it should not is visible.
@@ -24,21 +19,21 @@ Tests: tests/checker/battery/test_decode_case.py
 
 from __future__ import annotations
 
-import itertools
 import math
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 DECODE_SPECS = ("flash_kvcache", "flash_mla")
 ROTARY = ("none", "interleaved", "half", "partial")  # partial: half of D, half-split pairs
 ALIBI = ("none", "H", "BH")
+# The lengths a sequence's cache takes, by what they are for the page size P: empty, one token,
+# odd (1.5 P + 1), a page edge - 1, on it and + 1, and full (the new tokens end at the last
+# slot). A contiguous cache of capacity C takes C / 2 for P.
 LENGTHS = ("0", "1", "odd", "P-1", "P", "P+1", "full")
 SEQUENCES = 4  # B of every case
-HEADS = 4
 # FlashMLA's shape: DeepSeek-V3's latent (512) and rope (64) widths, pages of 64, and the layer's
 # scale (qk_nope_head_dim + qk_rope_head_dim = 128 + 64)^-0.5, never the 576^-0.5 default.
 MLA_D, MLA_DV, MLA_PAGE, MLA_SCALE = 576, 512, 64, (128 + 64) ** -0.5
@@ -66,6 +61,7 @@ class DecodeCase:
         batch_idx: the sequences live in shuffled rows of a larger contiguous cache.
         num_splits: flash-attn's ``num_splits`` (0: its heuristic).
         scale: ``softmax_scale``; None for the default 1 / sqrt(D).
+        length_labels: what each sequence's length stands for (``LENGTHS``), as it was built.
     """
 
     name: str
@@ -89,6 +85,7 @@ class DecodeCase:
     batch_idx: bool = False
     num_splits: int = 0
     scale: float | None = None
+    length_labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.spec not in DECODE_SPECS:
@@ -113,6 +110,12 @@ class DecodeCase:
             raise ValueError(f"case {self.name}: 0 <= leftpad <= cache_seqlens per sequence")
 
     @property
+    def latent(self) -> bool:
+        """FlashMLA's convention: one latent head whose first Dv numbers are V, and
+        ``cache_seqlens`` counting the queries' own tokens (already in the cache)."""
+        return self.spec == "flash_mla"
+
+    @property
     def batch(self) -> int:
         return len(self.seqlens)
 
@@ -122,7 +125,11 @@ class DecodeCase:
 
     @property
     def rotary_dim(self) -> int:
-        return 0 if self.rotary == "none" else self.d // 2 if self.rotary == "partial" else self.d
+        """The coordinates rotated: D (half of it when partial), rounded down to pairs."""
+        if self.rotary == "none":
+            return 0
+        width = self.d // 2 if self.rotary == "partial" else self.d
+        return width - width % 2
 
     @property
     def needs(self) -> frozenset[str]:
@@ -226,224 +233,18 @@ def make_decode_inputs(case: DecodeCase, seed: int) -> DecodeInputs:
     )  # fmt: skip
 
 
-# -- the flash_kvcache battery: a covering array of its options --------------------------------
-
-# Each option of flash_attn_with_kvcache and the values where kernels differ. "append": s_new
-# equal to s_q, one new token for several queries (a speculative step re-checking a draft), or
-# no new tokens (k=None). "kv": H_kv of H = 4.
-FACTORS: dict[str, tuple[Any, ...]] = {
-    "page": (None, 16, 64, 256),
-    "kv": (4, 2, 1),
-    "s_q": (1, 4),
-    "append": ("s_q", "one", "none"),
-    "causal": (False, True),
-    "window": ("none", "left", "both"),
-    "softcap": (False, True),
-    "alibi": ALIBI,
-    "rotary": ROTARY,
-    "leftpad": (False, True),
-    "batch_idx": (False, True),
-    "splits": (0, 1, 3),
-}
-
-
-def allowed(values: dict[str, Any]) -> bool:
-    """Whether option values can meet in one call (flash-attn refuses leftpad and batch indices
-    with pages; rotary rotates new keys, so it needs some)."""
-    paged = values.get("page") is not None and "page" in values
-    if paged and (values.get("leftpad") or values.get("batch_idx")):
-        return False
-    return not (values.get("rotary", "none") != "none" and values.get("append") == "none")
-
-
-def required_pairs() -> set[tuple[tuple[str, Any], tuple[str, Any]]]:
-    """Every pair of values of two options that ``allowed`` lets meet."""
-    pairs = set()
-    for (f1, values1), (f2, values2) in itertools.combinations(FACTORS.items(), 2):
-        for v1, v2 in itertools.product(values1, values2):
-            if allowed({f1: v1, f2: v2}):
-                pairs.add(((f1, v1), (f2, v2)))
-    return pairs
-
-
-def covered_pairs(assignment: dict[str, Any]) -> set[tuple[tuple[str, Any], tuple[str, Any]]]:
-    items = [(name, assignment[name]) for name in FACTORS]
-    return set(itertools.combinations(items, 2))
-
-
-def covering_cases() -> list[dict[str, Any]]:
-    """A covering array of ``FACTORS``: option values per case such that every pair of
-    ``required_pairs`` meets in some case. Greedy and deterministic: each case starts from the
-    first uncovered pair and takes, option by option, the allowed value that covers most
-    uncovered pairs (the first such value on a tie)."""
-    uncovered = required_pairs()
-    names = list(FACTORS)
-    cases = []
-    while uncovered:
-        (f1, v1), (f2, v2) = min(uncovered, key=lambda pair: _pair_order(pair, names))
-        assignment = {f1: v1, f2: v2}
-        for name in names:
-            if name in assignment:
-                continue
-            best, best_gain = None, -1
-            for value in FACTORS[name]:
-                trial = {**assignment, name: value}
-                if not allowed(trial):
-                    continue
-                gain = sum(
-                    ((other, assignment[other]), (name, value)) in uncovered
-                    or ((name, value), (other, assignment[other])) in uncovered
-                    for other in assignment
-                )
-                if gain > best_gain:
-                    best, best_gain = value, gain
-            assignment[name] = best
-        cases.append({name: assignment[name] for name in names})
-        uncovered -= covered_pairs(cases[-1])
-    return cases
-
-
-def _pair_order(pair: tuple, names: list[str]) -> tuple:
-    (f1, v1), (f2, v2) = pair
-    return (
-        names.index(f1),
-        FACTORS[f1].index(v1),
-        names.index(f2),
-        FACTORS[f2].index(v2),
-    )
-
-
-def lengths_for(page: int | None, capacity: int, s_new: int, turn: int) -> tuple[int, ...]:
-    """The ``cache_seqlens`` of one case's sequences: ``LENGTHS`` cycled from ``turn``, so that
-    consecutive cases of one page size meet every length. "full" ends the new tokens at the last
-    slot; a contiguous cache's boundary lengths sit around its middle."""
+def length_of(label: str, page: int | None, capacity: int, s_new: int) -> int:
+    """The cache length ``label`` (one of ``LENGTHS``) stands for, at most ``capacity - s_new``
+    (the new tokens must fit)."""
     size = page if page is not None else capacity // 2
-    values = {
-        "0": 0,
-        "1": 1,
-        "odd": size + size // 2 + 1,
-        "P-1": size - 1,
-        "P": size,
-        "P+1": size + 1,
-        "full": capacity - s_new,
-    }
-    picked = [LENGTHS[(turn + i) % len(LENGTHS)] for i in range(SEQUENCES)]
-    return tuple(min(values[name], capacity - s_new) for name in picked)
+    values = {"0": 0, "1": 1, "odd": size + size // 2 + 1, "P-1": size - 1, "P": size,
+              "P+1": size + 1, "full": capacity - s_new}  # fmt: skip
+    return min(values[label], capacity - s_new)
 
 
-def kvcache_case(index: int, values: dict[str, Any], turn: int) -> DecodeCase:
-    """The case of one row of the covering array."""
-    page, s_q = values["page"], values["s_q"]
-    s_new = {"s_q": s_q, "one": 1, "none": 0}[values["append"]]
-    capacity = 48 if page is None else page * (2 if page == 256 else 3)
-    seqlens = lengths_for(page, capacity, s_new, turn)
-    window = {"none": None, "left": (7, -1), "both": (7, 3)}[values["window"]]
-    leftpad = None
-    if values["leftpad"]:  # from nothing hidden to everything cached hidden
-        leftpad = tuple((n * i) // (SEQUENCES - 1) for i, n in enumerate(seqlens))
-    labels = [
-        ("causal", values["causal"]),
-        (f"win{window[0]}" + (f"+{window[1]}" if window[1] >= 0 else "") if window else "", window),
-        ("softcap", values["softcap"]),
-        (f"alibi{values['alibi']}", values["alibi"] != "none"),
-        (f"rotary-{values['rotary']}", values["rotary"] != "none"),
-        ("leftpad", values["leftpad"]),
-        ("batchidx", values["batch_idx"]),
-        (f"splits{values['splits']}", values["splits"] != 0),
-    ]
-    where = "contig" if page is None else f"p{page}"
-    head = [f"kv{index:02d}", where, f"h{HEADS}kv{values['kv']}", f"q{s_q}n{s_new}"]
-    name = "-".join(head + [label for label, on in labels if on])
-    return DecodeCase(
-        name, "flash_kvcache", seqlens, s_q, s_new, HEADS, values["kv"], 32, 32, page, capacity,
-        causal=values["causal"], window=window, softcap=5.0 if values["softcap"] else 0.0,
-        logits=30.0 if values["softcap"] else 1.0, alibi=values["alibi"],
-        rotary=values["rotary"], leftpad=leftpad, batch_idx=values["batch_idx"],
-        num_splits=values["splits"],
-    )  # fmt: skip
-
-
-# The plain decode step at every page size: GQA, causal, the new tokens appended and nothing
-# else, so that a kernel without the other options (most have few) is still judged on each
-# page size and length. One query, or four (a speculative step), alternately.
-BASE = {
-    **{name: values[0] for name, values in FACTORS.items()},
-    "kv": 2,
-    "append": "s_q",
-    "causal": True,
-}
-
-
-def _kvcache_battery() -> tuple[DecodeCase, ...]:
-    """The covering array's cases, then the plain step per page size (``BASE``)."""
-    rows = covering_cases()
-    rows += [{**BASE, "page": page, "s_q": (1, 4)[i % 2]} for i, page in enumerate(FACTORS["page"])]
-    turns: dict[Any, int] = {}
-    cases = []
-    for index, values in enumerate(rows):
-        turn = turns.get(values["page"], 0)
-        turns[values["page"]] = turn + SEQUENCES
-        cases.append(kvcache_case(index, {name: values[name] for name in FACTORS}, turn))
-    return tuple(cases)
-
-
-def _mla_battery() -> tuple[DecodeCase, ...]:
-    """FlashMLA's shape over the lengths (counting the new tokens), s_q 1 and 2, causal or not."""
-    cases = []
-    for index, (s_q, causal) in enumerate(itertools.product((1, 2), (False, True))):
-        capacity = 3 * MLA_PAGE
-        seqlens = lengths_for(MLA_PAGE, capacity, 0, index * SEQUENCES)
-        name = f"mla{index:02d}-p{MLA_PAGE}-h{HEADS}-q{s_q}" + ("-causal" if causal else "")
-        cases.append(
-            DecodeCase(
-                name,
-                "flash_mla",
-                seqlens,
-                s_q,
-                0,
-                HEADS,
-                1,
-                MLA_D,
-                MLA_DV,
-                MLA_PAGE,
-                capacity,
-                causal=causal,
-                scale=MLA_SCALE,
-            )  # fmt: skip
-        )
-    return tuple(cases)
-
-
-KVCACHE: tuple[DecodeCase, ...] = _kvcache_battery()
-MLA: tuple[DecodeCase, ...] = _mla_battery()
-DECODE_BATTERIES = {"flash_kvcache": KVCACHE, "flash_mla": MLA}
-
-
-def resolve_decode(spec: str, cases: str | Sequence[DecodeCase | str] | None) -> tuple:
-    """The cases of ``spec`` named by ``cases``: None, "default" or "quick" (the spec's battery,
-    small enough to be its quick one too), or a sequence of cases and names of its battery."""
-    battery = DECODE_BATTERIES[spec]
-    if cases is None or cases in ("default", "quick"):
-        return battery
-    if isinstance(cases, str):
-        raise ValueError(
-            f"the {spec} spec runs its own battery (cases None, 'default' or 'quick', or its "
-            f"case names), not {cases!r}"
-        )
-    by_name = {case.name: case for case in battery}
-    resolved = []
-    for case in cases:
-        if isinstance(case, DecodeCase) and case.spec == spec:
-            resolved.append(case)
-        elif isinstance(case, str) and case in by_name:
-            resolved.append(by_name[case])
-        else:
-            raise ValueError(f"unknown {spec} case {case!r}; known: {sorted(by_name)}")
-    if not resolved:
-        raise ValueError("cases is empty")
-    names = [case.name for case in resolved]
-    if len(set(names)) != len(names):
-        raise ValueError(
-            f"cases has repeated names: {sorted({n for n in names if names.count(n) > 1})}"
-        )
-    return tuple(resolved)
+def crosses(case: DecodeCase) -> bool:
+    """Whether the new tokens of some sequence span two pages (of a contiguous cache: its half)."""
+    size = case.page_size or case.capacity // 2
+    return case.s_new > 1 and any(
+        start // size != (start + case.s_new - 1) // size for start in case.seqlens
+    )

@@ -1,51 +1,55 @@
-"""The batteries built by code: each spec's default battery meets its size requirements (block
-edges, split-KV paths, head widths), names each case by what it holds, keeps the quick battery
-as its cheapest cases that still hold every value and what every pitfall needs, grows a
-narrower battery for fewer features from the full one, and finds named cases. (Pair coverage:
-test_pairs.py.)"""
+"""The attention batteries built by code (``battery.attention``): each spec's default battery meets
+its size requirements (block edges, split-KV paths, head widths), names each case by what it holds,
+keeps the quick battery as its cheapest cases that still hold every value and what every pitfall
+needs, grows a narrower battery for fewer features from the full one, and finds named cases. (Pair
+coverage: test_pairs.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from parity_tests.checker.battery import catalog as battery
-from parity_tests.checker.battery import generate, pairs
-from parity_tests.checker.battery.catalog import (
-    DEFAULT,
-    QUICK,
-    RING,
-    STRESS,
-    default_battery,
-    name_of,
-    quick_battery,
-    resolve,
-)
-from parity_tests.checker.battery.handwritten import NAMED
+from parity_tests.checker.battery import pairs
+from parity_tests.checker.battery.attention import generate, quick, sizes
+from parity_tests.checker.battery.attention.case import Case
+from parity_tests.checker.battery.attention.generate import name_of
+from parity_tests.checker.battery.attention.handwritten import NAMED, STRESS
+from parity_tests.checker.battery.attention.space import NA
+from parity_tests.checker.battery.catalog import everything, select, size_coverage
+from parity_tests.checker.specs import get
+
+
+def default_battery(spec, features=None):
+    return get(spec).default_battery(None if features is None else frozenset(features))
+
+
+def quick_battery(spec):
+    return select(spec, "quick")
+
 
 SPECS = ("sdpa", "flash", "flash_varlen", "flex")
 
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_size_requirement_is_met_by_the_cases(spec):
-    met = battery.size_coverage(spec, default_battery(spec))
+    met = size_coverage(spec, default_battery(spec))
 
     assert len(met) > 40 and all(met.values()), [label for label, ok in met.items() if not ok]
 
 
 def test_the_size_requirements_name_the_block_edges_split_paths_and_head_widths():
-    labels = [r.label for r in battery.requirements("flash")]
+    labels = [r.label for r in sizes.requirements()]
 
-    assert {f"N = {n}" for n in battery.EDGES} <= set(labels)
-    assert {f"M = {m}, causal" for m in battery.EDGES} <= set(labels)
+    assert {f"N = {n}" for n in sizes.EDGES} <= set(labels)
+    assert {f"M = {m}, causal" for m in sizes.EDGES} <= set(labels)
     assert "non-causal, N a multiple of 128 and M not (zero-padded keys)" in labels
     assert any(label.startswith("split-KV, causal") for label in labels)
-    assert {f"D = {d}, N > M" for d in battery.WIDTHS} <= set(labels)
+    assert {f"D = {d}, N > M" for d in sizes.WIDTHS} <= set(labels)
     assert "an odd D" in labels
-    assert not any(", causal" in r.label for r in battery.requirements("flash", {"dv"}))
+    assert not any(", causal" in r.label for r in sizes.requirements({"dv"}))
 
 
 def test_the_split_kv_cases_have_many_keys_and_few_rows():
-    split = [c for c in default_battery("flash") if c.m >= battery.SPLIT_KEYS]
+    split = [c for c in default_battery("flash") if c.m >= sizes.SPLIT_KEYS]
 
     assert {c.causal for c in split} == {False, True}
     assert all(c.batch * c.heads <= 4 for c in split)
@@ -60,7 +64,7 @@ def test_each_generated_case_is_named_by_what_it_holds(spec):
 
 
 def test_a_name_says_the_mask_first_then_the_options_and_the_sizes():
-    case = battery.Case("x", 1, 4, 127, 257, 64, heads_kv=2, mask="dead-bool", dv=32,
+    case = Case("x", 1, 4, 127, 257, 64, heads_kv=2, mask="dead-bool", dv=32,
                         memory="kv-strides")  # fmt: skip
 
     assert name_of(case) == "dead-bool-gqa-dv<-kvstrides-127x257-d64"
@@ -76,11 +80,11 @@ def test_no_top_left_causal_case_has_a_single_query():
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_the_quick_battery_is_cheap_cases_of_the_default_holding_every_value(spec):
-    quick, default = quick_battery(spec), default_battery(spec)
+    fast, default = quick_battery(spec), default_battery(spec)
 
-    assert set(quick) < set(default)
-    held = {item for case in quick for item in pairs.case_values(spec, case).items()}
-    wanted = {(f, v) for f, values in pairs.space(spec).items() for v in values if v != pairs.NA}
+    assert set(fast) < set(default)
+    held = {item for case in fast for item in get(spec).values_of(case).items()}
+    wanted = {(f, v) for f, values in pairs.space(get(spec)).items() for v in values if v != NA}
     assert wanted <= held
 
 
@@ -88,7 +92,7 @@ def test_the_quick_battery_holds_the_case_of_each_teeth_the_spec_has():
     names = {case.name for case in quick_battery("flash")}
 
     for teeth in ("alibi under gqa", "kv strides", "padded keys", "split causal", "dropout"):
-        assert battery.pick("flash", teeth) in names
+        assert quick.pick(get("flash"), teeth) in names
 
 
 def test_a_narrower_battery_keeps_the_full_ones_cases_it_can_run():
@@ -101,62 +105,64 @@ def test_a_narrower_battery_keeps_the_full_ones_cases_it_can_run():
 
 
 def test_the_batteries_are_the_same_in_every_process():
-    assert default_battery("flex") == generate._default.__wrapped__("flex", None)
+    assert default_battery("flex") == generate._default.__wrapped__(get("flex"), None)
 
 
-def test_default_holds_every_specs_battery_and_the_named_cases():
-    names = {case.name for case in DEFAULT}
+def test_every_named_case_and_every_specs_battery_is_addressable_by_name():
+    names = {case.name for case in everything()}
 
     assert {case.name for case in NAMED} <= names
     for spec in SPECS:
         assert {case.name for case in default_battery(spec)} <= names
-    assert set(QUICK) <= set(DEFAULT)
+        assert {case.name for case in quick_battery(spec)} <= names
 
 
 def test_the_ring_battery_grows_from_the_named_ring_cases_and_splits_over_ranks():
-    assert [case.name for case in RING[:6]] == [
+    ring = default_battery("ring")
+
+    assert [case.name for case in ring[:6]] == [
         "ring-plain", "ring-causal", "ring-causal-zigzag", "ring-gqa", "ring-window",
         "ring-softcap",
     ]  # fmt: skip
-    assert all(c.n == c.m and c.n % 8 == 0 for c in RING)
-    assert {c.layout for c in RING} == {"contiguous", "zigzag"}
+    assert all(c.n == c.m and c.n % 8 == 0 for c in ring)
+    assert {c.layout for c in ring} == {"contiguous", "zigzag"}
 
 
-def test_resolve_names_batteries_and_cases():
-    assert resolve(None) == DEFAULT and resolve("quick") == QUICK and resolve("stress") == STRESS
-    assert resolve("ring") == RING
-    assert resolve("default", "flex") == default_battery("flex")
+def test_select_names_batteries_and_cases():
+    assert select("flex", None) == default_battery("flex")
+    sdpa = get("sdpa")
+    assert select(sdpa, "stress") == tuple(c for c in STRESS if sdpa.cannot_express(c) is None)
+    assert select("ring", "ring") == default_battery("ring")
     some = default_battery("flash")[3]
-    assert resolve(["plain", STRESS[0], "ring-gqa", some.name]) == (
-        NAMED[1], STRESS[0], RING[3], some,
-    )  # fmt: skip
+    found = select("flash", ["causal-br-n<m", STRESS[0].name, some.name])
+    assert [case.name for case in found] == ["causal-br-n<m", STRESS[0].name, some.name]
 
 
 def test_a_name_of_a_narrower_battery_resolves_in_its_context():
     features = {"mask", "causal", "dropout"}
     own = [c for c in default_battery("sdpa", features) if c not in default_battery("sdpa")]
 
-    assert resolve([own[0].name], "sdpa", features) == (own[0],)
+    assert select("sdpa", [own[0].name], features) == (own[0],)
     with pytest.raises(ValueError, match="unknown case"):
-        resolve([own[0].name])
+        select("sdpa", [own[0].name])
 
 
 @pytest.mark.parametrize("cases", [["no-such-case"], "everything", [], ["plain", "plain"]])
-def test_resolve_refuses_unknown_or_empty(cases):
+def test_select_refuses_unknown_or_empty(cases):
     with pytest.raises(ValueError):
-        resolve(cases)
+        select("sdpa", cases)
 
 
 @pytest.mark.parametrize(
     ("spec", "features"),
-    [(spec, None) for spec in generate.GENERATED_SPECS]
+    [(spec, None) for spec in SPECS]
     + [("sdpa", {"mask", "causal", "dropout"}), ("sdpa", {"mask", "causal", "gqa"})],
 )
 def test_no_case_of_one_query_where_it_cannot_be_judged_or_hold_its_mask(spec, features):
     # N = 1 never meets top-left causal, sharp logits, heavy tails, a float mask (dq a
     # near-total cancellation) or a dead-rows mask (never every row dead: with B * H = 1 it
     # held none, and nn.MultiheadAttention's documented NaN on dead rows passed as an xpass).
-    cases = battery.default_battery(spec, features)
+    cases = default_battery(spec, features)
 
     one_query = [case for case in cases if case.n == 1 and not case.packed]
     assert one_query  # the decode step is still there

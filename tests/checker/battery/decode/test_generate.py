@@ -1,68 +1,107 @@
-"""The decode batteries: the covering array meets every allowed pair of option values, every
-page size meets every length where kernels break, pages are shuffled, inputs are reproducible,
-and a case that no call could make is refused."""
+"""The decode batteries, built by the one battery builder: for every claim, the covering array
+meets every allowed pair of option values and every page size meets every length where kernels
+break, an append crosses a page at every page size, every head width is held; pages are
+shuffled, inputs are reproducible, and a case that no call could make is refused."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from parity_tests.checker.battery.decode_case import (
-    FACTORS,
-    KVCACHE,
+from parity_tests.checker.battery import pairs
+from parity_tests.checker.battery.catalog import select
+from parity_tests.checker.battery.decode.case import (
     LENGTHS,
-    MLA,
     MLA_SCALE,
     DecodeCase,
-    allowed,
-    covered_pairs,
-    covering_cases,
+    crosses,
+    length_of,
     make_decode_inputs,
-    required_pairs,
-    resolve_decode,
 )
+from parity_tests.checker.specs import get
+
+KVCACHE = get("flash_kvcache").default_battery()
+MLA = get("flash_mla").default_battery()
+# The claims a test builds a battery for: everything, the paged decode step of a hand-written
+# kernel (the issue's user: no GQA), and one feature.
+CLAIMS = [None, frozenset({"causal", "paged", "append", "lse"}), frozenset({"paged"})]
 
 
-def test_every_allowed_pair_of_option_values_meets_in_some_case():
-    rows = covering_cases()
-
-    covered = set().union(*(covered_pairs(row) for row in rows))
-
-    assert required_pairs() <= covered
-    assert all(allowed(row) for row in rows)
-    assert len(KVCACHE) == len(rows) + len(FACTORS["page"])  # and the plain step per page size
+def _judged(spec, claimed):
+    """The cases of ``spec``'s battery that a kernel claiming ``claimed`` runs."""
+    key = spec.features if claimed is None else claimed
+    return [case for case in select(spec, None, claimed) if case.needs <= key]
 
 
-def test_the_constraints_are_flash_attns():
-    assert not allowed({"page": 16, "leftpad": True})
-    assert not allowed({"page": 64, "batch_idx": True})
-    assert not allowed({"rotary": "half", "append": "none"})
-    assert allowed({"page": None, "leftpad": True}) and allowed({"page": 16, "rotary": "half"})
+@pytest.mark.parametrize("claimed", CLAIMS, ids=["all", "paged-step", "paged"])
+def test_every_allowed_pair_of_the_claimed_options_meets_in_a_judged_case(claimed):
+    spec = get("flash_kvcache")
+
+    cases = _judged(spec, claimed)
+
+    assert not pairs.uncovered(spec, cases, claimed)
+    assert all(spec.allowed(spec.values_of(case)) for case in cases)
 
 
-def _length_names(case: DecodeCase) -> set[str]:
-    size = case.page_size or case.capacity // 2
-    values = {"0": 0, "1": 1, "odd": size + size // 2 + 1, "P-1": size - 1, "P": size,
-              "P+1": size + 1}  # fmt: skip
-    names = {name for name, value in values.items() if value in case.seqlens}
-    if any(n + case.s_new == case.capacity for n in case.seqlens):
-        names.add("full")
-    return names
+@pytest.mark.parametrize("claimed", CLAIMS, ids=["all", "paged-step", "paged"])
+def test_every_page_size_meets_every_length_and_an_append_across_a_page(claimed):
+    spec = get("flash_kvcache")
+    cases = _judged(spec, claimed)
+
+    for page in spec.pages(claimed):
+        held = [c for c in cases if (c.page_size and str(c.page_size)) == page
+                or (page == "contiguous" and c.page_size is None)]  # fmt: skip
+        lengths = {label for c in held for label in LENGTHS
+                   if length_of(label, c.page_size, c.capacity, c.s_new) in c.seqlens}  # fmt: skip
+        assert lengths == set(LENGTHS), (page, set(LENGTHS) - lengths)
+        if page != "contiguous" and (claimed is None or "append" in claimed):
+            assert any(crosses(c) for c in held if c.page_size), page
 
 
-@pytest.mark.parametrize("battery", [KVCACHE, MLA], ids=["flash_kvcache", "flash_mla"])
-def test_every_page_size_meets_every_length(battery):
-    for page in {case.page_size for case in battery}:
-        met = set().union(*(_length_names(c) for c in battery if c.page_size == page))
+def test_the_users_paged_kernel_is_judged_on_pages_of_every_size():
+    cases = _judged(get("flash_kvcache"), CLAIMS[1])
 
-        assert met == set(LENGTHS), (page, set(LENGTHS) - met)
+    assert {c.page_size for c in cases} == {None, 16, 64, 256}
+    assert all(c.heads_kv == c.heads for c in cases)  # no GQA: it was not claimed
+    assert sum(c.page_size is not None for c in cases) >= 3
 
 
-def test_the_battery_holds_s_q_1_and_more_mqa_and_gqa_and_every_split_count():
-    assert {c.s_q for c in KVCACHE} == {1, 4} and {c.s_q for c in MLA} == {1, 2}
+def test_every_head_width_and_both_query_counts_and_every_split_count():
+    assert {c.d for c in KVCACHE} >= {32, 64, 128, 256, 33}
+    assert {c.s_q for c in KVCACHE} == {1, 4}
     assert {c.heads_kv for c in KVCACHE} == {1, 2, 4}
     assert {c.num_splits for c in KVCACHE} == {0, 1, 3}
     assert {c.page_size for c in KVCACHE} == {None, 16, 64, 256}
+
+
+def test_the_constraints_are_flash_attns():
+    allowed = get("flash_kvcache").allowed
+    assert not allowed({"page": "16", "leftpad": "on"})
+    assert not allowed({"page": "64", "batch_idx": "on"})
+    assert not allowed({"rotary": "half", "append": "none"})
+    assert allowed({"page": "contiguous", "leftpad": "on"})
+    assert allowed({"page": "16", "rotary": "half"})
+
+
+def test_the_mla_battery_is_flashmlas_shape_with_more_than_one_tile_of_query_rows():
+    inputs = make_decode_inputs(MLA[0], 0)
+
+    assert all(c.d == 576 and c.dv == 512 and c.heads_kv == 1 for c in MLA)
+    assert all(c.scale == MLA_SCALE != 576**-0.5 and c.s_new == 0 for c in MLA)
+    assert inputs.v_cache is None and inputs.k_cache.shape[1:] == (64, 1, 576)
+    assert {c.heads for c in MLA} == {16, 64, 128} and {c.s_q for c in MLA} == {1, 2}
+    assert any(c.s_q * c.heads > 64 for c in MLA)
+    lengths = {label for c in MLA for label in LENGTHS
+               if length_of(label, c.page_size, c.capacity, 0) in c.seqlens}  # fmt: skip
+    assert lengths == set(LENGTHS)
+
+
+def test_a_kernel_claiming_fewer_features_keeps_the_full_batterys_cases_it_can_run():
+    claimed = CLAIMS[1]
+
+    built = set(get("flash_kvcache").default_battery(claimed))
+
+    assert {c for c in KVCACHE if c.needs <= claimed} <= built
 
 
 def test_pages_are_shuffled_and_every_slot_holds_numbers():
@@ -87,14 +126,6 @@ def test_inputs_are_reproducible_per_case_and_seed():
     assert not np.array_equal(first.q, other.q)
 
 
-def test_the_mla_battery_is_flashmlas_shape_with_the_layers_scale():
-    inputs = make_decode_inputs(MLA[0], 0)
-
-    assert all(c.d == 576 and c.dv == 512 and c.heads_kv == 1 for c in MLA)
-    assert all(c.scale == MLA_SCALE != 576**-0.5 and c.s_new == 0 for c in MLA)
-    assert inputs.v_cache is None and inputs.k_cache.shape[1:] == (64, 1, 576)
-
-
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
@@ -112,10 +143,10 @@ def test_a_case_no_call_could_make_is_refused(changes, match):
         DecodeCase(**{**base, **changes})
 
 
-def test_resolve_names_the_spec_battery_and_refuses_others():
-    assert resolve_decode("flash_mla", None) == MLA == resolve_decode("flash_mla", "quick")
-    assert resolve_decode("flash_kvcache", [KVCACHE[2].name]) == (KVCACHE[2],)
-    with pytest.raises(ValueError, match="runs its own battery"):
-        resolve_decode("flash_kvcache", "stress")
-    with pytest.raises(ValueError, match="unknown flash_mla case"):
-        resolve_decode("flash_mla", [KVCACHE[0].name])
+def test_cases_are_found_by_name_in_their_own_specs_battery_only():
+    assert select("flash_mla", None) == MLA == select("flash_mla", "quick")
+    assert select("flash_kvcache", [KVCACHE[2].name]) == (KVCACHE[2],)
+    with pytest.raises(ValueError, match="cases must be one of"):
+        select("flash_kvcache", "stress")
+    with pytest.raises(ValueError, match="cannot run case"):
+        select("flash_mla", [KVCACHE[0].name])

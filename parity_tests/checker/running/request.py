@@ -1,0 +1,48 @@
+"""One kernel call to make and what it gave, as plain data that crosses processes (a child of
+``running.isolation``, a rank of ``running.ranks``): the ``Request`` (everything needed to rebuild
+a case's inputs) and its ``Outcome``.
+
+Tests: tests/checker/running/test_calls.py
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ..report.rows import KernelRow
+
+
+class Request(NamedTuple):
+    """One kernel call to make: everything needed to rebuild its inputs (in a child process
+    too)."""
+
+    spec: str
+    case: Any
+    dtype: str
+    device: torch.device
+    seed: int
+    forward_only: bool
+    want_lse: bool
+    options: dict[str, Any] = {}  # the spec's own arguments (``Spec.options``)
+
+
+class Outcome(NamedTuple):
+    """What one kernel call gave, as plain data (it crosses processes): ``kind`` "ok" (arrays
+    out, dq, dk, dv, lse in the canonical layout, float64), "skip", "refused" or "error"
+    (``message``; for an exception ``error`` = (type, first line, traceback)); ``keep`` the
+    keep-mask read back through SDPA's signature, ``draws`` the outputs at dropout_p through
+    flash-attn's; ``backward`` (kind, message, error) when the forward returned and the backward
+    failed: the arrays then hold the forward's only."""
+
+    kind: str
+    arrays: dict[str, np.ndarray]
+    dtypes: dict[str, str]
+    changed: list[KernelRow]
+    keep: np.ndarray | None = None
+    message: str = ""
+    error: tuple[str, str, str] | None = None
+    draws: np.ndarray | None = None
+    backward: tuple[str, str, tuple[str, str, str] | None] | None = None
