@@ -32,6 +32,8 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .battery.names import unique_by_name
+
 if TYPE_CHECKING:
     from .battery.limits import KernelLimits
     from .report.rows import KernelError, KernelRow
@@ -90,6 +92,27 @@ class Spec(abc.ABC):
     @abc.abstractmethod
     def values_of(self, case: Any) -> Row:
         """The value of each factor that ``case`` holds, read from its fields."""
+
+    def claim_key(self, claimed: frozenset[str] | None) -> frozenset[str] | None:
+        """The claimed features that shape a battery (those with a factor); None for all."""
+        if claimed is None:
+            return None
+        factors = frozenset(self.feature_factors)
+        held = frozenset(claimed) & factors
+        return None if held == factors else held
+
+    def claimed_battery(
+        self,
+        build: Callable[[frozenset[str] | None], tuple[Any, ...]],
+        claimed: frozenset[str] | None,
+    ) -> tuple[Any, ...]:
+        """The cases ``build`` makes for the claim (``claim_key``), then those it makes for every
+        feature that need features not claimed (a report lists them as not run)."""
+        key = self.claim_key(claimed)
+        cases = build(key)
+        if key is not None:
+            cases = unique_by_name(cases + tuple(c for c in build(None) if c.needs - key))
+        return cases
 
     @abc.abstractmethod
     def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[Any, ...]:

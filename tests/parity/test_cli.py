@@ -23,6 +23,7 @@ from parity_tests.checker import pitfalls
 from parity_tests.checker.calibration import calibrate as calibration
 from parity_tests.checker.report.render import SCHEMA_VERSION
 from parity_tests.checker.targets import builtin as targets
+from parity_tests.checker.targets import expected
 from parity_tests.cli import VERSION, main
 from parity_tests.parity import run as parity_run
 from parity_tests.parity.run import ParityRow
@@ -162,9 +163,9 @@ def _compiled_like_targets(device, dtypes):
 @pytest.fixture
 def compiled_like(monkeypatch):
     """One built-in target whose causal cases fail as documented, with a 3000-line message."""
-    entry = targets.ExpectedFailure("compiled-like", "causal-n<m", "the compiler fails, as known",
-                                    detail="CppCompileError")  # fmt: skip
-    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+    entry = expected.ExpectedFailure("compiled-like", "causal-n<m", "the compiler fails, as known",
+                                     detail="CppCompileError")  # fmt: skip
+    monkeypatch.setattr(expected, "EXPECTED_FAILURES", (entry,))
     monkeypatch.setattr(targets, "builtin_targets", _compiled_like_targets)
     monkeypatch.setattr(parity_run, "run_registry", _fake_rows_passing)
 
@@ -199,8 +200,8 @@ def test_verbose_prints_every_group_and_each_traceback(compiled_like, capsys):
 
 
 def test_an_expected_failure_that_passes_is_an_xpass_and_fails_the_run(monkeypatch, capsys):
-    entry = targets.ExpectedFailure(SDPA, "*", "pretend it fails")
-    monkeypatch.setattr(targets, "EXPECTED_FAILURES", (entry,))
+    entry = expected.ExpectedFailure(SDPA, "*", "pretend it fails")
+    monkeypatch.setattr(expected, "EXPECTED_FAILURES", (entry,))
 
     code = main(["--kernel", SDPA, *QUICK_F32])
 

@@ -15,7 +15,7 @@ import torch
 
 from numpy_attention import functional as reference
 from parity_tests import check_kernel
-from parity_tests.checker.targets.builtin import torch_attention_kernel
+from parity_tests.checker.targets.torch_kernels import torch_attention_kernel
 from torch_attention import functional
 from torch_attention.functional import attention
 

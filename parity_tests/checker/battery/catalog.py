@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..specs import get, registry
-from .attention.generate import unique_by_name
+from .names import unique_by_name
 
 
 def select(

@@ -14,7 +14,7 @@ its spec), and prints, as Markdown tables for docs/kernel-verification.md:
   always caught.
 
 The tables cover out, dq, dk, dv, and the decode specs' lse and caches (``TRACKED``). Rows of
-known failures (``targets.EXPECTED_FAILURES``), skipped and not-run cases are left out.
+known failures (``targets.expected.EXPECTED_FAILURES``), skipped and not-run cases are left out.
 
 Tests: tests/checker/calibration/test_calibrate.py
 """
@@ -31,7 +31,8 @@ from ..golden.decode import CACHES
 from ..pipeline import check_kernel
 from ..pitfalls import all_pitfalls
 from ..running.calls import TENSORS
-from ..targets.builtin import builtin_targets, expected_failure
+from ..targets.builtin import builtin_targets
+from ..targets.expected import expected_failure
 
 # The tensors whose ratios the tables show: the attention specs' and the decode specs'.
 TRACKED = TENSORS + ("lse", *CACHES)

@@ -7,7 +7,8 @@ shared by every kernel checked.
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
 
-Tests: tests/checker/golden/test_decode.py
+Tests: tests/checker/running/test_decode.py (the golden of each case, the other rotary
+convention), tests/checker/golden/test_decode_baseline.py
 """
 
 from __future__ import annotations

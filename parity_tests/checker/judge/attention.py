@@ -4,7 +4,7 @@ the golden and the baseline of the case (``golden.attention``), the kept fractio
 keep-mask read back through SDPA's signature, the draws through flash-attn's, a row for each
 input changed in place, and a row for a call or a backward that raised.
 
-Tests: tests/checker/judge/test_attention.py (and tests/checker/running/test_calls.py)
+Tests: tests/checker/running/test_calls.py
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ little; every other argument (and the caches without new tokens) must be left as
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
 
-Tests: tests/checker/judge/test_decode.py (and tests/checker/running/test_decode.py)
+Tests: tests/checker/running/test_decode.py
 """
 
 from __future__ import annotations

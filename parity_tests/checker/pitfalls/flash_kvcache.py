@@ -9,7 +9,7 @@ it in every dtype.
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
 
-Tests: tests/checker/pitfalls/test_flash_kvcache.py
+Tests: tests/checker/pitfalls/test_init.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Shape legend: B sequences, s_q queries per sequence, H query heads.
 
-Tests: tests/checker/pitfalls/test_flash_mla.py
+Tests: tests/checker/pitfalls/test_init.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a sequence boundary.
 
 Shape legend: H heads, T packed token count.
 
-Tests: tests/checker/pitfalls/test_flash_varlen.py
+Tests: tests/checker/pitfalls/test_init.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Broken kernels with ``ring_attention``'s signature: a block placed at the wrong positions.
 
-Tests: tests/checker/pitfalls/test_ring.py
+Tests: tests/checker/pitfalls/test_init.py
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ summary of failing rows, and the JSON form of ``--json`` (schema: docs/kernel-ve
 A *check* is one target checked on one device and battery, as a plain dict: the report's rows
 grouped by (case, dtype), each group with its shape and its status ("pass"; "fail", "error" or
 "refused", the three ways to fail; "skip", "not-run", or, against
-``targets.EXPECTED_FAILURES``, "xfail" / "xpass"), the distinct exceptions once each, the
+``targets.expected.EXPECTED_FAILURES``, "xfail" / "xpass"), the distinct exceptions once each, the
 kernel's limits with the cases they excluded, and the verdict with the fraction of the battery
 it covers (expected failures counted apart). Verdicts and statuses are the same lowercase
 strings in the tables and in the JSON.
@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import Any
 
 from ... import DISTRIBUTION, __version__
-from ..targets.builtin import expected_failure
+from ..targets.expected import expected_failure
 from .rows import (
     FAILED_GROUPS,
     FAILING,

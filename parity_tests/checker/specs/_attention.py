@@ -72,14 +72,6 @@ class AttentionSpec(Spec):
 
     # -- batteries ---------------------------------------------------------------------------
 
-    def claim_key(self, claimed: frozenset[str] | None) -> frozenset[str] | None:
-        """The claimed features that shape the battery (those with a factor); None for all."""
-        if claimed is None:
-            return None
-        factors = frozenset(self.feature_factors)
-        held = frozenset(claimed) & factors
-        return None if held == factors else held
-
     def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[Case, ...]:
         """The default battery built for ``claimed`` (None: every feature)."""
         return generate.default_battery(self, self.claim_key(claimed))
@@ -88,12 +80,7 @@ class AttentionSpec(Spec):
         if name == "stress":
             return tuple(case for case in STRESS if self.cannot_express(case) is None)
         build = quick.quick_battery if name == "quick" else generate.default_battery
-        key = self.claim_key(claimed)
-        cases = build(self, key)
-        if key is not None:  # the spec's cases needing what is not claimed: listed, not run
-            cases = generate.unique_by_name(
-                cases + tuple(c for c in build(self, None) if c.needs - key)
-            )
+        cases = self.claimed_battery(lambda key: build(self, key), claimed)
         return tuple(case for case in cases if self.cannot_express(case) is None)
 
     def lookup(self, name: str, claimed: frozenset[str] | None) -> Case:

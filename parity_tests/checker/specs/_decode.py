@@ -12,7 +12,7 @@ verdict are the decode family's (``battery.decode``, ``running.decode``, ``judge
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
 
-Tests: tests/checker/specs/test_flash_kvcache.py, tests/checker/specs/test_flash_mla.py
+Tests: tests/checker/specs/test_flash_kvcache.py, tests/checker/running/test_decode.py
 """
 
 from __future__ import annotations
@@ -53,26 +53,13 @@ class DecodeSpec(Spec):
 
     # -- the battery -----------------------------------------------------------------------------
 
-    def claim_key(self, claimed: frozenset[str] | None) -> frozenset[str] | None:
-        """The claimed features that shape the battery (those with a factor); None for all."""
-        if claimed is None:
-            return None
-        factors = frozenset(self.feature_factors)
-        held = frozenset(claimed) & factors
-        return None if held == factors else held
-
     def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[DecodeCase, ...]:
         """The battery built for ``claimed`` (None: every feature)."""
         return generate.default_battery(self, self.claim_key(claimed))
 
     def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[DecodeCase, ...]:
         # A decode case is small: the default battery is the quick one too.
-        key = self.claim_key(claimed)
-        cases = generate.default_battery(self, key)
-        if key is not None:  # the spec's cases needing what is not claimed: listed, not run
-            full = generate.default_battery(self, None)
-            cases = generate.unique_by_name(cases + tuple(c for c in full if c.needs - key))
-        return cases
+        return self.claimed_battery(lambda key: generate.default_battery(self, key), claimed)
 
     def lookup(self, name: str, claimed: frozenset[str] | None) -> DecodeCase:
         for key in (self.claim_key(claimed), None):

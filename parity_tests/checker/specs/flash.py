@@ -11,7 +11,7 @@ dropout is judged by draws (``running.dropout.draw_outputs``, ``judge.policy.jud
 
 Shape legend: B batch, H heads, N query length, D head width.
 
-Tests: tests/checker/specs/test_flash.py
+Tests: tests/checker/specs/test_attention.py, tests/checker/test_spec.py (every claim's coverage)
 """
 
 from __future__ import annotations

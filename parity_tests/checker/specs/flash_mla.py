@@ -14,7 +14,8 @@ head and its scale are not options).
 
 Shape legend: B sequences, s_q queries per sequence, H query heads, P page size.
 
-Tests: tests/checker/specs/test_flash_mla.py
+Tests: tests/checker/running/test_decode.py, tests/checker/battery/decode/test_generate.py,
+tests/checker/test_spec.py
 """
 
 from __future__ import annotations

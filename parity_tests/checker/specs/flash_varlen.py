@@ -9,7 +9,8 @@ as it is. The keywords are the "flash" spec's (``flash.flash_keywords``).
 
 Shape legend: B batch, H heads, N query length, D head width; T packed token count.
 
-Tests: tests/checker/specs/test_flash_varlen.py
+Tests: tests/checker/specs/test_attention.py, tests/checker/test_spec.py (every claim's
+coverage)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ check passes tensors that do not require grad.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width.
 
-Tests: tests/checker/specs/test_flex.py
+Tests: tests/checker/specs/test_attention.py, tests/checker/test_spec.py (every claim's coverage)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ module-level function, or "module:function").
 
 Shape legend: B batch, H heads, H_kv key/value heads, N sequence length, D head width.
 
-Tests: tests/checker/specs/test_ring.py
+Tests: tests/checker/running/test_ranks.py, tests/checker/test_spec.py (every claim's coverage)
 """
 
 from __future__ import annotations
@@ -51,13 +51,7 @@ class RingSpec(AttentionSpec):
                 "the ring spec has no stress battery (its cases must split over the ranks): "
                 "run its own battery, 'ring', or name cases"
             )
-        key = self.claim_key(claimed)
-        cases = generate.ring_battery(self, key)
-        if key is not None:
-            cases = generate.unique_by_name(
-                cases + tuple(c for c in generate.ring_battery(self, None) if c.needs - key)
-            )
-        return cases
+        return self.claimed_battery(lambda key: generate.ring_battery(self, key), claimed)
 
     def lookup(self, name: str, claimed: frozenset[str] | None) -> Case:
         for case in generate.ring_battery(self, self.claim_key(claimed)):

@@ -9,7 +9,7 @@ generator, as SDPA does.
 
 Shape legend: B batch, H heads, N query length, D head width.
 
-Tests: tests/checker/specs/test_sdpa.py
+Tests: tests/checker/specs/test_attention.py, tests/checker/test_spec.py (every claim's coverage)
 """
 
 from __future__ import annotations

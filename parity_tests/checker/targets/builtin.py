@@ -29,42 +29,34 @@ Tests: tests/checker/targets/test_builtin.py
 
 from __future__ import annotations
 
-import fnmatch
-import functools
 import importlib.util
-import math
-import re
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torch_attention.distributed import ring_attention
-from torch_attention.functional import BACKENDS, attention
+from torch_attention.functional import BACKENDS
 
 from .. import specs
 from ..battery.catalog import lookup
 from ..battery.limits import KernelLimits
 from ..pipeline import Kernel, check_kernel
-from ..report.rows import KernelReport, KernelUnsupported
+from ..report.rows import KernelReport
 from . import adapters, third_party
 from . import decode as decode_kernels
-
-SDPA_BACKENDS = {
-    "math": SDPBackend.MATH,
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-}
-
-# What SDPA says when the forced backend cannot take a problem on this device, dtype or shape.
-SDPA_REFUSALS = ("No available kernel", "No viable backend")
-# What torch_attention.functional.attention says when a forced backend cannot compute a call.
-TORCH_ATTENTION_REFUSAL = "cannot compute this call"
+from .torch_kernels import (
+    SDPA_BACKENDS,
+    backend_runs,
+    claimable,
+    forced_sdpa,
+    mha_kernel,
+    sdpa_backend_features,
+    torch_attention_features,
+    torch_attention_kernel,
+    torch_attention_runs,
+)
 
 
 @dataclass(frozen=True)
@@ -135,131 +127,22 @@ class Target:
         )
 
 
-@dataclass(frozen=True)
-class ExpectedFailure:
-    """A documented failure: target ``target`` fails case ``case`` (a name, or a pattern of
-    ``fnmatch``: "*" every case, "dead-*" every case whose mask has dead rows, as generated
-    cases are named by what they hold; in every dtype and on every device unless restricted),
-    for ``reason``. With ``detail``, only a failure
-    that says it is expected (another failure of the case still fails the run); with
-    ``strict=False`` the case may also pass, for a failure that depends on what ran before it."""
-
-    target: str
-    case: str
-    reason: str
-    dtypes: tuple[str, ...] | None = None
-    devices: tuple[str, ...] | None = None
-    detail: str | None = None  # the failure must say this (a failing row's detail holds it)
-    strict: bool = True  # False: the case may pass too (a failure that depends on run order)
-
-    def explains(self, failed_details: list[str]) -> bool:
-        """Whether this entry explains a group whose failing rows say ``failed_details``."""
-        return self.detail is None or any(self.detail in detail for detail in failed_details)
-
-    def matches(self, target: str, case: str, dtype: str, device: str) -> bool:
-        return (
-            self.target == target
-            and fnmatch.fnmatchcase(case, self.case)
-            and (self.dtypes is None or dtype in self.dtypes)
-            and (self.devices is None or torch.device(device).type in self.devices)
-        )
-
-
-MHA_NAN_ROWS = (
-    "nn.MultiheadAttention with need_weights=True computes softmax itself: a query row with "
-    "nothing to attend to gives NaN in the output and in every gradient (SDPA gives 0)"
-)
-HF_MIN_MASK_ROWS = (
-    "Hugging Face's eager attention adds its finfo(dtype).min mask and takes a plain softmax: a "
-    "query row with nothing to attend to gets equal weights on every key, so its output is the "
-    "mean of V (and its gradients are nonzero) where SDPA and the golden give 0"
-)
-HF_NAN_ROWS = (
-    "Hugging Face's eager attention takes a plain softmax of the masked scores: with the -inf "
-    "mask that SDPA's float masks mean, a query row with nothing to attend to gives NaN in the "
-    "output and in every gradient"
-)
-HF_FLEX_HEAD0 = (
-    "Hugging Face's flex_attention_forward reads a 4-D tensor mask as score_mask[b][0][q][kv]: "
-    "head 0's mask for every head, so a per-head mask (a per-head bias, or per-head dead rows) is "
-    "silently wrong on every other head (and, with its finfo.min mask, a dead row is the mean of V)"
-)
-HF_FLEX_COMPILED = (
-    "Hugging Face's flex_attention_forward compiles FlexAttention, and on CPU (torch 2.13) the "
-    "compiled code indexing its tensor mask (score_mask[b][0][q][kv]) crashes the process"
-)
-HF_FLOAT32_SOFTMAX = (
-    "Llama's eager attention takes its softmax in float32 whatever the inputs' dtype "
-    "(softmax(..., dtype=torch.float32).to(query.dtype)): in float64 every result carries "
-    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12, and a fully "
-    "masked row is NaN (its finfo(float64).min mask is -inf in float32)"
-)
-HF_PAGED_FLOAT32_SOFTMAX = (
-    "transformers' eager paged attention takes its softmax in float32 whatever the inputs' dtype "
-    "(softmax(..., dtype=torch.float32).to(query.dtype)): in float64 every output carries "
-    "float32 rounding, ~1e-7 of its scale where the float64 bound is ~1e-12"
-)
-FLEX_COMPILED_DYNAMIC = (
-    "torch.compile(flex_attention) on CPU (torch 2.13): once it recompiles with dynamic sizes "
-    "(automatic dynamic, after earlier shapes in the same process), Inductor's C++ code for a "
-    "block mask does not compile (CppCompileError: 'cur_kvSplitSize2' was not declared); which "
-    "case meets it depends on the order the shapes were compiled in, and each compiled alone "
-    "passes"
-)
-
-# Cases are named by what they hold, their mask first: "dead-bool-...", "dead-float-..." (and
-# the named "dead-rows-bool", "dead-rows-float") have fully masked rows, "float-..." (and
-# "float-mask") a per-head float mask.
-_DEAD = "dead-*"
-EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
-    ExpectedFailure("mha[need_weights=True]", _DEAD, MHA_NAN_ROWS),
-    ExpectedFailure("hf.llama.eager_attention_forward", _DEAD, HF_MIN_MASK_ROWS,
-                    dtypes=("float32", "float16", "bfloat16")),
-    ExpectedFailure("hf.gpt2.eager_attention_forward", _DEAD, HF_NAN_ROWS),
-    *(
-        ExpectedFailure("hf.flex_attention_forward[eager]", case, HF_FLEX_HEAD0)
-        for case in ("float-*", _DEAD)
-    ),
-    *(
-        ExpectedFailure("hf.flex_attention_forward", case, HF_FLEX_COMPILED, devices=("cpu",))
-        for case in ("causal-n<m", "float-mask", "dead-rows-bool")
-    ),
-    ExpectedFailure("flex[compiled]", "*", FLEX_COMPILED_DYNAMIC, devices=("cpu",),
-                    detail="CppCompileError", strict=False),
-    ExpectedFailure(
-        "hf.llama.eager_attention_forward", "*", HF_FLOAT32_SOFTMAX, dtypes=("float64",)
-    ),
-    *(
-        ExpectedFailure("hf.paged.eager", case, HF_PAGED_FLOAT32_SOFTMAX, dtypes=("float64",))
-        for case in decode_kernels.hf_paged_cases()
-    ),
-)  # fmt: skip
-
-
-def expected_failure(target: str, case: str, dtype: str, device: str) -> ExpectedFailure | None:
-    """The entry of ``EXPECTED_FAILURES`` for this run, or None."""
-    for entry in EXPECTED_FAILURES:
-        if entry.matches(target, case, dtype, device):
-            return entry
-    return None
-
-
 def builtin_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[Target]:
     """Every built-in target that runs on ``device`` in at least one of ``dtypes``."""
     targets = [Target("sdpa", F.scaled_dot_product_attention, dtypes)]
     for name, backend in SDPA_BACKENDS.items():
-        available = tuple(d for d in dtypes if _backend_runs(backend, device, d))
+        available = tuple(d for d in dtypes if backend_runs(backend, device, d))
         if available:
-            features = _sdpa_backend_features(backend, device, available)
+            features = sdpa_backend_features(backend, device, available)
             targets.append(Target(f"sdpa[{name}]", forced_sdpa(backend), available,
                                   features=features))  # fmt: skip
     for name in (backend for backend in BACKENDS if backend != "triton"):  # triton_targets
-        available = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, True))
-        forward = tuple(d for d in dtypes if _torch_attention_runs(name, device, d, False))
+        available = tuple(d for d in dtypes if torch_attention_runs(name, device, d, True))
+        forward = tuple(d for d in dtypes if torch_attention_runs(name, device, d, False))
         kernel = torch_attention_kernel(name)
         runs = available or forward  # FlexAttention on CPU has no backward
         if runs:
-            features = _torch_attention_features(name, device, runs, bool(available))
+            features = torch_attention_features(name, device, runs, bool(available))
             targets.append(Target(f"torch_attention[{name}]", kernel, runs, features=features,
                                   forward_only=not available))  # fmt: skip
     for need_weights in (True, False):
@@ -396,206 +279,3 @@ def decode_targets(device: str | torch.device, dtypes: tuple[str, ...]) -> list[
                    features, cases=cases),
         ]  # fmt: skip
     return targets
-
-
-def forced_sdpa(backend: SDPBackend) -> Kernel:
-    """SDPA restricted to one backend; a case the backend refuses raises ``KernelUnsupported``."""
-
-    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):  # fmt: skip
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(
-                        query,
-                        key,
-                        value,
-                        attn_mask=attn_mask,
-                        dropout_p=dropout_p,
-                        is_causal=is_causal,
-                        scale=scale,
-                        enable_gqa=enable_gqa,
-                    )
-            except RuntimeError as exc:
-                if not any(refusal in str(exc) for refusal in SDPA_REFUSALS):
-                    raise
-                reasons = [_strip_location(str(w.message)) for w in caught]
-                raise KernelUnsupported("; ".join(r for r in reasons if r) or str(exc)) from exc
-
-    kernel.__name__ = f"sdpa[{backend.name.lower()}]"
-    return kernel
-
-
-def _strip_location(message: str) -> str:
-    message = re.sub(r"\s*\(Triggered internally at .*\)\s*$", "", message, flags=re.S).strip()
-    return "" if message.endswith("not used because:") else message
-
-
-@functools.lru_cache(maxsize=32)
-def _backend_runs(backend: SDPBackend, device: str | torch.device, dtype: str) -> bool:
-    """Whether SDPA forced to ``backend`` runs a small problem on ``device`` in ``dtype``."""
-    return _runs(forced_sdpa(backend), device, dtype)
-
-
-@functools.lru_cache(maxsize=32)
-def _torch_attention_runs(
-    backend: str, device: str | torch.device, dtype: str, backward: bool
-) -> bool:
-    """Whether ``torch_attention``'s ``backend`` runs a small problem on ``device`` in ``dtype``,
-    with its backward or forward only (FlexAttention has no backward on CPU, say)."""
-    return _runs(torch_attention_kernel(backend), device, dtype, backward)
-
-
-@functools.lru_cache(maxsize=32)
-def _sdpa_backend_features(
-    backend: SDPBackend, device: str | torch.device, dtypes: tuple[str, ...]
-) -> frozenset[str] | None:
-    return claimable(forced_sdpa(backend), device, dtypes)
-
-
-@functools.lru_cache(maxsize=32)
-def _torch_attention_features(
-    backend: str, device: str | torch.device, dtypes: tuple[str, ...], backward: bool
-) -> frozenset[str] | None:
-    return claimable(torch_attention_kernel(backend), device, dtypes, backward=backward)
-
-
-def claimable(
-    kernel: Kernel,
-    device: str | torch.device,
-    dtypes: tuple[str, ...],
-    features: frozenset[str] | None = None,
-    backward: bool = True,
-) -> frozenset[str] | None:
-    """The SDPA-signature features of ``features`` (None: all of the spec's) that ``kernel``
-    takes on a small problem in the first dtype of ``dtypes`` (the backends' refusals do not
-    depend on it), rather than raising ``KernelUnsupported`` (the CPU flash kernel refuses
-    dropout and Dv != D, say); None when that is all of the spec's. The battery is then built
-    for those features, so that a narrow kernel is judged on every pair of what it does rather
-    than skipping most cases."""
-    wanted = specs.SPEC_FEATURES["sdpa"] if features is None else features
-    claimed = frozenset(f for f in wanted if _takes(kernel, device, dtypes[0], f, backward))
-    return None if claimed == specs.SPEC_FEATURES["sdpa"] else claimed
-
-
-def _takes(kernel: Kernel, device: str | torch.device, dtype: str, feature: str,
-           backward: bool) -> bool:  # fmt: skip
-    """Whether ``kernel`` takes a (1, 4, 8, 16) problem that needs ``feature``."""
-    make = functools.partial(torch.randn, device=device, dtype=getattr(torch, dtype))
-    q, k, v = make(1, 4, 8, 16), make(1, 4, 8, 16), make(1, 4, 8, 16)
-    kwargs: dict[str, Any] = {}
-    if feature == "dropout":
-        kwargs["dropout_p"] = 0.5
-    elif feature == "dv":
-        v = make(1, 4, 8, 32)
-    elif feature == "mask":
-        kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.bool, device=device).tril()
-    elif feature == "causal":
-        kwargs["is_causal"] = True
-    elif feature == "gqa":
-        k, v = make(1, 2, 8, 16), make(1, 2, 8, 16)
-        kwargs["enable_gqa"] = True
-    for t in (q, k, v):
-        t.requires_grad_(backward)
-    try:
-        out = kernel(q, k, v, **kwargs)
-        if backward:
-            out.sum().backward()
-    except KernelUnsupported:
-        return False
-    return True
-
-
-def _runs(kernel: Kernel, device: str | torch.device, dtype: str, backward: bool = True) -> bool:
-    """Whether ``kernel`` takes a plain (1, 1, 8, 64) problem forward (and backward), rather than
-    raising ``KernelUnsupported``."""
-    q = torch.randn(1, 1, 8, 64, device=device, dtype=getattr(torch, dtype))
-    try:
-        if backward:
-            q.requires_grad_(True)
-            kernel(q, q, q).sum().backward()
-        else:
-            kernel(q, q, q)
-    except KernelUnsupported:
-        return False
-    return True
-
-
-def torch_attention_kernel(backend: str) -> Kernel:
-    """``torch_attention.functional.attention`` with ``backend``, behind the SDPA signature. A
-    call the backend says it cannot compute raises ``KernelUnsupported`` with its reason."""
-
-    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):  # fmt: skip
-        try:
-            return attention(
-                query,
-                key,
-                value,
-                causal=is_causal,
-                attn_mask=attn_mask,
-                scale=scale,
-                enable_gqa=enable_gqa,
-                dropout_p=dropout_p,
-                backend=backend,
-            )
-        except ValueError as exc:
-            if TORCH_ATTENTION_REFUSAL not in str(exc):
-                raise
-            raise KernelUnsupported(str(exc)) from exc
-
-    kernel.__name__ = f"torch_attention[{backend}]"
-    return kernel
-
-
-def mha_kernel(need_weights: bool) -> Kernel:
-    """``nn.MultiheadAttention`` behind the SDPA signature.
-
-    Heads are merged into the model width H*D and the projections set to the identity (exact in
-    every dtype), so the module's own attention is what gets checked. A given ``scale`` is folded
-    into the queries, since the module always scales by 1 / sqrt(D). SDPA's bool mask (True = may
-    attend) is inverted into the module's (True = masked); the causal mask is passed explicitly.
-    """
-
-    def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-        b, h, n, d = query.shape
-        m, dv = key.shape[-2], value.shape[-1]
-        if dv != d:
-            raise KernelUnsupported("nn.MultiheadAttention needs Dv == D")
-        module = _identity_mha(h * d, h, dropout_p, query.device, query.dtype)
-        if scale is not None:
-            query = query * (scale * math.sqrt(d))
-        merged = [t.transpose(1, 2).reshape(b, -1, h * d) for t in (query, key, value)]
-        out, _ = module(
-            *merged,
-            attn_mask=_mha_mask(attn_mask, is_causal, b, h, n, m, query.device),
-            need_weights=need_weights,
-        )
-        return out.reshape(b, n, h, d).transpose(1, 2)  # (B, N, H*D) -> (B, H, N, D)
-
-    kernel.__name__ = f"mha[need_weights={need_weights}]"
-    return kernel
-
-
-def _identity_mha(
-    width: int, heads: int, dropout_p: float, device: torch.device, dtype: torch.dtype
-) -> nn.MultiheadAttention:
-    module = nn.MultiheadAttention(
-        width, heads, dropout=dropout_p, bias=False, batch_first=True, device=device, dtype=dtype
-    )
-    eye = torch.eye(width, device=device, dtype=dtype)
-    with torch.no_grad():
-        module.in_proj_weight.copy_(eye.repeat(3, 1))  # [W_q; W_k; W_v] = [I; I; I], (3C, C)
-        module.out_proj.weight.copy_(eye)
-    return module.requires_grad_(False)
-
-
-def _mha_mask(attn_mask, is_causal, b, h, n, m, device) -> torch.Tensor | None:
-    """SDPA's mask as the module's: bool True = masked, or float added; (N, M) or (B*H, N, M)."""
-    if is_causal:
-        return ~torch.ones(n, m, dtype=torch.bool, device=device).tril()
-    if attn_mask is None:
-        return None
-    mask = attn_mask.expand(b, h, n, m).reshape(b * h, n, m)  # (..., N, M) -> (B*H, N, M)
-    return ~mask if mask.dtype == torch.bool else mask

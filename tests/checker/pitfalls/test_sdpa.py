@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from parity_tests import check_kernel
 from parity_tests.checker.pitfalls.sdpa import PITFALLS
-from parity_tests.checker.targets.builtin import torch_attention_kernel
+from parity_tests.checker.targets.torch_kernels import torch_attention_kernel
 
 
 def test_a_one_percent_temperature_error_is_flagged_in_bfloat16_by_the_bias_statistic():

@@ -32,7 +32,7 @@ from parity_tests.checker.report.render import (
     total_line,
 )
 from parity_tests.checker.report.rows import KernelReport, KernelRow
-from parity_tests.checker.targets import builtin as targets
+from parity_tests.checker.targets import expected as targets
 
 CASES = {case.name: case for case in everything()}
 

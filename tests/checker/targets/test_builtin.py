@@ -18,15 +18,14 @@ from parity_tests.checker.battery.attention.quick import case_cost
 from parity_tests.checker.battery.catalog import select as battery_for
 from parity_tests.checker.battery.decode.case import DECODE_SPECS
 from parity_tests.checker.report.render import check_entry
-from parity_tests.checker.targets import builtin as targets
-from parity_tests.checker.targets.builtin import (
+from parity_tests.checker.targets import builtin, torch_kernels
+from parity_tests.checker.targets.builtin import builtin_targets
+from parity_tests.checker.targets.expected import (
     EXPECTED_FAILURES,
     ExpectedFailure,
-    builtin_targets,
     expected_failure,
-    forced_sdpa,
-    mha_kernel,
 )
+from parity_tests.checker.targets.torch_kernels import forced_sdpa, mha_kernel
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -169,18 +168,20 @@ def _with_a_backend_that_refuses(real):
 
 
 def test_a_torch_attention_backend_that_refuses_a_call_skips_it(monkeypatch):
-    monkeypatch.setattr(targets, "attention", _with_a_backend_that_refuses(targets.attention))
+    real = torch_kernels.attention
+    monkeypatch.setattr(torch_kernels, "attention", _with_a_backend_that_refuses(real))
     q = torch.randn(1, 1, 4, 8)
 
     with pytest.raises(KernelUnsupported, match="not on this device"):
-        targets.torch_attention_kernel("never")(q, q, q)
+        torch_kernels.torch_attention_kernel("never")(q, q, q)
     with pytest.raises(ValueError, match="a real bug"):
-        targets.torch_attention_kernel("broken")(q, q, q)
+        torch_kernels.torch_attention_kernel("broken")(q, q, q)
 
 
 def test_a_backend_that_cannot_run_on_the_device_is_left_out(monkeypatch):
-    monkeypatch.setattr(targets, "attention", _with_a_backend_that_refuses(targets.attention))
-    monkeypatch.setattr(targets, "BACKENDS", ("math", "never"))
+    real = torch_kernels.attention
+    monkeypatch.setattr(torch_kernels, "attention", _with_a_backend_that_refuses(real))
+    monkeypatch.setattr(builtin, "BACKENDS", ("math", "never"))
 
     names = [target.name for target in builtin_targets("cpu", DTYPES)]
 
@@ -188,9 +189,9 @@ def test_a_backend_that_cannot_run_on_the_device_is_left_out(monkeypatch):
 
 
 def test_the_triton_kernel_is_a_target_on_cuda_only():
-    on_cuda = targets.triton_targets("cuda", ("float32", "float64"))
+    on_cuda = builtin.triton_targets("cuda", ("float32", "float64"))
 
-    assert targets.triton_targets("cpu", DTYPES) == []
+    assert builtin.triton_targets("cpu", DTYPES) == []
     assert not any("triton" in target.name for target in builtin_targets("cpu", DTYPES))
     if importlib.util.find_spec("triton") is not None:
         assert [(t.spec, t.dtypes) for t in on_cuda] == [

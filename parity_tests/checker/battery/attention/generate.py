@@ -12,17 +12,17 @@ battery grows its covering array from the named ring cases, at 48 positions.
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; for a packed (varlen) case S sequences.
 
-Tests: tests/checker/battery/test_catalog.py (pair coverage: tests/checker/battery/test_pairs.py)
-"""
+Tests: tests/checker/battery/attention/test_generate.py (pair coverage:
+tests/checker/battery/test_pairs.py)"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .. import pairs
+from ..names import unique_by_name
 from .case import Case
 from .handwritten import RING_SEEDS
 from .sizes import BLOCK, EDGES, ODD_WIDTH, SPLIT_KEYS, Requirement, Sizes, met_by, requirements
@@ -294,15 +294,6 @@ def name_of(case: Case, prefix: str = "") -> str:
         tags.append(case.layout)
     n, m = case.lengths[0]
     return prefix + "-".join(tags or ["plain"]) + f"-{n}x{m}-d{case.d}"
-
-
-def unique_by_name(cases: Iterable[Case]) -> tuple[Case, ...]:
-    """``cases`` in order, each name once (a repeated name must be the same case)."""
-    found: dict[str, Case] = {}
-    for case in cases:
-        if found.setdefault(case.name, case) != case:
-            raise ValueError(f"two different cases are named {case.name!r}")
-    return tuple(found.values())
 
 
 @functools.cache

@@ -9,7 +9,7 @@ docs/kernel-verification.md cite them. What each is for is written beside it.
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width.
 
-Tests: tests/checker/battery/test_catalog.py
+Tests: tests/checker/battery/attention/test_generate.py
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ names the case) and for each value of each factor. It still flags every pitfall
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width.
 
-Tests: tests/checker/battery/test_catalog.py
+Tests: tests/checker/battery/attention/test_generate.py
 """
 
 from __future__ import annotations

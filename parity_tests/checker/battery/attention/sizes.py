@@ -11,7 +11,7 @@ battery's cases which it meets.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width.
 
-Tests: tests/checker/battery/test_catalog.py
+Tests: tests/checker/battery/attention/test_generate.py
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ beyond the lengths too, holds random numbers, so that reading a slot it should n
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
 
-Tests: tests/checker/battery/test_decode_case.py
+Tests: tests/checker/battery/decode/test_generate.py
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ Tests: tests/checker/battery/decode/test_generate.py
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import pairs
+from ..names import unique_by_name
 from .case import LENGTHS, SEQUENCES, DecodeCase, crosses, length_of
 
 if TYPE_CHECKING:
@@ -107,12 +107,3 @@ def build(
     case = spec.case_of(row, d, tuple(labels))
     unmet[:] = [r for r in unmet if not r.met(case)]
     return case
-
-
-def unique_by_name(cases: Iterable[DecodeCase]) -> tuple[DecodeCase, ...]:
-    """``cases`` in order, each name once (a repeated name must be the same case)."""
-    found: dict[str, DecodeCase] = {}
-    for case in cases:
-        if found.setdefault(case.name, case) != case:
-            raise ValueError(f"two different cases are named {case.name!r}")
-    return tuple(found.values())
