@@ -28,7 +28,10 @@ every call runs in a child process (``checker.running.isolation``): a crash or a
 ``timeout`` is an "error" verdict naming the signal or the time limit. ``forward_only=True`` judges
 out (and lse) with no backward, on inputs that do not require grad. ``limits=KernelLimits(...)``
 (``checker.battery.limits``) declares the head widths, lengths and layouts a kernel takes: a case
-outside them is "not run", and its nearest case inside them is judged instead.
+outside them is "not run", and its nearest case inside them is judged instead. Every call is
+made a second time on identical inputs, and its results must be the first's bit for bit
+(``running.calls.repeated``; the backward's too where the kernel claims "deterministic"): a
+difference is "nondeterministic", unless ``KernelLimits(nondeterministic=True)`` declares it.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
@@ -40,6 +43,7 @@ tests/checker/running/test_calls.py)
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -49,12 +53,14 @@ import torch
 from ..tolerances import ISOLATE_TIME_LIMIT_S
 from . import specs
 from .battery.catalog import select
-from .battery.limits import KernelLimits, not_run
+from .battery.limits import KernelLimits, check_claims, not_run
 from .battery.limits import apply as apply_limits
 from .golden import DTYPES
 from .judge.policy import unmeasured
+from .report.diagnosis import factor_values
 from .report.rows import KernelReport
 from .running.calls import Kernel, Outcome, Request, load_kernel
+from .running.interpreter import InterpreterWarning, interpreter_skips, skip_warning
 from .running.isolation import IsolatedKernel
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
@@ -95,10 +101,15 @@ def check_kernel(
             "ring", or a decode spec, "flash_kvcache" or "flash_mla" (forward only by nature).
         features: the options the kernel claims (``specs.FEATURES``); None is the spec's
             default set. A case needing an undeclared feature is "not run"; "lse" asks the
-            kernel for lse and judges it. A claimed feature that no judged case of a battery
-            exercised is "not covered", and fails the verdict (``KernelReport.not_covered``).
+            kernel for lse and judges it; "deterministic" (an attention spec's, never claimed
+            by default) compares a second backward with the first, bit for bit. A claimed
+            feature that no judged case of a battery exercised is "not covered", and fails the
+            verdict (``KernelReport.not_covered``).
         device: where the inputs live.
         dtypes: torch dtypes or their names ("float64", "float32", "float16", "bfloat16").
+            A Triton kernel under Triton's interpreter (``TRITON_INTERPRET=1``) skips
+            bfloat16, which the interpreter mishandles: an ``InterpreterWarning``, and its
+            groups "skip" (``running.interpreter``).
         cases: None (the spec's default battery), a battery's name ("quick"; "stress" for the
             attention specs, "ring" for the ring spec), or a sequence of cases or names. A
             battery is built for the spec and the features claimed (every pair of the claimed
@@ -108,6 +119,8 @@ def check_kernel(
         limits: the head widths, lengths, page sizes and memory layouts the kernel takes
             (``KernelLimits``, ``battery.limits``; None: any). A case of a battery outside them
             is "not run", and the battery holds its nearest case inside them instead.
+            ``nondeterministic=True``: each case is called once, its results not compared with
+            a second call's.
         forward_only: judge out (and lse) only, with inputs that do not require grad.
         isolate: run every kernel call in a child process, which imports a "module:function"
             kernel by that name and gets any other by pickle (a module-level function, or a
@@ -117,7 +130,11 @@ def check_kernel(
             ``ISOLATE_TIME_LIMIT_S``): a call past it is an "error" (a hang), its child ended.
         seed: an integer in [0, 2**64): draws the inputs and seeds torch around each kernel
             call; the same seed gives the same verdict.
-        progress: called with a short message before each case.
+        progress: called with a short message before each case and dtype run, "kernel case
+            dtype (i of n)". Where it also has a method ``group_done(report, done, total)``
+            (the CLI's display has), that is called after each (case, dtype) group judged,
+            with the report so far: the CLI counts the time left from it, and writes the
+            groups finished to its JSON report as it goes.
         world_size: ranks of the "ring" spec (default 2); only for that spec.
         mla_metadata: for "flash_mla", FlashMLA's ``get_mla_metadata`` (or a stand-in):
             called as ``(cache_seqlens, s_q * H // H_kv, H_kv)``, it gives the kernel's
@@ -129,14 +146,16 @@ def check_kernel(
         ``report.errors``), and when only its backward raised, that row after the forward's
         out (and lse), judged; a case not run one "not-run" row; a dropout case has one more
         row "keep" for the kept fraction; an input changed in place adds an "inplace" row
-        naming it.
+        naming it, a result the second call did not repeat bit for bit a "nondeterministic"
+        row.
 
     Raises:
         TypeError: ``kernel`` is neither callable nor "module:function", ``seed`` is not an
             integer, ``limits`` is not a ``KernelLimits``, or an isolated kernel does not
             pickle.
         ValueError: an unknown spec, feature, dtype or case, a case the spec cannot express or
-            named outside the limits, limits the spec's battery cannot honour, an empty list of
+            named outside the limits, limits the spec's battery cannot honour (or that
+            contradict the claim: nondeterministic with "deterministic"), an empty list of
             dtypes or cases, ``seed`` out of range, a time limit that is not > 0 (given twice,
             or without isolation), an option of another spec (``world_size``,
             ``mla_metadata``), isolation of a spec that runs on ranks of its own.
@@ -151,6 +170,10 @@ def check_kernel(
     asked = {"world_size": world_size, "mla_metadata": mla_metadata}
     options = plan.spec.options({name: value for name, value in asked.items() if value is not None})
     plan.spec.check_options(plan.battery, options)
+    skipped = interpreter_skips(kernel, plan.dtypes)  # bfloat16 under Triton's interpreter
+    if skipped:
+        warnings.warn(skip_warning(skipped), InterpreterWarning, stacklevel=2)
+        plan = plan._replace(dtypes=tuple(d for d in plan.dtypes if d not in skipped))
     device = torch.device(device)
     report = KernelReport(
         getattr(kernel, "__name__", repr(kernel)),
@@ -161,6 +184,7 @@ def check_kernel(
         claimed=plan.claimed,
         exercised={case.name: plan.spec.exercised(case, plan.claimed) for case in plan.battery},
         named=not (cases is None or isinstance(cases, str)),
+        factors={case.name: factor_values(plan.spec, case) for case in plan.battery},
     )
     requests = []
     for case in plan.battery:
@@ -176,6 +200,8 @@ def check_kernel(
                         forward_only or not plan.spec.backward,
                         "lse" in plan.claimed,
                         options,
+                        "deterministic" in plan.claimed,
+                        limits is not None and limits.nondeterministic,
                     )  # fmt: skip
                 )
     if limit is not None and not plan.spec.isolatable:
@@ -183,6 +209,7 @@ def check_kernel(
     outcomes = plan.spec.run_all(given, requests, options, progress) if requests else {}
     call = IsolatedKernel(given, limit) if limit is not None and outcomes is None else None
     pending = iter(requests)
+    group_done, done = getattr(progress, "group_done", None), 0
     try:
         for case in plan.battery:
             for dtype in plan.dtypes:
@@ -195,12 +222,21 @@ def check_kernel(
                     outcome: Outcome = outcomes[case.name, dtype]
                 else:
                     if progress is not None:
-                        progress(f"{report.kernel} {case.name} {dtype}")
+                        count = f"({done + 1} of {len(requests)})"
+                        progress(f"{report.kernel} {case.name} {dtype} {count}")
                     outcome = call(request) if call is not None else plan.spec.run(kernel, request)
                 report.rows.extend(plan.spec.judge(request, outcome, report.errors))
+                done += 1
+                if group_done is not None:
+                    group_done(report, done, len(requests))
     finally:
         if call is not None:
             call.close()
+    for case in plan.battery:  # the dtypes skipped, each group "skip" where it would run
+        for dtype, why in skipped.items():
+            detail = not_run(case, plan.claimed, plan.excluded)
+            verdict = "skip" if detail is None else "not-run"
+            report.rows.append(unmeasured(case.name, dtype, verdict, detail or why))
     return report
 
 
@@ -282,18 +318,43 @@ def within_limits(
     them; and for each case outside them (why, the case judged instead). A case named
     explicitly is looked up among the spec's cases and those the limits add to its batteries
     (so that each group ``plan_groups`` lists runs alone); one outside the limits is a
-    ValueError: the limits exclude what was asked for."""
+    ValueError: the limits exclude what was asked for, as are limits the claim contradicts."""
     spec = specs.get(spec)
+    check_claims(claimed, limits)
     if limits is None:
         return select(spec, cases, claimed), {}
     if cases is None or isinstance(cases, str):
-        return apply_limits(spec, limits, select(spec, cases, claimed), claimed)
+        battery = select(spec, cases, claimed)
+        kept, excluded = apply_limits(spec, limits, battery, claimed)
+        _check_emptied(spec, claimed, limits, battery, [c for c in kept if c.name not in excluded])
+        return kept, excluded
     battery = select(spec, cases, claimed, added_by(spec, claimed, limits))
     for case in battery:
         why = spec.outside(limits, case) if case.needs <= claimed else None
         if why is not None:
             raise ValueError(f"case {case.name!r} is outside the kernel's limits: {why}")
     return battery, {}
+
+
+def _check_emptied(
+    spec: Any, claimed: frozenset[str], limits: KernelLimits, battery: Any, inside: list[Any]
+) -> None:
+    """A ValueError naming the claimed features that cases of ``battery`` exercise and none of
+    the cases ``inside`` the limits does: the limits removed a claim's only cases."""
+
+    def exercised(cases: Any) -> set[str]:
+        found: set[str] = set()
+        for case in cases:
+            if case.needs <= claimed:
+                found |= spec.exercised(case, claimed)
+        return found
+
+    removed = sorted(exercised(battery) - exercised(inside))
+    if removed:
+        raise ValueError(
+            f"the kernel's limits {limits.declared} leave no case of the claimed feature(s) "
+            f"{', '.join(removed)}: drop the claim or widen the limits"
+        )
 
 
 def added_by(spec: Any, claimed: frozenset[str], limits: KernelLimits) -> tuple[Any, ...]:

@@ -171,8 +171,8 @@ def test_an_exception_fails_its_group_with_its_first_line_and_traceback(pytester
         ((), "passed", ""),
         # flash claims lse by default: asked for in every call, so any group that runs covers it
         (("--check-spec", "flash"), "passed", ""),
-        # Dv != D in no group inside one head width: "dv", claimed by default, is not covered
-        (("--check-head-dims", "64"), "failed", "not covered: dv, claimed, but no group"),
+        # (one head width, where no group has Dv != D and "dv" is claimed by default, is a
+        # usage error before any group: test_bad_options_are_a_usage_error_of_one_line_naming_them)
         (("--check-head-dims", "64", "--check-features", "mask,causal,dropout,gqa"), "passed", ""),
     ],
 )
@@ -205,14 +205,14 @@ def test_coverage_gap_names_the_claims_no_group_that_runs_needs(claimed, runs, g
 
 
 def test_limits_leave_groups_outside_them_not_run(pytester):
-    limits = KernelLimits(head_dims=(64,))
+    limits = KernelLimits(head_dims=(64, 128))
     outside = next(
         g
         for g in selectable(plan_groups("sdpa", dtypes=["float32"], cases="quick", limits=limits))
         if not g.runs
     )
 
-    found = outcomes(pytester, "--check-kernel", SDPA, *QUICK, "--check-head-dims", "64",
+    found = outcomes(pytester, "--check-kernel", SDPA, *QUICK, "--check-head-dims", "64,128",
                      "-k", outside.case)  # fmt: skip
 
     assert found == {node_ids([outside])[0]: ("skipped", f"Skipped: not run: {outside.detail}")}
@@ -220,12 +220,12 @@ def test_limits_leave_groups_outside_them_not_run(pytester):
 
 
 def test_a_case_that_limits_add_is_judged_alone(pytester):
-    limits = KernelLimits(head_dims=(64,))
+    limits = KernelLimits(head_dims=(64, 128))
     groups = plan_groups("sdpa", dtypes=["float32"], cases="quick", limits=limits)
     instead = next(g for g in selectable(groups) if g.runs and f"judged instead: {g.case}" in
                    " ".join(group.detail for group in groups))  # fmt: skip
 
-    found = outcomes(pytester, "--check-kernel", SDPA, *QUICK, "--check-head-dims", "64",
+    found = outcomes(pytester, "--check-kernel", SDPA, *QUICK, "--check-head-dims", "64,128",
                      "-k", instead.case)  # fmt: skip
 
     assert found == {node_ids([instead])[0]: ("passed", "")}
@@ -265,6 +265,7 @@ def test_a_kernel_in_the_invocation_directory_is_found(pytester):
         (("--check-kernel", SDPA, "--check-cases", "nosuch"), "got 'nosuch'"),
         (("--check-kernel", SDPA, "--check-head-dims", "16,x"), "--check-head-dims: not an"),
         (("--check-kernel", SDPA, "--check-seqlen-multiple", "0"), "seqlen_multiple must be"),
+        (("--check-kernel", SDPA, "--check-head-dims", "64"), "claimed feature(s) dv: drop"),
         (("--check-kernel", SDPA, "--check-seed", "-1"), "--check-seed: -1 is outside"),
         (("--check-kernel", SDPA, "--check-timeout", "5"), "add --check-isolate"),
         (("--check-kernel", SDPA, "--check-isolate", "--check-timeout", "0"), "got '0'"),

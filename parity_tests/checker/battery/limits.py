@@ -25,7 +25,8 @@ into shards the battery fixes); the decode specs take ``head_dims`` and ``page_s
 FlashMLA kernel must take its 576 and 512 wide heads and pages of 64), ``contiguous_only`` is
 met already (their inputs are contiguous), and ``seqlen_multiple`` and ``equal_lengths`` are
 refused, since their lengths (a cache of 0, 1, a page edge +- 1 tokens against s_q queries) are
-what their battery tests.
+what their battery tests. ``nondeterministic`` leaves every battery as it is: it spares the kernel
+the second call of each case, in every spec.
 
 Shape legend: B batch, H heads, N query length, M key/value length, D head width, Dv value
 width; for a packed case, each sequence's (N, M).
@@ -60,6 +61,10 @@ class KernelLimits:
             offset, k and v of the same strides).
         page_sizes: the page sizes (tokens per page) a decode kernel takes, 16, 64, say; None:
             any. Kept as a sorted tuple.
+        nondeterministic: its results may change from call to call on identical inputs (it adds
+            in whatever order its blocks finish): each case is called once, not compared with a
+            second call (``running.calls.repeated``). A kernel that claims "deterministic"
+            cannot declare it.
     """
 
     head_dims: tuple[int, ...] | None = None
@@ -67,6 +72,7 @@ class KernelLimits:
     equal_lengths: bool = False
     contiguous_only: bool = False
     page_sizes: tuple[int, ...] | None = None
+    nondeterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dims is not None:
@@ -94,7 +100,7 @@ class KernelLimits:
         if self.head_dims is not None and max(self.head_dims) > MAX_WIDTH:
             raise ValueError(f"head_dims must be widths <= {MAX_WIDTH}, got "
                              f"{list(self.head_dims)}")  # fmt: skip
-        for name in ("equal_lengths", "contiguous_only"):
+        for name in ("equal_lengths", "contiguous_only", "nondeterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -112,7 +118,19 @@ class KernelLimits:
             found["contiguous_only"] = True
         if self.page_sizes is not None:
             found["page_sizes"] = list(self.page_sizes)
+        if self.nondeterministic:
+            found["nondeterministic"] = True
         return found
+
+
+def check_claims(claimed: frozenset[str], limits: KernelLimits | None) -> None:
+    """A ValueError for ``limits`` that contradict the features ``claimed``: a kernel declared
+    nondeterministic that claims "deterministic"."""
+    if limits is not None and limits.nondeterministic and "deterministic" in claimed:
+        raise ValueError(
+            'the kernel claims "deterministic" and its limits declare it nondeterministic: '
+            "give one of them"
+        )
 
 
 def check(spec: Any, limits: KernelLimits) -> None:

@@ -21,6 +21,14 @@ first (``dropout.read_keep_mask``), and the golden applies that mask; through fl
 kernel is judged at p = 0 like any case, and its outputs at p (``dropout.draw_outputs``, part of the
 forward) are judged statistically (``judge.judge_draws``).
 
+Then the call is made a second time on identical inputs (``repeated``: fresh copies, the same
+torch seed, so that dropout draws the same keep-mask), forward only unless the kernel claims
+"deterministic" (then its backward too), and each result must be what the first call gave, bit
+for bit: a race that only some launches lose changes them from call to call (xformers #1392), and
+a difference is a "nondeterministic" row. A kernel declared nondeterministic
+(``KernelLimits(nondeterministic=True)``) runs once. The read-back probes and the draws are not
+made again.
+
 Shape legend: B batch, H heads, H_kv key/value heads, N query length, M key/value length,
 D head width, Dv value width; T_q, T_k packed token counts.
 
@@ -41,7 +49,7 @@ import torch
 
 from ..golden import to64
 from ..golden.attention import Inputs, case_inputs
-from ..judge.policy import unmeasured
+from ..judge.policy import difference, judge_repeat, unmeasured
 from ..report.rows import KernelError, KernelRow, KernelUnsupported
 from . import dropout, memory
 from .request import Outcome, Request
@@ -79,9 +87,9 @@ def load_kernel(kernel: Kernel | str) -> Kernel:
 
 def run_case(spec: Spec, kernel: Kernel, request: Request) -> Outcome:
     """One case and dtype of ``kernel``: the forward (with dropout's read-back or draws), then
-    the backward (unless forward-only), the in-place checks; every failure of the kernel is an
-    ``Outcome``, never an exception (but Ctrl-C). A backward that fails leaves the forward's
-    results in the outcome, to be judged."""
+    the backward (unless forward-only), the in-place checks, then the call again (``repeated``);
+    every failure of the kernel is an ``Outcome``, never an exception (but Ctrl-C). A backward
+    that fails leaves the forward's results in the outcome, to be judged."""
     case, dtype, device, seed = request.case, request.dtype, request.device, request.seed
     inputs = case_inputs(case, dtype, device, seed)
     changed: list[KernelRow] = []  # filled as it goes, kept if the backward raises
@@ -104,12 +112,53 @@ def run_case(spec: Spec, kernel: Kernel, request: Request) -> Outcome:
         return failure._replace(keep=keep)
     arrays, dtypes, backward = called
     outcome = Outcome("ok", arrays, dtypes, changed, keep, draws=found.get("draws"))
-    if request.forward_only:
+    if not request.forward_only:
+        grads, failure = run_protected(backward, changed)
+        if failure is not None:
+            outcome = outcome._replace(backward=(failure.kind, failure.message, failure.error))
+        else:
+            arrays, dtypes = {**arrays, **grads[0]}, {**dtypes, **grads[1]}
+            outcome = outcome._replace(arrays=arrays, dtypes=dtypes)
+    # The second call is forward only, unless the kernel claims "deterministic" and its
+    # backward ran: then the gradients are compared too.
+    twice = request.deterministic and not request.forward_only and outcome.backward is None
+    again = request._replace(case=spec.judged_case(case), forward_only=not twice)
+    return repeated(outcome, request, lambda: _results(spec, kernel, again, inputs, changed))
+
+
+def repeated(
+    outcome: Outcome, request: Request, call: Callable[[], dict[str, np.ndarray]]
+) -> Outcome:
+    """``outcome`` (of a call that returned) compared with what ``call``, the same call made
+    again on identical inputs, gives (``compared``); ``outcome`` itself for a kernel declared
+    nondeterministic (no second call)."""
+    if outcome.kind != "ok" or request.nondeterministic:
         return outcome
-    grads, failure = run_protected(backward, changed)
-    if failure is not None:
-        return outcome._replace(backward=(failure.kind, failure.message, failure.error))
-    return outcome._replace(arrays={**arrays, **grads[0]}, dtypes={**dtypes, **grads[1]})
+    arrays, failure = run_protected(call, outcome.changed)
+    return compared(outcome, failure or Outcome("ok", arrays, {}, outcome.changed))
+
+
+def compared(outcome: Outcome, second: Outcome) -> Outcome:
+    """``outcome`` with ``differences``: each result of ``second``, the second call's, that is
+    not the first's bit for bit, with max|second - first| (``judge.policy.difference``); or,
+    when the second call failed, ``repeat``: its kind, message and error."""
+    if second.kind != "ok":
+        return outcome._replace(repeat=(second.kind, second.message, second.error))
+    first = outcome.arrays
+    gaps = {name: difference(first[name], array) for name, array in second.arrays.items()}
+    return outcome._replace(differences={name: gap for name, gap in gaps.items() if gap})
+
+
+def repeat_rows(
+    case: str, dtype: str, outcome: Outcome, errors: list[KernelError]
+) -> list[KernelRow]:
+    """The rows of the second call (``repeated``): a "nondeterministic" row per result it did not
+    repeat bit for bit, or the row of its failure ("refused", "error" or "skip"), saying so."""
+    rows = [judge_repeat(case, dtype, tensor, gap) for tensor, gap in outcome.differences.items()]
+    if outcome.repeat is not None:
+        kind, message, error = outcome.repeat
+        rows.append(failed_row(case, dtype, kind, f"the second call: {message}", error, errors))
+    return rows
 
 
 def run_protected(call: Callable[[], Any], changed: list[KernelRow]) -> tuple[Any, Outcome | None]:
@@ -197,7 +246,8 @@ def _forward(
     leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
     with torch.random.fork_rng(devices=dropout.rng_devices(device)):
         torch.manual_seed(seed)
-        result = spec.invoke(kernel, case, *leaves, given, want_lse)
+        result = spec.invoke(kernel, case, *leaves, given, want_lse,
+                             deterministic=request.deterministic)  # fmt: skip
     changed += _changed(case.name, dtype, given, originals, "forward", changed)
     try:
         out, lse = spec.split_result(result, want_lse)
@@ -227,6 +277,15 @@ def _forward(
         return found, types
 
     return {name: to64(t) for name, t in arrays.items()}, dtypes, backward
+
+
+def _results(
+    spec: Spec, kernel: Kernel, request: Request, inputs: Inputs, changed: list[KernelRow]
+) -> dict[str, np.ndarray]:
+    """What ``_forward`` (and the backward, unless ``request`` is forward-only) gives: out (and
+    lse, dq, dk, dv) by name."""
+    arrays, _, backward = _forward(spec, kernel, request, inputs, changed)
+    return arrays if request.forward_only else {**arrays, **backward()[0]}
 
 
 def _check_tensor(name: str, value: Any, shape: tuple[int, ...]) -> None:

@@ -20,7 +20,7 @@ GENERATED_SPECS = ("sdpa", "flash", "flash_varlen", "flex")
 
 LIMITS = {
     "head widths": KernelLimits(head_dims=(16, 32, 64, 128)),
-    "one head width, multiples of 128": KernelLimits(head_dims=(64,), seqlen_multiple=128),
+    "two head widths, multiples of 128": KernelLimits(head_dims=(64, 128), seqlen_multiple=128),
     "N = M, contiguous": KernelLimits(equal_lengths=True, contiguous_only=True),
 }
 
@@ -87,6 +87,17 @@ def test_a_kernel_is_judged_only_inside_its_limits_and_the_report_says_what_they
     assert "outside the kernel's limits)" in report.summary
 
 
+@pytest.mark.parametrize("cases", ["quick", None])
+def test_limits_that_leave_a_claimed_feature_no_case_are_a_usage_error_naming_it(cases):
+    # One head width leaves no case with Dv != D: "dv" would be claimed and never judged.
+    with pytest.raises(ValueError, match=r"limits \{'head_dims': \[64\]\} leave no case of the "
+                       r"claimed feature\(s\) dv: drop the claim"):  # fmt: skip
+        check_kernel(F.scaled_dot_product_attention, cases=cases, features={"causal", "dv"},
+                     limits=KernelLimits(head_dims=(64,)))  # fmt: skip
+
+    within_limits(get("sdpa"), cases, frozenset({"causal"}), KernelLimits(head_dims=(64,)))
+
+
 def test_a_case_named_outside_the_limits_is_refused_before_any_work():
     with pytest.raises(ValueError, match="case 'plain' is outside the kernel's limits: lengths 37"):
         check_kernel(F.scaled_dot_product_attention, cases=["plain"],
@@ -111,9 +122,11 @@ def test_limits_a_spec_cannot_honour_are_refused_by_name(spec, limits, error):
 def test_the_ring_takes_head_widths():
     limits = KernelLimits(head_dims=(32,), contiguous_only=True)
 
-    battery, excluded = within_limits("ring", None, get("ring").features, limits)
+    claimed = get("ring").features - {"dv"}  # one width leaves no Dv != D (above)
+    battery, excluded = within_limits("ring", None, claimed, limits)
 
-    assert excluded and all(case.d == 32 for case in battery if case.name not in excluded)
+    judged = [case for case in battery if case.name not in excluded and case.needs <= claimed]
+    assert excluded and judged and all(case.d == 32 for case in judged)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +141,7 @@ def test_the_ring_takes_head_widths():
         ({"equal_lengths": 1}, TypeError),
         ({"page_sizes": ()}, ValueError),
         ({"page_sizes": (16.0,)}, TypeError),
+        ({"nondeterministic": "yes"}, TypeError),
     ],
 )
 def test_bad_limits_are_refused(kwargs, error):
@@ -165,3 +179,16 @@ def test_the_nearest_decode_case_keeps_its_options_and_its_lengths_at_the_page_e
         case.rotary, case.window, case.alibi, case.s_q
     )  # fmt: skip
     assert found.length_labels == case.length_labels and spec.outside(limits, found) is None
+
+
+def test_a_kernel_declared_nondeterministic_keeps_its_battery_and_cannot_claim_deterministic():
+    limits = KernelLimits(nondeterministic=True)
+    spec = get("sdpa")
+
+    battery, excluded = within_limits(spec, None, spec.features, limits)
+
+    assert limits.declared == {"nondeterministic": True}
+    assert battery == within_limits(spec, None, spec.features, None)[0] and not excluded
+    with pytest.raises(ValueError, match='claims "deterministic" and its limits declare it'):
+        check_kernel(F.scaled_dot_product_attention, limits=limits,
+                     features=spec.features | {"deterministic"})  # fmt: skip

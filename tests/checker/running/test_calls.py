@@ -1,9 +1,10 @@
 """One kernel call, made and judged (``checker.running.calls``, through ``check_kernel``): every way
 a kernel can be wrong named as a verdict (a NaN, a dtype, an input changed in place in the forward
 or the backward, a raise, a refusal, a skip, a wrong shape, sys.exit, dropout from a generator the
-checker cannot seed), the forward judged when only the backward raises, each distinct exception kept
-once with its traceback, the golden untouched by what the kernel does to its copies, and Ctrl-C
-still stopping the run."""
+checker cannot seed, a result that a second call on the same inputs does not repeat bit for bit:
+the backward's too for a kernel that claims "deterministic"), the forward judged when only the
+backward raises, each distinct exception kept once with its traceback, the golden untouched by
+what the kernel does to its copies, and Ctrl-C still stopping the run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity_tests import KernelUnsupported, check_kernel
+from parity_tests import SPEC_FEATURES, KernelLimits, KernelUnsupported, check_kernel
+from parity_tests.checker import specs
+from parity_tests.checker.battery.attention.quick import pick
+from parity_tests.checker.pitfalls.races import one_ulp_every_other_launch
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
@@ -232,3 +236,86 @@ def test_dropout_is_checked_against_the_kernels_own_mask(kernel, tensor):
 
     failed = {row.tensor for row in report.failures}
     assert tensor in failed
+
+
+# The second call (``calls.repeated``): the same inputs must give the same bits.
+
+
+def _racy_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return one_ulp_every_other_launch(out)
+
+
+def test_a_forward_that_changes_from_call_to_call_is_flagged_nondeterministic():
+    report = check_kernel(_racy_forward, dtypes=["float32"], cases=["plain"])
+
+    (row,) = report.failures
+    assert (row.tensor, row.verdict, row.bound) == ("out", "nondeterministic", 0.0)
+    assert 0.0 < row.error < 1e-6 and "max|difference|" in row.detail
+    assert [r.verdict for r in report.rows if r is not row] == ["pass"] * 4  # within the bound
+    assert report.groups == {("plain", "float32"): "fail"} and not report.passed
+
+
+def test_a_kernel_declared_nondeterministic_is_called_once_and_says_so():
+    limits = KernelLimits(nondeterministic=True)
+
+    report = check_kernel(_racy_forward, dtypes=["float32"], cases=["plain"], limits=limits)
+
+    assert report.passed and report.limits == {"nondeterministic": True}
+
+
+class _RacyGradient(torch.autograd.Function):
+    """The identity, whose backward adds its blocks in the order they finish."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return one_ulp_every_other_launch(grad)
+
+
+def _racy_backward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    return _sdpa(_RacyGradient.apply(query), key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+@pytest.mark.parametrize(("claims", "flagged"), [(False, []), (True, ["dq"])])
+def test_the_backward_runs_twice_only_for_a_kernel_that_claims_deterministic(claims, flagged):
+    features = SPEC_FEATURES["sdpa"] | ({"deterministic"} if claims else set())
+
+    report = check_kernel(_racy_backward, dtypes=["float32"], cases=["plain"], features=features)
+
+    assert [row.tensor for row in report.failures] == flagged
+    assert {row.verdict for row in report.failures} <= {"nondeterministic"}
+
+
+def test_the_second_call_draws_the_same_dropout_mask():
+    case, claimed = pick(specs.get("sdpa"), "dropout"), SPEC_FEATURES["sdpa"] | {"deterministic"}
+
+    report = check_kernel(F.scaled_dot_product_attention, dtypes=["float32"], cases=[case],
+                          features=claimed)  # fmt: skip
+
+    assert report.passed, report.failures
+
+
+def _fails_the_second_time(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                           scale=None):  # fmt: skip
+    if not query.requires_grad:  # the second call, forward only
+        raise RuntimeError("launch failed")
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def test_a_second_call_that_raises_is_an_error_beside_the_first_calls_rows():
+    report = check_kernel(_fails_the_second_time, dtypes=["float32"], cases=["plain"])
+
+    assert [row.verdict for row in report.rows] == ["pass"] * 4 + ["error"]
+    assert report.rows[-1].detail == "the second call: RuntimeError: launch failed"
+    assert report.errors[0].kind == "RuntimeError" and not report.passed
+
+
+def test_an_input_changed_in_place_by_both_calls_has_one_row():
+    report = check_kernel(_zeroes_q_then_nans_k, dtypes=["float32"], cases=["plain"])
+
+    changed = [row.tensor for row in report.rows if row.verdict == "inplace"]
+    assert sorted(changed) == ["k", "q"]
