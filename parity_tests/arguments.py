@@ -120,6 +120,12 @@ def parser_for(prog: str, version: str) -> argparse.ArgumentParser:
         help="the page sizes a decode --kernel takes, e.g. 16,64 (others: as --head-dims)",
     )
     parser.add_argument(
+        "--nondeterministic",
+        action="store_true",
+        help="--kernel may give other bits from call to call on identical inputs: each case is "
+        "called once, not compared with a second call",
+    )
+    parser.add_argument(
         "--fuzz",
         type=int,
         metavar="N",
@@ -257,6 +263,7 @@ def given(args: argparse.Namespace) -> set[str]:
         "--equal-lengths": args.equal_lengths,
         "--contiguous-only": args.contiguous_only,
         "--page-sizes": args.page_sizes,
+        "--nondeterministic": args.nondeterministic,
         "--fuzz": args.fuzz,
         "--fuzz-case": args.fuzz_case,
         "--world-size": args.world_size,
@@ -317,10 +324,11 @@ def check_parts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 KERNEL_OPTIONS = (
     "--spec", "--features", "--forward-only", "--isolate", "--timeout", "--world-size",
     "--head-dims", "--seqlen-multiple", "--equal-lengths", "--contiguous-only", "--page-sizes",
-    "--fuzz", "--fuzz-case",
+    "--nondeterministic", "--fuzz", "--fuzz-case",
 )  # fmt: skip
 LIMIT_OPTIONS = (
-    "--head-dims", "--seqlen-multiple", "--equal-lengths", "--contiguous-only", "--page-sizes"
+    "--head-dims", "--seqlen-multiple", "--equal-lengths", "--contiguous-only", "--page-sizes",
+    "--nondeterministic",
 )  # fmt: skip
 
 
@@ -389,7 +397,7 @@ def limits_of(spec: str, args: argparse.Namespace) -> Any:
         return None
     multiple = 1 if args.seqlen_multiple is None else args.seqlen_multiple
     limits = KernelLimits(args.head_dims, multiple, args.equal_lengths, args.contiguous_only,
-                          args.page_sizes)  # fmt: skip
+                          args.page_sizes, args.nondeterministic)  # fmt: skip
     spec_of(spec).check_limits(limits)
     return limits
 
@@ -430,6 +438,19 @@ def named_cases(
     from .checker.battery.catalog import resolve
 
     return resolve(names, spec, features)
+
+
+def interpreter_warning(kernels: list[Any]) -> str:
+    """The one line that says which dtypes the checks of ``kernels`` (``Target``s) skip under
+    Triton's interpreter (``checker.running.interpreter``), "" when none: the CLI says it once,
+    before the run."""
+    from .checker.running.calls import load_kernel
+    from .checker.running.interpreter import interpreter_skips, skip_warning
+
+    skipped: dict[str, str] = {}
+    for target in kernels:
+        skipped.update(interpreter_skips(load_kernel(target.kernel), target.dtypes))
+    return skip_warning(skipped)
 
 
 def check_writable(parser: argparse.ArgumentParser, path: str) -> None:

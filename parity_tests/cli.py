@@ -28,8 +28,15 @@ option that the others would ignore, an unwritable ``--json``, a ``--kernel`` th
 imported, a seed outside [0, 2**64), an unknown spec, feature or case, a case the spec cannot
 express, nothing to check, a device that is not there, torch not installed (the line names what
 to install); also 2 when the reader of the output goes away (``| head``), since the report could
-not be written. 130 when interrupted (Ctrl-C), as shells report it. A run of the stress battery
-alone judges nothing: it prints its findings and exits 0 with "no verdict".
+not be written. 130 when interrupted (Ctrl-C), 143 when terminated (SIGTERM, as ``timeout``
+sends it), as shells report them; either way the ``--json`` report keeps every group finished
+and says the run was interrupted. A run of the stress battery alone judges nothing: it prints
+its findings and exits 0 with "no verdict".
+
+Long runs say where they are on stderr (``progress``): groups done of how many, the time spent
+and the time left. A Triton kernel checked under Triton's interpreter (``TRITON_INTERPRET=1``)
+skips bfloat16, which the interpreter mishandles, said in one line
+(``checker.running.interpreter``).
 
 Tests: tests/parity/test_cli.py
 """
@@ -38,8 +45,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from . import __version__, arguments
 from .checker.specs import resolve_features
@@ -79,22 +91,72 @@ def _main(argv: list[str], prog: str) -> int:
     args.seed = 0 if args.seed is None else args.seed
     args.dtypes = tuple(args.dtype or arguments.pipeline().DEFAULT_DTYPES)
     kernels = [arguments.load_kernel(parser, spec, args.dtypes, args) for spec in args.kernel or []]
-    from . import job
+    from .checker.running.interpreter import InterpreterWarning
+    from .progress import Progress
 
-    progress = job.Progress(sys.stderr)
+    skipped = arguments.interpreter_warning(kernels)
+    if skipped:
+        print(f"{prog}: warning: {skipped}", file=sys.stderr)
+    progress = Progress(sys.stderr)
+    kept = f"; {args.json} keeps every group finished" if args.json else ""
     try:
-        if args.calibrate is not None:
-            from .checker.calibration.calibrate import calibrate
-
-            battery = "quick" if args.quick else "default"
-            specs = None if args.spec_list is None else tuple(args.spec_list)
-            return calibrate(args.calibrate, devices[0], args.dtypes, battery, progress, print,
-                             specs=specs, first_seed=args.seed)  # fmt: skip
-        return job.run(args, argv, devices, kernels, progress, prog)
+        with _terminated_as_interrupt(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", InterpreterWarning)  # said above, in one line
+            return _run(args, argv, devices, kernels, progress, prog)
+    except Terminated:
+        progress.done()
+        print(f"{prog}: terminated{kept}", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         progress.done()
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted{kept}", file=sys.stderr)
         return 130
+
+
+def _run(
+    args: argparse.Namespace,
+    argv: list[str],
+    devices: list[str],
+    kernels: list[Any],
+    progress: Any,
+    prog: str,
+) -> int:
+    from . import job
+
+    if args.calibrate is not None:
+        from .checker.calibration.calibrate import calibrate
+
+        battery = "quick" if args.quick else "default"
+        specs = None if args.spec_list is None else tuple(args.spec_list)
+        return calibrate(args.calibrate, devices[0], args.dtypes, battery, progress, print,
+                         specs=specs, first_seed=args.seed)  # fmt: skip
+    return job.run(args, argv, devices, kernels, progress, prog)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, as Ctrl-C's ``KeyboardInterrupt`` is: the checker lets
+    both through a kernel's call (any other exception there is the kernel's error), and the
+    run stops keeping what it measured."""
+
+
+@contextmanager
+def _terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` while the run goes on (a second one ends the process at
+    once); the handler before is restored after. Only the main thread receives signals: in
+    another (a caller's thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(number: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def exit_without_torch(prog: str) -> None:

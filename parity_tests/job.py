@@ -1,7 +1,9 @@
 """The main job, ``python -m parity_tests``: the layer registry (``parity.report``) and the kernel
 checks (the built-in targets, or the user's ``--kernel``, through ``checker``) run as one report:
-the tables, every failing row, the command that reruns each failing drawn case, the totals and
-the verdict; the JSON report. ``cli`` parses the command line and calls ``run``.
+the tables, every failing row with what the failing groups of each check have in common, the
+command that reruns each failing drawn case (with the environment it needs), the totals and the
+verdict; the JSON report, written as the groups finish (``checker.report.json_file``), so that
+a run stopped keeps them. ``cli`` parses the command line and calls ``run``.
 
 Tests: tests/parity/test_cli.py
 """
@@ -9,10 +11,20 @@ Tests: tests/parity/test_cli.py
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shlex
-import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .progress import Progress
+
+if TYPE_CHECKING:
+    from .checker.report.json_file import JsonFile
+
+# The environment variables that change how a kernel runs, carried by a rerun command: Triton's
+# interpreter, and the CPU thread count (torch's CPU kernels split their work, and so their
+# rounding, by it: docs/kernel-verification.md, "The fuzzer").
+RERUN_ENVIRONMENT = ("TRITON_INTERPRET", "OMP_NUM_THREADS")
 
 
 def run(
@@ -24,9 +36,10 @@ def run(
     prog: str,
 ) -> int:
     """Run the parts asked for, print the tables (``--verbose``: every group too), the failing
-    rows, the totals and the verdict; write the JSON."""
+    rows, the totals and the verdict; write the JSON as the run goes (interrupted: with every
+    group finished, and saying so)."""
     from .checker.report import render
-    from .parity import report as parity_report
+    from .checker.report.json_file import JsonFile
 
     result: dict[str, Any] = {
         "schema_version": render.SCHEMA_VERSION,
@@ -51,10 +64,36 @@ def run(
             "fuzz_case": args.fuzz_case,
         },
         "verdict": None,
+        "state": "running",
         "layers": None,
         "kernels": None,
         "stress": None,
     }
+    file = JsonFile(args.json, result) if args.json else None
+    try:
+        code = _run(args, devices, kernels, progress, prog, result, file)
+    except BaseException as exc:  # Ctrl-C, SIGTERM (cli), a bug: keep what was measured
+        if file is not None and (isinstance(exc, KeyboardInterrupt) or file.written):
+            file.write("interrupted")
+        raise
+    if file is not None:
+        file.write("finished")
+    return code
+
+
+def _run(
+    args: argparse.Namespace,
+    devices: list[str],
+    kernels: list[Any],
+    progress: Progress,
+    prog: str,
+    result: dict[str, Any],
+    file: JsonFile | None,
+) -> int:
+    """``run``'s parts, filling ``result`` in as they finish (``file`` writes it as it goes)."""
+    from .checker.report import render
+    from .parity import report as parity_report
+
     verdicts, failing, totals = [], [], []
     checks: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
@@ -71,25 +110,27 @@ def run(
         failing += layer_failures
         result["layers"] = {"verdict": "fail" if layer_failures else "pass", "rows": rows}
         verdicts.append(result["layers"]["verdict"])
+        if file is not None:
+            file.running("layers", None)
     if not args.no_kernels:
-        checks = run_kernels(args, devices, kernels, battery, progress, judged=True)
+        result["kernels"] = checks
+        run_kernels(args, devices, kernels, battery, progress, checks, file, judged=True)
         progress.done()
         if args.verbose:
-            render.print_checks(checks, "kernels: error / bound per tensor (above 1 fails)", print)
+            render.print_checks(checks, "kernels", print)
         render.print_summary(checks, "kernels: each target against the float64 golden", print)
         totals.append("kernels: " + render.total_line(checks))
         failing += render.failing_lines(checks)
-        result["kernels"] = checks
         verdicts += [check["verdict"] for check in checks]
     if args.stress:
-        findings = run_kernels(args, devices, kernels, "stress", progress, judged=False)
+        result["stress"] = findings
+        run_kernels(args, devices, kernels, "stress", progress, findings, file, judged=False)
         progress.done()
         title = "stress battery (findings, not part of the verdict)"
         if args.verbose:
-            render.print_checks(findings, f"{title}: error / bound per tensor", print)
+            render.print_checks(findings, title, print)
         render.print_summary(findings, title, print)
         totals.append("stress battery: " + render.total_line(findings))
-        result["stress"] = findings
     if failing:
         print(f"== failing rows ({len(failing)}) ==")
         for line in failing:
@@ -117,20 +158,25 @@ def run(
     else:
         failed = f"{verdicts.count('fail')} of {len(verdicts)} parts failed"
         print("\nOK" if result["verdict"] == "pass" else f"\nFAILED ({failed})")
-    if args.json:
-        result["environment"]["packages"] = render.packages()
-        with open(args.json, "w", encoding="utf-8") as stream:
-            json.dump(render.jsonable(result), stream, indent=1, allow_nan=False)
     return 1 if result["verdict"] == "fail" else 0
 
 
-def rerun_commands(prog: str, args: argparse.Namespace, checks: list[dict[str, Any]]) -> list[str]:
+def rerun_commands(
+    prog: str,
+    args: argparse.Namespace,
+    checks: list[dict[str, Any]],
+    environ: Mapping[str, str] = os.environ,
+) -> list[str]:
     """For each drawn case that failed, the one command that reruns it alone (its target,
-    device and failing dtypes, the same options and seed, ``--fuzz-case``)."""
+    device and failing dtypes, the same options and seed, ``--fuzz-case``), after the
+    variables of ``RERUN_ENVIRONMENT`` set in ``environ`` (``TRITON_INTERPRET=1 python -m
+    parity_tests ...``)."""
     if not args.drawn:
         return []
     from .checker.report.rows import FAILED_GROUPS
 
+    setting = [f"{name}={shlex.quote(environ[name])} " for name in RERUN_ENVIRONMENT
+               if environ.get(name)]  # fmt: skip
     index = {case.name: i for i, case in enumerate(args.drawn)}
     if args.fuzz_case is not None:
         index = dict.fromkeys(index, args.fuzz_case)
@@ -142,7 +188,8 @@ def rerun_commands(prog: str, args: argparse.Namespace, checks: list[dict[str, A
                 failed.setdefault(group["case"], []).append(group["dtype"])
         for case, dtypes in failed.items():
             options = rerun_options(args, check["target"], check["device"], dtypes)
-            lines.append(f"{case}: {prog} {shlex.join(options)} --fuzz-case {index[case]}")
+            command = f"{prog} {shlex.join(options)} --fuzz-case {index[case]}"
+            lines.append(f"{case}: {''.join(setting)}{command}")
     return lines
 
 
@@ -164,8 +211,8 @@ def rerun_options(
         options += ["--head-dims", ",".join(map(str, declared["head_dims"]))]
     if "seqlen_multiple" in declared:
         options += ["--seqlen-multiple", str(declared["seqlen_multiple"])]
-    options += [f"--{name.replace('_', '-')}" for name in ("equal_lengths", "contiguous_only")
-                if name in declared]  # fmt: skip
+    options += [f"--{name.replace('_', '-')}" for name in ("equal_lengths", "contiguous_only",
+                "nondeterministic") if name in declared]  # fmt: skip
     options += ["--device", device]
     for dtype in dtypes:
         options += ["--dtype", dtype]
@@ -176,49 +223,60 @@ def run_kernels(
     args: argparse.Namespace,
     devices: list[str],
     kernels: list[Any],
-    battery: str | list[str],
+    battery: str | list[str] | tuple[Any, ...],
     progress: Progress,
+    checks: list[dict[str, Any]],
+    file: JsonFile | None,
     *,
     judged: bool,
-) -> list[dict[str, Any]]:
-    """One check per (device, target): the user's kernels, or every built-in target (those that
-    run none of the cases asked for are left out)."""
+) -> None:
+    """One check per (device, target), added to ``checks`` as it finishes: the user's kernels,
+    or every built-in target (those that run none of the cases asked for are left out). While
+    a check runs, ``progress`` counts its groups and ``file`` (a ``JsonFile``, or None) gets
+    the groups finished."""
     from .checker.report.render import check_entry
     from .checker.targets.builtin import builtin_targets
 
-    checks = []
     name = battery if isinstance(battery, str) else "fuzz" if args.drawn else "cases"
+    key = "kernels" if judged else "stress"
     dtypes = tuple(args.dtypes)
     for device in devices:
         for target in kernels or builtin_targets(device, dtypes):
             progress.start(f"{target.name} on {device} ({name} battery)")
-            report = target.check(device, battery, args.seed, progress.update)
-            if report is not None:
-                checks.append(
-                    check_entry(
-                        report, target=target.name, battery=name, judged=judged, spec=target.spec
-                    )
+
+            def entry(report: Any, target: Any = target) -> dict[str, Any]:
+                return check_entry(
+                    report, target=target.name, battery=name, judged=judged, spec=target.spec
                 )
-    return checks
+
+            watch = GroupProgress(progress, file, key, entry)
+            report = target.check(device, battery, args.seed, watch)
+            if report is not None:
+                checks.append(entry(report))
+            if file is not None:
+                file.running(key, None)
 
 
-class Progress:
-    """A one-line progress display on a terminal; one line per part elsewhere."""
+class GroupProgress:
+    """The progress of one check, as ``check_kernel`` calls it: each message goes to the
+    display; after each group judged, its count does, and the check so far to the JSON file
+    (``entry`` renders it)."""
 
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.tty = stream, stream.isatty()
-        self.started = time.monotonic()
+    def __init__(
+        self,
+        progress: Progress,
+        file: JsonFile | None,
+        key: str,
+        entry: Callable[[Any], dict[str, Any]],
+    ) -> None:
+        self.progress, self.file, self.key, self.entry = progress, file, key, entry
 
-    def start(self, message: str) -> None:
-        if not self.tty:
-            print(f"[{time.monotonic() - self.started:6.1f}s] {message}", file=self.stream)
-        self.update(message)
+    def __call__(self, message: str) -> None:
+        self.progress.update(message)
 
-    def update(self, message: str) -> None:
-        if self.tty:
-            elapsed = time.monotonic() - self.started
-            print(f"\r\033[K[{elapsed:6.1f}s] {message}"[:120], end="", file=self.stream)
+    def group_done(self, report: Any, done: int, total: int) -> None:
+        from .checker.report.json_file import unfinished
 
-    def done(self) -> None:
-        if self.tty:
-            print("\r\033[K", end="", file=self.stream)
+        self.progress.advance(done, total)
+        if self.file is not None:
+            self.file.running(self.key, lambda: unfinished(self.entry(report), total))

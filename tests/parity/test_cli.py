@@ -1,6 +1,8 @@
 """``python -m parity_tests`` and ``parity-tests``: exit codes, the tables (compact, and every
 group with --verbose), the JSON schema and its versions, --kernel, --version, the CLI without
-torch, and bad usage refused in one line before any work."""
+torch, and bad usage refused in one line before any work; a run stopped by a signal keeps every
+group it finished in its JSON, reruns carry their environment, and bfloat16 under Triton's
+interpreter is one warning line."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -55,9 +58,10 @@ def test_user_kernel_passes_with_json(tmp_path, capsys):
         "--json",
         str(path),
     ]
-    assert report["layers"] is None and report["stress"] is None
+    assert report["layers"] is None and report["stress"] is None and report["state"] == "finished"
     (check,) = report["kernels"]
     assert check["target"] == SDPA and check["battery"] == "quick" and check["verdict"] == "pass"
+    assert check["finished"] is True and check["diagnosis"] == []
     assert {group["status"] for group in check["groups"]} == {"pass"}
     assert {group["dtype"] for group in check["groups"]} == {"float32", "float16", "bfloat16"}
     first = check["groups"][0]["case"]
@@ -258,11 +262,12 @@ def test_a_layer_failure_exits_1_with_lowercase_verdicts_in_json(monkeypatch, tm
     assert layers["rows"][1]["shape"] == [2, 5]
 
 
-def test_progress_goes_to_stderr(capsys):
+def test_progress_goes_to_stderr_with_the_groups_done(capsys):
     main(["--kernel", SDPA, *QUICK_F32])
 
-    err = capsys.readouterr().err
-    assert f"{SDPA} on cpu (quick battery)" in err
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith(f"{SDPA} on cpu (quick battery)")
+    assert re.search(r"quick battery\): (\d+) of \1 groups, \d+s spent$", err[-1])
 
 
 def test_calibration_reports_the_policy_tables(monkeypatch, capsys):
@@ -426,13 +431,29 @@ def test_a_kernel_calling_sys_exit_gets_an_error_verdict(tmp_path, monkeypatch, 
     assert "SystemExit: 0" in out and "FAILED" in out
 
 
-def test_ctrl_c_in_a_kernel_exits_130(tmp_path, monkeypatch, capsys):
-    source = "def f(*args, **kwargs):\n    raise KeyboardInterrupt\n"
+def test_ctrl_c_in_a_kernel_exits_130_keeping_the_groups_finished(tmp_path, monkeypatch, capsys):
+    source = """
+        import torch.nn.functional as F
+        shapes = set()
+        def f(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+            shapes.add(query.shape)
+            if len(shapes) == 3:  # Ctrl-C in the third case: two finished, or more
+                raise KeyboardInterrupt
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                  is_causal, scale=scale, enable_gqa=enable_gqa)
+    """
     _module(tmp_path, monkeypatch, "interrupted_kernel", source)
+    path = tmp_path / "report.json"
 
-    code = main(["--kernel", "interrupted_kernel:f", *QUICK_F32])
+    code = main(["--kernel", "interrupted_kernel:f", *QUICK_F32, "--forward-only",
+                 "--json", str(path)])  # fmt: skip
 
+    report = json.loads(path.read_text())
     assert code == 130 and "interrupted" in capsys.readouterr().err
+    assert report["state"] == "interrupted" and report["verdict"] is None
+    statuses = [group["status"] for group in report["kernels"][0]["groups"]]
+    assert len(statuses) >= 2 and set(statuses) == {"pass"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -646,14 +667,28 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
 
 
-def test_a_failing_drawn_case_is_printed_with_the_command_that_reruns_it_alone(capsys):
+@pytest.mark.parametrize(
+    ("environ", "setting"),
+    [({}, ""), ({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"},
+                "TRITON_INTERPRET=1 OMP_NUM_THREADS=1 ")],
+    ids=["bare", "interpreter"],
+)  # fmt: skip
+def test_a_failing_drawn_case_is_printed_with_the_command_that_reruns_it_alone(
+    environ, setting, monkeypatch, capsys
+):
+    for name in ("TRITON_INTERPRET", "OMP_NUM_THREADS"):  # read once, at startup: harmless here
+        monkeypatch.delenv(name, raising=False)
+        if name in environ:
+            monkeypatch.setenv(name, environ[name])
+
     code = main(["--kernel", BROKEN, "--fuzz", "2", "--dtype", "float32", "--seed", "1"])
 
     out = capsys.readouterr().out
     (rerun,) = [line for line in out.splitlines() if "--fuzz-case" in line]
     case, command = rerun.split(": ", 1)
-    assert code == 1 and case.startswith("fuzz0-") and command.startswith("python -m parity_tests")
-    assert main(shlex.split(command)[3:]) == 1
+    assert code == 1 and case.startswith("fuzz0-")
+    assert command.startswith(f"{setting}python -m parity_tests --kernel")
+    assert main(shlex.split(command)[3 + len(environ) :]) == 1
     again = capsys.readouterr().out
     assert f"{BROKEN} on cpu: {case} float32" in again and "fuzz1-" not in again
 
@@ -698,3 +733,91 @@ def test_limits_from_the_command_line_are_reported_with_what_they_excluded(tmp_p
     assert check["coverage"]["outside_limits"] == len(excluded) > 0
     assert {"case", "why", "instead"} == set(excluded[0])
     assert "outside the kernel's limits" in check["summary"]
+
+
+# A kernel that takes its time, so that a run can be stopped after a few groups.
+SLOW_KERNEL = """
+    import time
+
+    import torch.nn.functional as F
+
+
+    def f(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+        time.sleep(0.1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
+"""
+
+
+def _written(path) -> tuple[str, int]:
+    """The state of the JSON at ``path`` so far and how many groups it holds ("", 0: none)."""
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        return "", 0
+    kernels = report["kernels"]
+    return report["state"], len(kernels[0]["groups"]) if kernels else 0
+
+
+def test_a_run_stopped_by_a_timeout_keeps_every_group_it_finished(tmp_path):
+    (tmp_path / "slow_kernel.py").write_text(textwrap.dedent(SLOW_KERNEL))
+    path = tmp_path / "report.json"
+    argv = ["--kernel", "slow_kernel:f", "--fuzz", "100", "--forward-only", "--dtype", "float32",
+            "--json", str(path)]  # fmt: skip
+    command = [sys.executable, "-m", "parity_tests", *argv]
+    process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while _written(path)[1] < 2 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    running = _written(path)  # what a run killed outright (SIGKILL) leaves
+
+    process.terminate()  # SIGTERM, as `timeout` sends it
+    err = process.communicate(timeout=120)[1]
+
+    report = json.loads(path.read_text())
+    (check,) = report["kernels"]
+    assert running[0] == "running" and running[1] >= 2
+    assert process.returncode == 143 and report["state"] == "interrupted", err
+    assert report["verdict"] is None and len(check["groups"]) >= running[1]
+    assert check["finished"] is False and check["summary"].startswith("unfinished: ")
+    assert {group["status"] for group in check["groups"]} == {"pass"}
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].endswith(f"terminated; {path} keeps every group finished")
+
+
+# A Triton kernel as far as the checker can tell: its module imports Triton (by name: a module
+# called "triton" among its globals, so that the test runs without Triton installed too).
+TRITON_LIKE_KERNEL = """
+    import types
+
+    import torch.nn.functional as F
+
+    triton = types.ModuleType("triton")
+
+
+    def f(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                              scale=scale)
+"""
+
+
+def test_bfloat16_under_tritons_interpreter_is_one_warning_and_skipped(tmp_path, monkeypatch,
+                                                                       capsys):  # fmt: skip
+    _module(tmp_path, monkeypatch, "triton_like_kernel", textwrap.dedent(TRITON_LIKE_KERNEL))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    path = tmp_path / "report.json"
+
+    code = main(["--kernel", "triton_like_kernel:f", "--case", "plain", "--case", "causal-n<m",
+                 "--dtype", "float32", "--dtype", "bfloat16", "--json", str(path)])  # fmt: skip
+
+    err = capsys.readouterr().err
+    (check,) = json.loads(path.read_text())["kernels"]
+    skipped = [group for group in check["groups"] if group["dtype"] == "bfloat16"]
+    warnings = [line for line in err.splitlines() if "bfloat16" in line]
+    assert code == 0 and check["verdict"] == "pass" and check["coverage"]["skipped"] == 2
+    assert warnings == ["python -m parity_tests: warning: Triton's interpreter mishandles "
+                        "bfloat16 (docs/triton-on-cpu.md): bfloat16 skipped"]  # fmt: skip
+    assert [group["status"] for group in skipped] == ["skip", "skip"]
+    assert skipped[0]["note"] == "Triton's interpreter mishandles bfloat16 (docs/triton-on-cpu.md)"

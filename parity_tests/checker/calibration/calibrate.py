@@ -65,7 +65,8 @@ def calibrate(
     parallel or on other machines, combine: the worst of each table's rows, the weakest flag).
 
     Returns 0 when the constants hold (no correct kernel fails a row, every pitfall is flagged
-    on every seed and dtype), else 1. ``progress`` is the CLI's progress display. ``specs``
+    on every seed and dtype), else 1. ``progress`` is the CLI's progress display
+    (``parity_tests.progress``): the checks done of all, with the time left. ``specs``
     keeps the targets and pitfalls of those specs only (None: all; the decode specs' own
     command, ``python -m parity_tests.checker.calibration.decode``, keeps theirs).
     """
@@ -90,41 +91,60 @@ def calibrate(
         (name, d): _Worst() for name, pitfall in pitfalls.items() for d in dtypes
         if d in pitfall.dtypes
     }  # fmt: skip
-    for seed in range(first_seed, first_seed + seeds):
-        progress.start(f"calibration seed {seed} ({seed - first_seed + 1} of {seeds})")
-        for target in correct:
-            report = target.check(device, battery, seed)
-            for row in report.rows if report is not None else []:
-                if row.verdict in ("skip", "not-run") or expected_failure(
-                    target.name, row.case, row.dtype, device
-                ):
-                    continue
-                where = f"{target.name} {row.case} seed {seed}"
-                if row.failed:
-                    failed.append(f"{where} {row.dtype} {row.tensor}: {row.verdict} {row.detail}")
-                if row.tensor in TRACKED:
-                    factor = OUTPUT_FACTOR if row.tensor == "out" else GRAD_FACTOR
-                    key = (row.dtype, row.tensor)
-                    ratio.setdefault(key, _Worst()).see(
-                        row.error / max(row.baseline, 1e-300), where
-                    )
-                    floor.setdefault(key, _Worst()).see(
-                        (row.error - factor * row.baseline) / max(row.golden_max, 1e-300), where
-                    )
-                    if not math.isnan(row.rms_error):  # lse has no bias statistic
-                        bias.setdefault(key, _Worst()).see(
-                            row.rms_error / max(row.rms_baseline, 1e-300), where
+    progress.start(f"calibration, seeds {first_seed}..{first_seed + seeds - 1}")
+    total, done, seed = seeds * (len(correct) + len(pitfalls)), 0, first_seed
+    try:
+        for seed in range(first_seed, first_seed + seeds):
+            for target in correct:
+                progress.update(f"seed {seed}: {target.name}")
+                report = target.check(device, battery, seed)
+                done += 1
+                progress.advance(done, total, "checks")
+                for row in report.rows if report is not None else []:
+                    if row.verdict in ("skip", "not-run") or expected_failure(
+                        target.name, row.case, row.dtype, device
+                    ):
+                        continue
+                    where = f"{target.name} {row.case} seed {seed}"
+                    if row.failed:
+                        line = f"{where} {row.dtype} {row.tensor}: {row.verdict} {row.detail}"
+                        failed.append(line)
+                    if row.tensor in TRACKED:
+                        factor = OUTPUT_FACTOR if row.tensor == "out" else GRAD_FACTOR
+                        key = (row.dtype, row.tensor)
+                        ratio.setdefault(key, _Worst()).see(
+                            row.error / max(row.baseline, 1e-300), where
                         )
-                        bias_bound.setdefault(key, _Worst()).see(row.bias_ratio, where)
-        for name, pitfall in pitfalls.items():
-            report = check_kernel(
-                pitfall.kernel, spec=pitfall.spec, device=device, dtypes=dtypes, cases=battery,
-                seed=seed,
-            )  # fmt: skip
-            for dtype in (d for d in dtypes if d in pitfall.dtypes):
-                strongest = max(_flag(row) for row in report.rows if row.dtype == dtype)
-                # _Worst keeps the largest; the weakest flag is the smallest, so negate.
-                weakest[name, dtype].see(-strongest, f"seed {seed}")
+                        floor.setdefault(key, _Worst()).see(
+                            (row.error - factor * row.baseline) / max(row.golden_max, 1e-300), where
+                        )
+                        if not math.isnan(row.rms_error):  # lse has no bias statistic
+                            bias.setdefault(key, _Worst()).see(
+                                row.rms_error / max(row.rms_baseline, 1e-300), where
+                            )
+                            bias_bound.setdefault(key, _Worst()).see(row.bias_ratio, where)
+            for name, pitfall in pitfalls.items():
+                progress.update(f"seed {seed}: pitfall {name}")
+                report = check_kernel(
+                    pitfall.kernel, spec=pitfall.spec, device=device, dtypes=dtypes, cases=battery,
+                    seed=seed,
+                )  # fmt: skip
+                done += 1
+                progress.advance(done, total, "checks")
+                for dtype in (d for d in dtypes if d in pitfall.dtypes):
+                    strongest = max(_flag(row) for row in report.rows if row.dtype == dtype)
+                    # _Worst keeps the largest; the weakest flag is the smallest, so negate.
+                    weakest[name, dtype].see(-strongest, f"seed {seed}")
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated): keep what was measured
+        progress.done()
+        emit(
+            f"Stopped during seed {seed}, after {done} of {total} checks: the tables hold "
+            f"seeds {first_seed}..{seed - 1} whole and seed {seed}'s checks until then.\n"
+        )
+        span = f"seeds {first_seed}..{seed}, stopped,"
+        _emit_tables(emit, span, device, battery, dtypes, ratio, floor, weakest)
+        _emit_bias(emit, bias, bias_bound)
+        raise
     progress.done()
     span = f"{seeds} seeds ({first_seed}..{first_seed + seeds - 1})"
     _emit_tables(emit, span, device, battery, dtypes, ratio, floor, weakest)
@@ -145,6 +165,14 @@ def _flag(row) -> float:
         return 0.0
     bias = row.bias_ratio
     return row.ratio if math.isnan(bias) else max(row.ratio, bias)
+
+
+def _weakest_cell(worst: _Worst | None) -> str:
+    """A pitfall's weakest flag in one dtype: "-" where it is no mistake, "not run" where a
+    stopped calibration did not reach it."""
+    if worst is None:
+        return "-"
+    return "not run" if worst.value == -math.inf else f"{-worst.value:.3g}"
 
 
 def _emit_bias(emit, bias, bias_bound) -> None:
@@ -187,5 +215,5 @@ def _emit_tables(emit, seeds, device, battery, dtypes, ratio, floor, weakest) ->
     emit("| pitfall | " + " | ".join(dtypes) + " |")
     emit("|---|" + "---|" * len(dtypes))
     for name in dict.fromkeys(name for name, _ in weakest):
-        cells = [f"{-weakest[name, d].value:.3g}" if (name, d) in weakest else "-" for d in dtypes]
+        cells = [_weakest_cell(weakest.get((name, d))) for d in dtypes]
         emit(f"| {name} | " + " | ".join(cells) + " |")

@@ -19,21 +19,12 @@ from collections.abc import Sequence
 
 import torch
 
+from ...progress import Progress
 from ..battery.decode.case import DECODE_SPECS
 from ..golden import DTYPES
 from .calibrate import calibrate
 
 DEFAULT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-
-
-class _Progress:
-    """One line per seed on stderr."""
-
-    def start(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only contend, on a shared machine most
     try:
+        progress = Progress(sys.stderr)
         return calibrate(
-            args.seeds, args.device, dtypes, "default", _Progress(), print, specs=DECODE_SPECS
+            args.seeds, args.device, dtypes, "default", progress, print, specs=DECODE_SPECS
         )
     finally:
         torch.set_num_threads(threads)

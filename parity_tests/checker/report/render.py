@@ -12,7 +12,9 @@ strings in the tables and in the JSON.
 
 Two views for people: ``print_summary`` (the main job's table: one line per target with its
 verdict and counts, one line per expected failure with its reason) and ``print_checks`` (every
-group with each tensor's error / bound, and each exception's traceback: ``--verbose``).
+group with its shape and each tensor's error / bound, and each exception's traceback:
+``--verbose``); beside them ``failing_lines``, every failing row and what the failing groups of
+each check have in common (``diagnosis``).
 
 Tests: tests/checker/report/test_render.py
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 from ... import DISTRIBUTION, __version__
 from ..targets.expected import expected_failure
+from .diagnosis import report_diagnosis, sentence
 from .rows import (
     FAILED_GROUPS,
     FAILING,
@@ -50,10 +53,14 @@ from .rows import (
 # ("outside_limits"); a check names its limits, and settings the limits, timeout and fuzz.
 # 4: a check names the claimed features no judged case exercised ("not_covered"); for a
 # battery (not cases named one by one) they fail its verdict, and its summary says so.
-SCHEMA_VERSION = 4
+# 5: a check names what its failing groups have in common ("diagnosis") and whether it ran to
+# its end ("finished"); the report says whether the run did ("state": the file is written as
+# the groups finish, and a run stopped keeps them).
+SCHEMA_VERSION = 5
 TENSOR_COLUMNS = ("out", "dq", "dk", "dv", "lse", "keep")
-SHAPE_KEYS = ("B", "H", "N", "M", "D", "Dv")
-_WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4}
+CACHE_COLUMNS = ("k_cache", "v_cache")  # a decode call's caches, judged where it appends
+# The widths of the shape columns: the legend letters of every case, then a decode case's own.
+_WIDTHS = {"B": 2, "H": 2, "N": 5, "M": 5, "D": 4, "Dv": 4, "s_new": 5, "H_kv": 4, "P": 4}
 
 Emit = Callable[[str], None]
 
@@ -98,6 +105,8 @@ def check_entry(
         else None,
         "summary": coverage_summary(statuses, outside, failing),
         "not_covered": missing,
+        "diagnosis": report_diagnosis(report, by_group),
+        "finished": True,
         "coverage": coverage_counts(statuses, outside),
         "limits": {
             "declared": report.limits,
@@ -154,7 +163,7 @@ def _why(row: Any) -> str:
     if row.verdict in ("error", "refused"):
         number = f"exception #{row.exception}" if row.exception else row.detail
         return number if row.verdict == "error" else f"refused: {number}"
-    if row.verdict in ("inplace", "dtype"):
+    if row.verdict in ("inplace", "dtype", "nondeterministic"):
         return row.detail
     if row.verdict == "nonfinite":
         return f"{row.tensor} NaN/inf"
@@ -164,28 +173,31 @@ def _why(row: Any) -> str:
 
 
 def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
-    """One table per check: per (case, dtype) its shape, error / bound of each tensor (a failed
-    row marked "!"), the worst row's error and bound, and the status; then the distinct
-    exceptions with their tracebacks, once each, and the reasons of skips and expected failures."""
+    """One table per check: per (case, dtype) its shape (a decode case's cache columns too),
+    error / bound of each tensor (a failed row marked "!"), the worst row's error and bound,
+    and the status; then the distinct exceptions with their tracebacks, once each, the reasons
+    of skips and expected failures, the summary and what the failing groups have in common."""
     emit(f"== {title}: error / bound per tensor (above 1 fails) ==")
     for check in checks:
         spec = "" if check.get("spec", "sdpa") == "sdpa" else f", {check['spec']} spec"
         emit(f"-- {check['target']} on {check['device']} ({check['battery']} battery{spec}) --")
+        keys, tensors = shape_keys(check["groups"]), tensor_columns(check["groups"])
+        width = min(max([20, *(len(group["case"]) for group in check["groups"])]), 48)
         emit(
-            f"{'case':20} {'dtype':9}"
-            + "".join(f" {key:>{_WIDTHS[key]}}" for key in SHAPE_KEYS)
+            f"{'case':{width}} {'dtype':9}"
+            + "".join(f" {key:>{_width(key)}}" for key in keys)
             + " |"
-            + "".join(f" {t:>8}" for t in TENSOR_COLUMNS)
+            + "".join(f" {t:>8}" for t in tensors)
             + f" | {'worst: error / bound':27}  status"
         )
         reasons: dict[tuple[str, str], dict[str, None]] = {}  # (status, why) -> its cases
         for group in check["groups"]:
             cells = {row["tensor"]: _cell(row) for row in group["rows"]}
             line = (
-                f"{group['case']:20} {group['dtype']:9}"
-                + "".join(f" {group['shape'][key]:>{_WIDTHS[key]}}" for key in SHAPE_KEYS)
+                f"{group['case']:{width}} {group['dtype']:9}"
+                + "".join(f" {group['shape'].get(key, '-'):>{_width(key)}}" for key in keys)
                 + " |"
-                + "".join(f" {cells.get(t, '-'):>8}" for t in TENSOR_COLUMNS)
+                + "".join(f" {cells.get(t, '-'):>8}" for t in tensors)
                 + f" | {_worst(group['rows']):27}  {group['status']}"
             )
             note = group["note"]
@@ -202,7 +214,26 @@ def print_checks(checks: list[dict], title: str, emit: Emit) -> None:
         for (status, why), cases in reasons.items():
             emit(f"   {status} {', '.join(cases)}: {why}")
         emit(f"   {check['summary']}")
+        if check.get("diagnosis"):
+            emit(f"   {sentence(check['diagnosis'])}")
     emit("")
+
+
+def shape_keys(groups: list[dict]) -> list[str]:
+    """The shape columns of a table: every key of the groups' shapes, in the order they come
+    (B, H, N, M, D, Dv; a decode case's s_new, H_kv and P after them)."""
+    return list(dict.fromkeys(key for group in groups for key in group["shape"]))
+
+
+def tensor_columns(groups: list[dict]) -> tuple[str, ...]:
+    """The tensor columns of a table: out, the gradients, lse and keep; for a decode call
+    (whose shape has a page size P) out, lse and the caches."""
+    decode = any("P" in group["shape"] for group in groups)
+    return ("out", "lse", *CACHE_COLUMNS) if decode else TENSOR_COLUMNS
+
+
+def _width(key: str) -> int:
+    return _WIDTHS.get(key, max(len(key), 4))
 
 
 # The columns of the main job's summary tables, layers and kernels alike: the judged groups,
@@ -280,10 +311,14 @@ def _worst_ratio(rows: list[dict]) -> float:
 
 def _cell(row: dict) -> str:
     """error / bound; for a "bias" row "rms" and rms error / rms bound."""
-    text = "NaN/inf" if row["verdict"] == "nonfinite" else _number(row["ratio"], ".2g")
+    text = _WORDS.get(row["verdict"]) or _number(row["ratio"], ".2g")
     if row["verdict"] == "bias":
         text = "rms" + _number(row["bias_ratio"], ".2g")
     return text + ("!" if row["verdict"] in FAILING else "")
+
+
+# The cells of the verdicts whose error / bound says nothing (a bound of 0, a NaN).
+_WORDS = {"nonfinite": "NaN/inf", "nondeterministic": "nondet"}
 
 
 def _worst(rows: list[dict]) -> str:
@@ -300,14 +335,15 @@ def _number(value: float, spec: str) -> str:
 
 def failing_lines(checks: Iterable[dict]) -> list[str]:
     """One line per failing row of the judged checks (expected failures left out), one per
-    unexpected pass, and one per check that covers too little of its battery to pass."""
+    unexpected pass, one per check that covers too little of its battery to pass, and one
+    naming what the failing groups of a check have in common (its ``diagnosis``)."""
     lines = []
     for check in checks:
         if not check["judged"]:
             continue
         where = f"{check['target']} on {check['device']}"
         for group in check["groups"]:
-            shape = " ".join(f"{key}={group['shape'][key]}" for key in SHAPE_KEYS)
+            shape = " ".join(f"{key}={value}" for key, value in group["shape"].items())
             head = f"{where}: {group['case']} {group['dtype']} ({shape})"
             if group["status"] == "xpass":
                 lines.append(f"{head}: xpass, {group['note']}")
@@ -320,6 +356,8 @@ def failing_lines(checks: Iterable[dict]) -> list[str]:
             group["status"] in FAILING_GROUPS for group in check["groups"]
         ):
             lines.append(f"{where}: {check['summary']}")
+        if check.get("diagnosis"):
+            lines.append(f"{where}: {sentence(check['diagnosis'])}")
     return lines
 
 

@@ -9,7 +9,8 @@ one of three outcomes that are never mixed (``OUTCOMES``):
   golden is finite); "bias" (the largest error is within its bound, but the root-mean-square
   error is not: a small systematic error made everywhere, a temperature a percent off, say, that
   the rounding of half precision hides from a max-error bound); "inplace" (the kernel changed one
-  of its inputs in place: the row's tensor names which);
+  of its inputs in place: the row's tensor names which); "nondeterministic" (a second call on
+  identical inputs gave the row's tensor other bits: ``error`` is max|second - first|);
 - *refused*: "refused", the kernel raised ``ValueError``, ``NotImplementedError``,
   ``AssertionError`` or ``TypeError`` (its own checks of what it takes, or a keyword it has no
   argument for): a refusal of a case whose features it claims, which fails the verdict, reported
@@ -45,12 +46,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .diagnosis import report_diagnosis
+
 VERDICTS = (
-    "pass", "fail", "bias", "nonfinite", "dtype", "inplace", "error", "refused", "skip", "not-run"
+    "pass", "fail", "bias", "nonfinite", "dtype", "inplace", "nondeterministic", "error",
+    "refused", "skip", "not-run",
 )  # fmt: skip
 # The three ways a row fails, never mixed, each with its verdicts.
 OUTCOMES: dict[str, tuple[str, ...]] = {
-    "flagged": ("fail", "bias", "nonfinite", "inplace"),
+    "flagged": ("fail", "bias", "nonfinite", "inplace", "nondeterministic"),
     "refused": ("refused",),
     "error": ("error", "dtype"),
 }
@@ -146,6 +150,8 @@ class KernelReport:
     none), ``excluded`` each case outside them: (why, the name of the case judged instead).
     ``claimed`` are the features the kernel claims and ``exercised`` those each case exercises
     (``Spec.exercised``); ``named`` says the cases were named one by one, not a battery.
+    ``factors`` holds each case's factor values by name (``Spec.values_of``), from which
+    ``diagnosis`` names what the failing groups have in common (``report.diagnosis``).
     """
 
     kernel: str
@@ -158,6 +164,7 @@ class KernelReport:
     claimed: frozenset[str] = frozenset()
     exercised: dict[str, frozenset[str]] = field(default_factory=dict)
     named: bool = False
+    factors: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[KernelRow]:
@@ -204,6 +211,13 @@ class KernelReport:
         """One line: the verdict and what fraction of the battery it covers."""
         statuses = list(self.groups.values())
         return coverage_summary(statuses, self.outside_limits, self.failing_coverage)
+
+    @property
+    def diagnosis(self) -> list[str]:
+        """The few factor values that every failing group holds and no passing group holds
+        all of ("M % 16 != 0", "causal = off"), most specific first; [] when none set the
+        failing groups apart (``report.diagnosis``)."""
+        return report_diagnosis(self, self.groups)
 
 
 # The group statuses whose case was run and judged (a documented failure, "xfail", too): the

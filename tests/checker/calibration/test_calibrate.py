@@ -3,6 +3,7 @@ a pitfall slips through on some seed."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -12,22 +13,18 @@ from parity_tests.checker.calibration import calibrate as calibration
 from parity_tests.checker.pitfalls import Pitfall, scale_by_d
 from parity_tests.checker.report.rows import KernelRow
 from parity_tests.checker.targets.builtin import Target
+from parity_tests.progress import Progress
 
 
-class _Progress:
-    def start(self, message: str) -> None:
-        pass
-
-    def done(self) -> None:
-        pass
-
-
-def _calibrate(monkeypatch, correct, pitfalls, first_seed=0) -> tuple[int, list[str]]:
+def _calibrate(
+    monkeypatch, correct, pitfalls, first_seed=0, seeds=1, progress=None
+) -> tuple[int, list[str]]:
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
     monkeypatch.setattr(calibration, "all_pitfalls", lambda: pitfalls)
     lines: list[str] = []
     cases = ["plain", "causal-n<m"]  # two named cases: the measurement of a battery, small
-    code = calibration.calibrate(1, "cpu", ("float32",), cases, _Progress(), lines.append,
+    progress = progress or Progress(io.StringIO())
+    code = calibration.calibrate(seeds, "cpu", ("float32",), cases, progress, lines.append,
                                  first_seed=first_seed)  # fmt: skip
     return code, lines
 
@@ -43,6 +40,44 @@ def test_a_correct_kernel_and_a_flagged_pitfall_hold_the_policy(monkeypatch):
     assert code == 0
     assert any(line.startswith("| float32 | dq |") for line in lines)
     assert any(line.startswith("| scale_by_d |") for line in lines)
+
+
+def test_progress_counts_the_checks_of_every_seed_with_the_time_left(monkeypatch):
+    stream = io.StringIO()
+    pitfall = Pitfall(scale_by_d, "plain", "out")
+
+    _calibrate(monkeypatch, [SDPA], {"scale_by_d": pitfall}, seeds=2,
+               progress=Progress(stream, every=0.0))  # fmt: skip
+
+    lines = stream.getvalue().splitlines()
+    assert "calibration, seeds 0..1" in lines[0]
+    assert [line.split(": ", 1)[1].split(",")[0] for line in lines[1:]] == [
+        f"{done} of 4 checks" for done in range(1, 5)
+    ]
+    assert "left" in lines[1] and "left" not in lines[-1]
+
+
+def test_a_stopped_calibration_prints_what_it_measured_and_stops(monkeypatch):
+    def stopped(*args, **kwargs):  # Ctrl-C, or SIGTERM (cli.Terminated), during the pitfall
+        raise KeyboardInterrupt
+
+    pitfall = Pitfall(stopped, "plain", "out")
+    lines: list[str] = []
+    monkeypatch.setattr(calibration, "check_kernel", stopped)
+
+    with pytest.raises(KeyboardInterrupt):
+        _calibrate_into(monkeypatch, [SDPA], {"scale_by_d": pitfall}, lines)
+
+    assert lines[0].startswith("Stopped during seed 0, after 1 of 2 checks")
+    assert any(line.startswith("| float32 | out |") for line in lines)  # SDPA's, measured
+    assert "| scale_by_d | not run |" in lines  # never "inf", the strongest flag
+
+
+def _calibrate_into(monkeypatch, correct, pitfalls, lines) -> int:
+    monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
+    monkeypatch.setattr(calibration, "all_pitfalls", lambda: pitfalls)
+    return calibration.calibrate(1, "cpu", ("float32",), ["plain"], Progress(io.StringIO()),
+                                 lines.append)  # fmt: skip
 
 
 def test_a_pitfall_that_slips_through_fails_the_calibration(monkeypatch):

@@ -32,6 +32,7 @@ from parity_tests.checker.report.render import (
     total_line,
 )
 from parity_tests.checker.report.rows import KernelReport, KernelRow
+from parity_tests.checker.specs import get
 from parity_tests.checker.targets import expected as targets
 
 CASES = {case.name: case for case in everything()}
@@ -301,3 +302,40 @@ def test_a_reason_shared_by_many_groups_is_printed_once_with_its_cases():
     assert [line for line in lines if "no masks here" in line] == [
         "   skip plain, dv>d: no masks here"
     ]
+
+
+def test_a_decode_table_shows_the_cache_columns_and_the_caches():
+    case = next(c for c in get("flash_kvcache").default_battery() if c.page_size == 16)
+    rows = [KernelRow(case.name, "float32", tensor, 2e-6, 1e-7, 1.0, 1e-6, verdict)
+            for tensor, verdict in (("out", "pass"), ("k_cache", "fail"))]  # fmt: skip
+    report = KernelReport("k", "cpu", rows, cases={case.name: case})
+    check = check_entry(report, target="k", battery="b", judged=True, spec="flash_kvcache")
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+    (failing,) = failing_lines([check])
+
+    header, row = lines[2].split(), lines[3].split()
+    assert header[2:14] == ["B", "H", "N", "M", "D", "Dv", "s_new", "H_kv", "P", "|", "out", "lse"]
+    assert header[14:16] == ["k_cache", "v_cache"]
+    assert row[2:11] == [str(value) for value in case.shape.values()] and row[10] == "16"
+    assert row[14] == "2!"  # k_cache's error / bound, failed
+    assert f"s_new={case.s_new} H_kv={case.heads_kv} P=16): k_cache fail" in failing
+
+
+def test_what_the_failing_cases_share_is_printed_and_in_the_json():
+    failing = ("plain", "dv>d", "dv<d")
+    rows = [_row(name, "fail" if name in failing else "pass")
+            for name in (*failing, "causal-n<m", "causal-n>m")]  # fmt: skip
+    report = _report(*rows)
+    report.factors = {name: {"causal": "on" if case.causal else "off"}
+                      for name, case in CASES.items()}  # fmt: skip
+    check = check_entry(report, target="k", battery="b", judged=True)
+    lines: list[str] = []
+
+    print_checks([check], "kernels", lines.append)
+
+    assert check["diagnosis"] == report.diagnosis == ["causal = off"]
+    assert check["finished"] is True
+    assert failing_lines([check])[-1] == "k on cpu: every failing case: causal = off"
+    assert "   every failing case: causal = off" in lines
