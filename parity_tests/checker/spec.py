@@ -7,7 +7,8 @@ The hooks, in the order a case meets them (docs/checker-map.md draws the path):
 
 - **What it claims.** ``name``; ``signature`` (the real library's call, for people);
   ``features``, the options its signature can express (each spec's default claim: a kernel that
-  claims fewer gets a battery built for what it claims).
+  claims fewer gets a battery built for what it claims); ``opt_in``, those a kernel may claim
+  besides, never claimed by default ("deterministic").
 - **The battery.** ``factors`` (the ways a case varies, each value a code path: the covering
   array's space, ``battery.pairs``), ``allowed`` (which values one case can hold together),
   ``values_of`` (a case's values, read back from its fields); ``battery`` (the cases of a named
@@ -51,6 +52,8 @@ class Spec(abc.ABC):
     name: ClassVar[str]
     signature: ClassVar[str]
     features: ClassVar[frozenset[str]]
+    # Features a kernel may claim beyond ``features``, never part of the default claim.
+    opt_in: ClassVar[frozenset[str]] = frozenset()
     # Features that name no factor of the space (judged on every case when claimed).
     judged_everywhere: ClassVar[frozenset[str]] = JUDGED_EVERYWHERE
     # False: forward only by nature (a decode kernel has no backward).

@@ -30,7 +30,19 @@ def test_the_registry_finds_every_spec_module_by_its_name():
         "sdpa", "flash", "flash_varlen", "flex", "ring", "flash_kvcache", "flash_mla"
     )  # fmt: skip
     assert all(isinstance(spec, Spec) for spec in specs.registry().values())
-    assert set(specs.FEATURES) == set().union(*specs.SPEC_FEATURES.values())
+    opt_in = {feature for spec in specs.registry().values() for feature in spec.opt_in}
+    assert set(specs.FEATURES) == set().union(*specs.SPEC_FEATURES.values(), opt_in)
+
+
+def test_deterministic_is_claimed_explicitly_by_the_attention_specs_only():
+    claimable = {name for name, spec in specs.registry().items() if "deterministic" in spec.opt_in}
+
+    assert claimable == {"sdpa", "flash", "flash_varlen", "flex", "ring"}
+    assert not any("deterministic" in spec.features for spec in specs.registry().values())
+    assert specs.resolve_features("sdpa", None) == specs.SPEC_FEATURES["sdpa"]  # not claimed
+    assert "deterministic" in specs.resolve_features("flash", {"causal", "deterministic"})
+    with pytest.raises(ValueError, match="cannot express"):
+        specs.resolve_features("flash_kvcache", {"deterministic"})
 
 
 @pytest.mark.parametrize(("name", "claimed"), _claims())

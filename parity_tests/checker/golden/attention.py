@@ -107,6 +107,12 @@ def _expected(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> tuple:
     """Golden (NumPy float64 on the cast inputs) and baseline (``attention_baseline``)."""
     q, k, v, attn_mask, dout, slopes = (None if t is None else to64(t) for t in inputs)
     options = _options(case)
+    row_shift = 0.0
+    if case.mask == "shifted":
+        # One constant per row, which the softmax does not see: the golden is the exact answer
+        # of the unshifted rows (float64 would round their scores at the shift's magnitude,
+        # 1.5e-11, as a float64 baseline does alike) and lse is shifted after.
+        row_shift, attn_mask = attn_mask[..., 0], None
     if case.packed:
         cu_q, cu_k = case.cu_seqlens
         forward = varlen_attention_forward(
@@ -131,30 +137,45 @@ def _expected(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> tuple:
         "dq": grads.dq,
         "dk": grads.dk,
         "dv": grads.dv,
-        "lse": np.asarray(forward.lse, dtype=np.float64),
+        "lse": np.asarray(forward.lse, dtype=np.float64) + row_shift,
     }
-    golden.update(_read_back(case, inputs, forward, dout))
+    golden.update(_read_back(case, inputs, forward, dout, golden["lse"]))
     shift = _flash_alibi_shift(case, slopes)
     if shift is not None:
         golden["lse_shifted"] = golden["lse"] + shift
     return golden, _baseline(case, inputs, keep)
 
 
-def _read_back(case: Case, inputs: Inputs, forward: Any, dout: np.ndarray) -> dict:
-    """dq and dk of an exact kernel that reads its output back as stored in the inputs' dtype:
-    FlashAttention's backward takes delta_i = rowsum(dO_i * O_i) from the O it wrote, not
-    rowsum(dP_i * P_i), and so adds -P_ij * (delta'_i - delta_i) to dS, which is the exact
-    backward given an lse cotangent of -(delta'_i - delta_i) (docs/derivations/lse.md). On
-    heavy-tailed q in half precision this alone moves dk by 2.4 times the plain baseline's
-    error (``judge.judge_tensor`` bounds dq and dk by the larger of the two)."""
+def _read_back(case: Case, inputs: Inputs, forward: Any, dout: np.ndarray, lse: np.ndarray) -> dict:
+    """dq, dk and dv of an exact kernel that keeps what FlashAttention's backward keeps: its
+    output as stored in the inputs' dtype and lse as stored (float32, float64 for float64);
+    ``lse`` is the golden's, (B, H, N) or (H, T_q).
+
+    The backward takes delta_i = rowsum(dO_i * O_i) from the O it wrote, not rowsum(dP_i * P_i),
+    and so adds -P_ij * (delta'_i - delta_i) to dS: the exact backward given an lse cotangent of
+    -(delta'_i - delta_i) (docs/derivations/lse.md). On heavy-tailed q in half precision this
+    alone moves dk by 2.4 times the plain baseline's error. And it recomputes P_ij = exp(S_ij -
+    lse'_i) from the stored lse' = lse_i + e_i: every weight of row i times exp(-e_i), which is
+    the exact backward of dO_i * exp(-e_i) (and of the cotangent above times exp(-e_i)). e_i is
+    nothing where |lse| is a few units, but a row shifted by -1e5 has lse near -1e5, where
+    float32's spacing is 0.0078: the recomputed weights are off by up to 0.4% together, which
+    no correct flash kernel avoids (SDPA's CPU flash kernel was 1.1-1.9 times the bound on dk
+    and dv of such rows before this). ``judge.judge_tensor`` bounds dq, dk and dv by the larger
+    of the plain baseline's error and this kernel's."""
     out = forward.out
     stored = torch.from_numpy(out).to(inputs.q.dtype).to(torch.float64).numpy()
     shift = np.sum(dout * (stored - out), axis=-1)  # delta' - delta: (B, H, N) or (T_q, H)
+    kept = lse if inputs.q.dtype == torch.float64 else lse.astype(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        scale = np.where(np.isfinite(lse), np.exp(-(kept - lse)), 1.0)  # exp(-e_i)
     if case.packed:
-        grads = varlen_attention_backward(dout, forward.ctx, dlse=-shift.T)  # lse is (H, T_q)
+        scale = scale.T  # (H, T_q) -> (T_q, H)
+    scaled = dout * scale[..., None]
+    if case.packed:
+        grads = varlen_attention_backward(scaled, forward.ctx, dlse=-(scale * shift).T)
     else:
-        grads = attention_backward(dout, forward.ctx, dlse=-shift)
-    return {"dq_read_back": grads.dq, "dk_read_back": grads.dk}
+        grads = attention_backward(scaled, forward.ctx, dlse=-scale * shift)
+    return {"dq_read_back": grads.dq, "dk_read_back": grads.dk, "dv_read_back": grads.dv}
 
 
 def _flash_alibi_shift(case: Case, slopes: np.ndarray | None) -> np.ndarray | None:
@@ -193,6 +214,7 @@ def _baseline(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> dict[str
             causal,
             keep=keep,
             alibi_slopes=inputs.alibi_slopes,
+            mask_in_float32=case.mask == "shifted",
             **options,
         )
     grads = torch.autograd.grad(out, leaves, inputs.dout)
@@ -201,5 +223,13 @@ def _baseline(case: Case, inputs: Inputs, keep: torch.Tensor | None) -> dict[str
 
 
 def _cast(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``array`` in ``dtype``; a finite value past the dtype's range becomes its largest finite
+    (a shifted mask's -1e5 is -65,504 in float16), never an infinity it did not hold."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.to(device) if tensor.dtype == torch.bool else tensor.to(device, dtype)
+    if tensor.dtype == torch.bool:
+        return tensor.to(device)
+    largest = torch.finfo(dtype).max
+    finite = np.isfinite(array)
+    if np.any(np.abs(array[finite]) > largest):
+        tensor = torch.from_numpy(np.where(finite, np.clip(array, -largest, largest), array))
+    return tensor.to(device, dtype)

@@ -77,8 +77,12 @@ def attention_scores(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     enable_gqa: bool = False,
+    mask_in_float32: bool = False,
 ) -> torch.Tensor:
-    """The score pipeline up to the softmax, in the inputs' dtype.
+    """The score pipeline up to the softmax, in the inputs' dtype; with ``mask_in_float32`` a
+    float mask is added to the scores in float32 (at least), and the scores stay there: how every
+    half-precision kernel adds a mask that shifts whole rows far below zero, which the inputs'
+    dtype cannot add to a score without losing it (float16's spacing at 65,504 is 32).
 
     Args:
         query: (B, H, N, D); key: (B, H_kv, M, D) (H_kv = H unless ``enable_gqa``);
@@ -101,6 +105,9 @@ def attention_scores(
         slopes = alibi_slopes.to(scores.dtype)[..., None, None]  # (..., H) -> (..., H, 1, 1)
         scores = scores - slopes * distance
     if attn_mask is not None and attn_mask.dtype != torch.bool:
+        if mask_in_float32:
+            wide = torch.promote_types(scores.dtype, torch.float32)
+            scores, attn_mask = scores.to(wide), attn_mask.to(wide)
         scores = scores + attn_mask
     allowed = visible(n, m, causal=is_causal, window=window, align=align, device=query.device)
     if allowed is not None:
@@ -165,7 +172,7 @@ def plain_attention_lse(
     scores = attention_scores(
         query, key, attn_mask, is_causal, scale, enable_gqa=enable_gqa, **options
     )
-    probs = masked_softmax(scores)
+    probs = masked_softmax(scores).to(query.dtype)
     if dropout_p:
         if keep is None:
             keep = torch.rand(probs.shape, device=probs.device) >= dropout_p
@@ -173,7 +180,7 @@ def plain_attention_lse(
     if enable_gqa:
         value = expand_kv(value, query.shape[-3])
     out = probs @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
-    return out, torch.logsumexp(scores.detach(), dim=-1)
+    return out, torch.logsumexp(scores.detach(), dim=-1).to(query.dtype)
 
 
 def dropout_variance(

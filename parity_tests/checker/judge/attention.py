@@ -2,7 +2,9 @@
 dq, dk, dv (and lse, where the kernel claims it) judged by the policy (``judge.policy``) against
 the golden and the baseline of the case (``golden.attention``), the kept fraction of dropout's
 keep-mask read back through SDPA's signature, the draws through flash-attn's, a row for each
-input changed in place, and a row for a call or a backward that raised.
+input changed in place, a "nondeterministic" row for each result a second call on identical
+inputs did not repeat bit for bit, and a row for a call, a backward or a second call that
+raised.
 
 Tests: tests/checker/running/test_calls.py
 """
@@ -16,7 +18,7 @@ import torch
 from ..golden.attention import case_inputs, dropout_spread, reference
 from ..report.rows import KernelError, KernelRow
 from ..running import dropout
-from ..running.calls import TENSORS, Outcome, Request, failed_row
+from ..running.calls import TENSORS, Outcome, Request, failed_row, repeat_rows
 from .policy import dtype_checked, judge_draws, judge_keep, judge_lse, judge_tensor
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ def judge_outcome(
         )
         expected = "float32" if dtype in ("float16", "bfloat16") else dtype
         rows.append(dtype_checked(row, outcome.dtypes["lse"], expected))
+    rows += repeat_rows(case.name, dtype, outcome, errors)
     if outcome.backward is not None:
         kind, message, error = outcome.backward
         rows.append(failed_row(case.name, dtype, kind, f"the backward: {message}", error, errors))

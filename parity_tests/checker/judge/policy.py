@@ -10,8 +10,8 @@ everywhere cannot slip under,
     rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(R - G), rms(rd(G) - G))
                   + BIAS_FLOOR[dtype] * rms(G)
 
-(for dq and dk, R is the exact answer of a kernel that reads back its stored output, and
-max|Bl - G| in the max bound is max|R - G| where that is larger; ``judge_tensor``)
+(for dq, dk and dv, R is the exact answer of a kernel that reads back its stored output and
+lse, and max|Bl - G| in the max bound is max|R - G| where that is larger; ``judge_tensor``)
 
 (the rounding of a correct kernel is about as spread as the baseline's, while a systematic error
 adds to every entry; rd(G) is the golden stored in the kernel's dtype, the rounding no kernel
@@ -19,8 +19,9 @@ avoids, which stands in for the baseline's where that overflowed); lse as the li
 row with nothing to see may carry -inf or +inf; under causal ALiBi flash-attn's convention, shifted
 by slope_h * p_i, is recognised exactly, docs/derivations/alibi.md); the kept fraction of dropout
 against 1 - p; and, where the signature returns no keep-mask (flash-attn's), the outputs of many
-draws at p against what dropout does to the output at p = 0 (``judge_draws``). Pure NumPy on float64
-arrays: running the kernel is ``checker.running.calls``' job.
+draws at p against what dropout does to the output at p = 0 (``judge_draws``); and a second call on
+identical inputs against the first, bit for bit (``difference``, ``judge_repeat``). Pure NumPy on
+float64 arrays: running the kernel is ``checker.running.calls``' job.
 
 Tests: tests/checker/judge/test_policy.py
 """
@@ -57,9 +58,10 @@ def judge_tensor(
 
     The reference error the bounds scale is the plain baseline's, or, where larger, that of
     ``read_back``: the exact answer of a kernel that reads its own output back as stored in the
-    dtype (dq and dk of FlashAttention's backward, ``expected._read_back``), a choice a correct
-    kernel may make. The row's ``baseline`` and ``rms_baseline`` are that larger error. A NaN or
-    inf in ``result`` there is "nonfinite" at once. A baseline that is itself NaN or inf there
+    dtype and recomputes its weights from lse as stored (dq, dk and dv of FlashAttention's
+    backward, ``golden.attention._read_back``), a choice a correct kernel may make. The row's
+    ``baseline`` and ``rms_baseline`` are that larger error. A NaN or inf in ``result`` there is
+    "nonfinite" at once. A baseline that is itself NaN or inf there
     (plain half-precision math overflows on extreme logits) leaves the floors (and
     ``read_back``'s error) alone as the bounds, and the row says so. The verdict is "fail" above
     the max bound, else "bias" above the RMS bound, else "pass".
@@ -229,6 +231,30 @@ def judge_draws(
     error, bound, detail = max(tests, key=lambda test: test[0] / test[1])
     verdict = "pass" if error <= bound else "fail"
     return KernelRow(case, dtype, "keep", error, nan, 1.0, bound, verdict, detail)
+
+
+def difference(first: np.ndarray, second: np.ndarray) -> float:
+    """max|second - first| over the entries where two results differ: 0.0 when they are equal bit
+    for bit (``torch.equal``'s sense, with NaN at the same positions equal), inf where one holds
+    NaN and the other not, or infinities of opposite signs. The arrays are float64 copies of the
+    kernel's tensors, exact for every dtype it returns, so they differ where the tensors do."""
+    if first.shape != second.shape:
+        return math.inf
+    same = (first == second) | (np.isnan(first) & np.isnan(second))
+    if np.all(same):
+        return 0.0
+    with np.errstate(invalid="ignore"):  # inf - inf
+        gap = np.abs(second[~same] - first[~same])
+    return float(np.max(np.where(np.isnan(gap), math.inf, gap)))
+
+
+def judge_repeat(case: str, dtype: str, tensor: str, gap: float) -> KernelRow:
+    """The "nondeterministic" row of ``tensor``, which a second call on identical inputs (fresh
+    copies, the same torch seed) gave ``gap`` = max|second - first| away from the first: the
+    bound is 0, bit for bit."""
+    detail = f"{tensor} differs from call to call on identical inputs: max|difference| {gap:.3g}"
+    nan = math.nan
+    return KernelRow(case, dtype, tensor, gap, nan, nan, 0.0, "nondeterministic", detail)
 
 
 def wrong_dtype(row: KernelRow, got: str) -> KernelRow:

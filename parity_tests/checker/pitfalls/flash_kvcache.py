@@ -46,7 +46,10 @@ def _decode(args: dict[str, Any], **mistake: Any) -> Any:
     as b * pages + 0, 1, ..., ignoring the table); ``ignore_leftpad``; ``lse_map`` (applied to
     lse); ``gqa_modulo`` (query head h reads kv head h % H_kv); ``left_shift`` (added to the
     window's left side); ``write_row_b`` (new tokens written to cache row b, read from row
-    cache_batch_idx[b])."""
+    cache_batch_idx[b]); ``slot_wrap`` (a token's slot in its page taken modulo that many rows,
+    reading and writing); ``id_bits`` (page ids kept in that many bits); ``row_stride`` (the
+    table read as rows of the pages the longest sequence needs, not of its own width);
+    ``d64`` (at D = 64, the last 16 channels of V dropped)."""
     q, k_cache, v_cache, k, v = (args[n] for n in ("q", "k_cache", "v_cache", "k", "v"))
     dtype = q.dtype
     compute = torch.float32 if dtype in _HALF else dtype
@@ -62,6 +65,11 @@ def _decode(args: dict[str, Any], **mistake: Any) -> Any:
         pages = pages_of(b, table, batch_idx)
         if mistake.get("contiguous_pages") and table is not None:
             pages = list(range(b * table.shape[1], (b + 1) * table.shape[1]))
+        if mistake.get("row_stride") and table is not None:
+            pages = _rows_of_needed_width(table, args["cache_seqlens"], s_new, k_cache.shape[1], b)
+        if "id_bits" in mistake:
+            pages = [page & ((1 << mistake["id_bits"]) - 1) for page in pages]
+        wrap = mistake.get("slot_wrap")
         start = int(args["cache_seqlens"][b]) + mistake.get("start_shift", 0)
         start = max(0, start - (s_new if mistake.get("seqlens_after") else 0))
         query, keys_new = q[b].to(compute), None
@@ -78,15 +86,22 @@ def _decode(args: dict[str, Any], **mistake: Any) -> Any:
                 keys_new = rotate_tokens(keys_new, k_pos, cos, sin, pairs)
             if not mistake.get("no_write"):
                 written = [b] if mistake.get("write_row_b") else pages
-                write_tokens(k_cache, written, start, keys_new.to(dtype))
-                write_tokens(v_cache, written, start, v[b])
+                write = _write_wrapped if wrap else write_tokens
+                extra = {"wrap": wrap} if wrap else {}
+                write(k_cache, written, start, keys_new.to(dtype), **extra)
+                write(v_cache, written, start, v[b], **extra)
         total = start + s_new
         if mistake.get("no_write") and k is not None:
             keys = torch.cat([read_tokens(k_cache, pages, 0, start).to(compute), keys_new])
             values = torch.cat([read_tokens(v_cache, pages, 0, start), v[b]]).to(compute)
+        elif wrap:
+            keys = _read_wrapped(k_cache, pages, total, wrap).to(compute)
+            values = _read_wrapped(v_cache, pages, total, wrap).to(compute)
         else:
             keys = read_tokens(k_cache, pages, 0, total).to(compute)
             values = read_tokens(v_cache, pages, 0, total).to(compute)
+        if mistake.get("d64") and values.shape[-1] == 64:
+            values = torch.cat([values[..., :48], torch.zeros_like(values[..., 48:])], dim=-1)
         if mistake.get("gqa_modulo"):
             group = q.shape[2] // keys.shape[1]
             keys, values = keys.repeat(1, group, 1), values.repeat(1, group, 1)
@@ -105,6 +120,29 @@ def _decode(args: dict[str, Any], **mistake: Any) -> Any:
     out, lse = torch.stack(outs), torch.stack(lses)
     lse = mistake.get("lse_map", lambda x: x)(lse)
     return (out, lse) if args["return_softmax_lse"] else out
+
+
+def _rows_of_needed_width(table, seqlens, s_new: int, size: int, b: int) -> list[int]:
+    """Sequence b's pages read from the table's storage as rows of the pages the longest
+    sequence needs (FlashInfer #4270's row stride), not of the table's own width."""
+    needed = max(-(-(int(n) + s_new) // size) for n in seqlens)
+    flat = [int(page) for page in table.flatten()]
+    return flat[b * needed : b * needed + table.shape[1]]
+
+
+def _read_wrapped(pool: torch.Tensor, pages: list[int], total: int, wrap: int) -> torch.Tensor:
+    """Tokens [0, total) of a sequence with each slot taken modulo ``wrap``."""
+    size = pool.shape[1]
+    return torch.stack([pool[pages[t // size], (t % size) % wrap] for t in range(total)])
+
+
+def _write_wrapped(pool: torch.Tensor, pages: list[int], start: int, tokens: torch.Tensor,
+                   wrap: int) -> None:  # fmt: skip
+    """Write ``tokens`` at positions start, start + 1, ... with each slot modulo ``wrap``."""
+    size = pool.shape[1]
+    for i, token in enumerate(tokens):
+        t = start + i
+        pool[pages[t // size], (t % size) % wrap] = token
 
 
 def _flash_kvcache(name: str, doc: str, **mistake: Any) -> Callable[..., Any]:
@@ -200,6 +238,30 @@ batch_idx_wrong_row = _flash_kvcache(
     "attention reads row cache_batch_idx[b].",
     write_row_b=True,
 )
+page_over_128_wrapped = _flash_kvcache(
+    "page_over_128_wrapped",
+    "A token's slot in its page kept in 7 bits (modulo 128): right for pages of up to 128 "
+    "tokens, wrong past them (FlashInfer #4347, a P0).",
+    slot_wrap=128,
+)
+page_ids_16_bit = _flash_kvcache(
+    "page_ids_16_bit",
+    "Page ids kept in 16 bits: right for pools of up to 65,536 pages, another page past them "
+    "(ROCm ATOM #702, tokenspeed #522).",
+    id_bits=16,
+)
+table_row_stride = _flash_kvcache(
+    "table_row_stride",
+    "The block table read with the row stride of the pages the longest sequence needs, not the "
+    "table's own width: every sequence but the first reads the wrong pages (FlashInfer #4270).",
+    row_stride=True,
+)
+d64_drops_channels = _flash_kvcache(
+    "d64_drops_channels",
+    "At head width 64 the last 16 channels of V are dropped: right at every width but the one "
+    "nobody tested in that dtype (FlashInfer #4748).",
+    d64=True,
+)
 
 
 def _first(battery: tuple[DecodeCase, ...], test: Callable[[DecodeCase], bool]) -> str:
@@ -219,6 +281,16 @@ _LEFTPAD = _first(_BATTERY, lambda c: c.leftpad is not None and c.window is None
 _WINDOW = _first(_BATTERY, lambda c: c.window is not None and c.s_new > 0 and not c.softcap)
 _BATCH_IDX = _first(_BATTERY, lambda c: c.batch_idx and c.s_new > 0)
 _TOP_LEFT = _first(_BATTERY, lambda c: c.page_size == 64 and c.needs == _PLAIN)
+_PAST_128 = _first(  # a page past 128 tokens, a sequence past its 128th slot
+    _BATTERY,
+    lambda c: (
+        (c.page_size or 0) > 128
+        and c.needs <= _PLAIN
+        and any(n % c.page_size > 128 for n in c.seqlens)
+    ),
+)
+_WIDE_IDS = _first(_BATTERY, lambda c: c.pool_pages > 65536)
+_D64 = _first(_BATTERY, lambda c: c.d == 64)
 
 PITFALLS: dict[str, Pitfall] = {
     "seqlens_after_append": Pitfall(seqlens_after_append, _BASE, "out", SPEC.name),
@@ -233,4 +305,8 @@ PITFALLS: dict[str, Pitfall] = {
     "gqa_modulo": Pitfall(gqa_modulo, _BASE, "out", SPEC.name),
     "kvcache_window_off_by_one": Pitfall(kvcache_window_off_by_one, _WINDOW, "out", SPEC.name),
     "batch_idx_wrong_row": Pitfall(batch_idx_wrong_row, _BATCH_IDX, "out", SPEC.name),
+    "page_over_128_wrapped": Pitfall(page_over_128_wrapped, _PAST_128, "out", SPEC.name),
+    "page_ids_16_bit": Pitfall(page_ids_16_bit, _WIDE_IDS, "out", SPEC.name),
+    "table_row_stride": Pitfall(table_row_stride, _BASE, "out", SPEC.name),
+    "d64_drops_channels": Pitfall(d64_drops_channels, _D64, "out", SPEC.name),
 }

@@ -214,6 +214,51 @@ def temperature_1pct(
     return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale * 1.01)
 
 
+# -- corners of 2025-2026: rows shifted far below zero, broadcast keys ----------------------------
+
+FAR_NEGATIVE = -1e4  # the row max below which far_negative_as_masked takes a row for dead
+
+
+def far_negative_as_masked(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """A row whose largest score is finite but far below zero (at most ``FAR_NEGATIVE``) taken
+    for a fully masked row and given zeros: the test a kernel makes when its masked scores are
+    a finite sentinel rather than -inf (FlashInfer #4450, #4451). Softmax does not see a shift
+    of a whole row: a float mask adding -1e5 to a row leaves its answer what it was."""
+    key, value = _kv(query, key, value, enable_gqa)
+    scores = attention_scores(query, key, attn_mask, is_causal, scale, mask_in_float32=True)
+    dead = scores.amax(dim=-1, keepdim=True) <= FAR_NEGATIVE  # (B, H, N, 1)
+    probs = masked_softmax(scores).masked_fill(dead, 0.0).to(query.dtype)
+    return _dropout(probs, dropout_p) @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
+
+
+def broadcast_kv_1mod32(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Keys and values given as stride-0 views (``expand`` over heads or batch) take a path that
+    loads keys in blocks of 32 and, when M = 32 k + 1, loads the last block's one key from the
+    start of the block before it: its score and value are those of key M - 33. Right on
+    materialized keys and at every other M (PyTorch #191937: SDPA's efficient kernel on stride-0
+    k and v at key lengths 1 mod 32, error 19.5)."""
+    m = key.shape[-2]
+    if m % 32 == 1 and m > 32 and _broadcast(key, value):
+        key, value = (torch.cat([t[..., :-1, :], t[..., -33:-32, :]], dim=-2) for t in (key, value))
+    key, value = _kv(query, key, value, enable_gqa)
+    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _broadcast(*tensors: torch.Tensor) -> bool:
+    """Whether each tensor has a stride-0 axis of size > 1 among its leading axes."""
+    return all(
+        any(
+            stride == 0 and size > 1
+            for size, stride in zip(t.shape[:-2], t.stride()[:-2], strict=True)
+        )
+        for t in tensors
+    )
+
+
 # -- GQA (SDPA's signature with enable_gqa) -------------------------------------------------------
 
 
@@ -284,6 +329,8 @@ PITFALLS: dict[str, Pitfall] = {
     "no_max_shift": Pitfall(no_max_shift, _on("dead rows"), "out"),
     "nan_on_dead_rows": Pitfall(nan_on_dead_rows, _on("dead rows"), "out"),
     "temperature_1pct": Pitfall(temperature_1pct, _on("plain, long"), "dq"),
+    "far_negative_as_masked": Pitfall(far_negative_as_masked, _on("shifted"), "out"),
+    "broadcast_kv_1mod32": Pitfall(broadcast_kv_1mod32, _on("broadcast 1 mod 32"), "out"),
     "gqa_head_modulo": Pitfall(gqa_head_modulo, _on("gqa"), "out"),
     "gqa_no_group_sum": Pitfall(gqa_no_group_sum, _on("gqa"), "dk"),
 }

@@ -175,6 +175,54 @@ def ignores_dropout(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                   return_attn_probs)  # fmt: skip
 
 
+SATURATION = 8.0  # backward_wrong_on_outliers: k saturates at this many times its RMS
+
+ROW_TILE = 64  # query rows per tile of epilogue_rows_permuted's kernel
+
+
+def backward_wrong_on_outliers(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                               deterministic=False, return_attn_probs=False):  # fmt: skip
+    """A right forward, and a backward that recomputes the scores from k cast to a narrow format
+    whose range was sized on Gaussian activations: entries past ``SATURATION`` times k's RMS
+    saturate. Gaussian inputs never reach it (their largest entry is about 5 RMS); real
+    activations do, through their outlier channels and sink keys (TransformerEngine #3216: a
+    backward wrong on real activations and right on Gaussian ones)."""
+    args = (softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+    result = _flash(q, k, v, *args, dropout_p=dropout_p)
+    limit = SATURATION * k.detach().float().pow(2).mean().sqrt().item()
+    saturated = k.clamp(-limit, limit)
+    if torch.equal(saturated, k):
+        return result
+    out = result[0] if return_attn_probs else result
+    recomputed = _flash(q, saturated, v, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, False, dropout_p=dropout_p)  # fmt: skip
+    out = out.detach() + (recomputed - recomputed.detach())  # forward: out; backward: recomputed
+    return (out, *result[1:]) if return_attn_probs else out
+
+
+def epilogue_rows_permuted(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False):  # fmt: skip
+    """Every query tile after the first written back with its rows swapped in pairs (row 2 i
+    to 2 i + 1 and back), an epilogue's wrong thread-to-row map: each row holds a neighbour's
+    answer, and the output's norm is unchanged to the last bit, so a test that compares norms
+    passes (flash-attention #2553: norms matched, values off by 0.5-3.9). Right while N <=
+    ``ROW_TILE``."""
+    result = _flash(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                    return_attn_probs, dropout_p=dropout_p)  # fmt: skip
+    out = result[0] if return_attn_probs else result
+    n = out.shape[1]
+    if n <= ROW_TILE:
+        return result
+    rows = torch.arange(n, device=out.device)
+    tail = rows[ROW_TILE:]
+    swapped = tail ^ 1  # pairs (2 i, 2 i + 1) swapped; past the end, a row keeps its place
+    rows[ROW_TILE:] = torch.where(swapped < n, swapped, tail)
+    out = out[:, rows]  # (B, N, H, Dv), rows of the later tiles swapped in pairs
+    return (out, *result[1:]) if return_attn_probs else out
+
+
 def _flagged(kernel: Any, teeth: str, tensor: str) -> Pitfall:
     return Pitfall(kernel, pick(SPEC, teeth), tensor, "flash")
 
@@ -187,4 +235,6 @@ PITFALLS: dict[str, Pitfall] = {
     "nan_on_split_kv": _flagged(nan_on_split_kv, "split causal", "out"),
     "alibi_by_kv_head": _flagged(alibi_by_kv_head, "alibi under gqa", "out"),
     "ignores_dropout": _flagged(ignores_dropout, "dropout", "keep"),
+    "backward_wrong_on_outliers": _flagged(backward_wrong_on_outliers, "outliers", "dq"),
+    "epilogue_rows_permuted": _flagged(epilogue_rows_permuted, "two row tiles", "out"),
 }

@@ -2,7 +2,9 @@
 decode case's inputs, with torch seeded by the request's seed, every failure an ``Outcome``
 (``running.calls.run_protected``); out (and lse) checked for their shapes, the caches kept
 before and after when new tokens were written (judged slot by slot), and an "inplace" row for
-every other argument the kernel changed.
+every other argument the kernel changed. Then the same call again on fresh copies
+(``running.calls.repeated``): out, lse and the caches it wrote must be the first call's bit for
+bit, unless the kernel is declared nondeterministic.
 
 Shape legend: B sequences, s_q queries and s_new new tokens per sequence, H query heads, H_kv
 key/value heads, D head width, Dv value head width, P page size.
@@ -20,21 +22,28 @@ import torch
 from ..golden import to64
 from ..golden.decode import CACHES, decode_inputs
 from ..report.rows import KernelRow
-from .calls import BadResult, Kernel, Outcome, Request, run_protected
+from .calls import BadResult, Kernel, Outcome, Request, repeated, run_protected
 
 if TYPE_CHECKING:
     from ..spec import Spec
 
 
 def run_decode(spec: Spec, kernel: Kernel, request: Request) -> Outcome:
-    """One case and dtype of ``kernel``: the call on copies of the inputs, the in-place checks;
-    every failure of the kernel is an ``Outcome``, never an exception (but Ctrl-C)."""
+    """One case and dtype of ``kernel``: the call on copies of the inputs, the in-place checks,
+    the call again; every failure of the kernel is an ``Outcome``, never an exception (but
+    Ctrl-C)."""
     changed: list[KernelRow] = []
     value, failure = run_protected(lambda: _call(spec, kernel, request, changed), changed)
     if failure is not None:
         return failure
     arrays, dtypes = value
-    return Outcome("ok", arrays, dtypes, changed)
+    outcome = Outcome("ok", arrays, dtypes, changed)
+
+    def again() -> dict:
+        found = _call(spec, kernel, request, changed)[0]
+        return {name: found[name] for name in ("out", "lse", *CACHES) if name in found}
+
+    return repeated(outcome, request, again)
 
 
 def _call(
@@ -49,9 +58,10 @@ def _call(
         torch.manual_seed(seed)
         result = spec.call(kernel, case, given, want_lse, request.options)
     appended = case.s_new > 0
+    seen = {row.tensor for row in changed}  # an input changed by the first call has its row
     for name, before in inputs.items():
-        if appended and name in CACHES:
-            continue  # judged slot by slot
+        if (appended and name in CACHES) or name in seen:
+            continue  # the caches with new tokens are judged slot by slot
         if not torch.equal(given[name], before):
             changed.append(_inplace_row(case.name, dtype, name, given[name], before))
     if spec.always_lse or want_lse:

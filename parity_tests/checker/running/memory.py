@@ -12,6 +12,10 @@ and v in the spec's layout (same values, same shapes) as the case says:
 - "offset": each a contiguous view that starts ``OFFSET`` elements into its buffer (a nonzero
   storage offset; the elements before it are NaN, so a kernel that reads from the start of the
   storage sees them).
+- "broadcast": k and v stride-0 views, one head expanded over the key/value heads (or, with one
+  head, one batch element over the batch), as ``expand`` gives them (PyTorch #191937: SDPA's
+  efficient kernel wrong on them at key lengths 1 mod 32); their values are equal along that
+  axis by construction (``case.make_inputs``), so the view holds the case's own values.
 
 The last axis always has stride 1, as every library's kernels require. The copies are leaves
 that do not require grad; the caller asks for grad on them.
@@ -43,13 +47,27 @@ def place(
         return _at_offset(q), _at_offset(k), _at_offset(v)
     if memory == "kv-strides":
         return _contiguous(q), _token_major([k], heads_first)[0], _head_major(v, heads_first)
+    if memory == "broadcast":
+        return _contiguous(q), _broadcast(k, heads_first), _broadcast(v, heads_first)
     if memory == "fused":
         if _token_first(q, heads_first).shape[:-2] == _token_first(k, heads_first).shape[:-2]:
             fq, fk, fv = _token_major([q, k, v], heads_first)
             return fq, fk, fv
         fk, fv = _token_major([k, v], heads_first)
         return _token_major([q], heads_first)[0], fk, fv
-    raise ValueError(f"memory must be contiguous, fused, kv-strides or offset, got {memory!r}")
+    raise ValueError(
+        f"memory must be contiguous, fused, kv-strides, offset or broadcast, got {memory!r}"
+    )
+
+
+def _broadcast(t: torch.Tensor, heads_first: bool) -> torch.Tensor:
+    """A stride-0 view of t's first head expanded over its heads, or of its first batch element
+    over the batch when it has one head (``case.make_inputs`` draws broadcast k and v equal along
+    that axis, so the values are t's own)."""
+    heads = -3 if heads_first else -2
+    axis = heads if t.shape[heads] > 1 or t.dim() < 4 else 0
+    first = _contiguous(t.narrow(axis, 0, 1))
+    return first.expand(t.shape)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:

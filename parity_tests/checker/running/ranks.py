@@ -9,11 +9,13 @@ this rank's shard of q (B, H, N/W, D), k and v (B, H_kv, N/W, D) and returns its
 127.0.0.1 at a free port, and run every case and dtype: each rank shards the case's whole
 sequence by the case's layout (``shard_sequence``), runs the kernel forward and backward under
 the case's upstream gradient, and the shards of out, dq, dk, dv are gathered
-(``gather_sequence``). The parent judges the gathered tensors against the float64 golden of the
-whole sequence with the same policy as every spec (``calls.judge_outcome``). Every wait is
-bounded: the group's timeout for a collective, and a deadline for the whole run, after which
-every rank is killed and what did not finish is an "error" naming the limit; a rank killed by a
-signal is named with it. The kernel must pickle (a module-level function, or
+(``gather_sequence``); then the call again (forward only, unless the kernel claims
+"deterministic"), whose gathered results must be the first's bit for bit (``calls.compared``).
+The parent judges the gathered tensors against the float64 golden of the whole sequence with
+the same policy as every spec (``calls.judge_outcome``). Every wait is bounded: the group's
+timeout for a collective, and a deadline for the whole run, after which every rank is killed
+and what did not finish is an "error" naming the limit; a rank killed by a signal is named with
+it. The kernel must pickle (a module-level function, or
 "module:function"): each rank imports it.
 
 Shape legend: B batch, H heads, H_kv key/value heads, N sequence length, W ranks, D head width.
@@ -41,7 +43,7 @@ from ...tolerances import ISOLATE_TIME_LIMIT_S
 from ..battery.attention.case import Case
 from ..golden.attention import case_inputs
 from ..report.rows import KernelRow
-from .calls import BadResult, Kernel, Outcome, Request, load_kernel, run_protected
+from .calls import BadResult, Kernel, Outcome, Request, compared, load_kernel, run_protected
 
 # Any collective of a healthy group on the battery's small cases takes far less; a rank that
 # never arrives (its kernel raised before a collective the others are in) fails its peers then.
@@ -156,37 +158,51 @@ def _rank(rank: int, world: int, port: int, outdir: str, payload: bytes, request
 
 
 def _one(kernel: Kernel, request: Request, rank: int, world: int) -> Outcome:
-    """One case and dtype on this rank; every rank returns the same kind of outcome (the ranks
-    agree on success before gathering, so that a failure on one rank cannot hang the others)."""
-    import torch.distributed as dist
+    """One case and dtype on this rank, called twice (``calls.repeated``); every rank returns
+    the same kind of outcome (the ranks agree on success before gathering, so that a failure on
+    one rank cannot hang the others)."""
+    from torch_attention.distributed import shard_sequence
 
-    from torch_attention.distributed import gather_sequence, shard_sequence
-
-    case, forward_only = request.case, request.forward_only
+    case = request.case
     inputs = case_inputs(case, request.dtype, request.device, request.seed)
     shards = {
         name: shard_sequence(t, rank, world, layout=case.layout)
         for name, t in zip(("q", "k", "v", "dout"), (*inputs[:3], inputs.dout), strict=True)
     }
-    given = {name: shards[name].clone() for name in "qkv"}
-    leaves = [given[name].requires_grad_(not forward_only) for name in "qkv"]
     changed: list[KernelRow] = []
 
-    def call() -> tuple:
+    def call(backward: bool) -> tuple:
+        given = {name: shards[name].clone() for name in "qkv"}
+        leaves = [given[name].requires_grad_(backward) for name in "qkv"]
         out = kernel(*leaves, **_options(case))
         changed.extend(_changed(request, given, shards, rank, "forward", changed))
         expected = tuple(shards["dout"].shape)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise BadResult(f"kernel returned out {got} on rank {rank}, expected {expected}")
-        if forward_only:
+        if not backward:
             return (out.detach(),)
         out.backward(shards["dout"].to(out.dtype))
         changed.extend(_changed(request, given, shards, rank, "backward", changed))
         grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
         return (out.detach(), *grads)
 
-    results, failure = run_protected(call, changed)
+    first = run_protected(lambda: call(not request.forward_only), changed)
+    outcome = _gathered(case, *first, changed)
+    if outcome.kind != "ok" or request.nondeterministic:
+        return outcome
+    twice = request.deterministic and not request.forward_only  # the backward compared too
+    second = run_protected(lambda: call(twice), changed)
+    return compared(outcome, _gathered(case, *second, changed))
+
+
+def _gathered(case: Case, results: Any, failure: Outcome | None, changed: list) -> Outcome:
+    """The outcome of one call on every rank: the gathered out (dq, dk, dv) when it returned on
+    every rank, else this rank's failure, or that of a peer."""
+    import torch.distributed as dist
+
+    from torch_attention.distributed import gather_sequence
+
     try:
         status = torch.tensor([0.0 if failure is None else 1.0])
         dist.all_reduce(status)

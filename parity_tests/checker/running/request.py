@@ -27,6 +27,11 @@ class Request(NamedTuple):
     forward_only: bool
     want_lse: bool
     options: dict[str, Any] = {}  # the spec's own arguments (``Spec.options``)
+    # The kernel claims "deterministic": its backward runs twice too (flash-attn's signature
+    # gets deterministic=True).
+    deterministic: bool = False
+    # KernelLimits(nondeterministic=True): the kernel runs once, nothing compared.
+    nondeterministic: bool = False
 
 
 class Outcome(NamedTuple):
@@ -35,7 +40,10 @@ class Outcome(NamedTuple):
     (``message``; for an exception ``error`` = (type, first line, traceback)); ``keep`` the
     keep-mask read back through SDPA's signature, ``draws`` the outputs at dropout_p through
     flash-attn's; ``backward`` (kind, message, error) when the forward returned and the backward
-    failed: the arrays then hold the forward's only."""
+    failed: the arrays then hold the forward's only. ``differences``: max|second - first| of
+    each result that a second call on identical inputs did not give bit for bit (empty when it
+    gave every one; ``running.calls.repeated``), ``repeat`` (kind, message, error) when that
+    call failed."""
 
     kind: str
     arrays: dict[str, np.ndarray]
@@ -46,3 +54,5 @@ class Outcome(NamedTuple):
     error: tuple[str, str, str] | None = None
     draws: np.ndarray | None = None
     backward: tuple[str, str, tuple[str, str, str] | None] | None = None
+    differences: dict[str, float] = {}
+    repeat: tuple[str, str, tuple[str, str, str] | None] | None = None

@@ -11,7 +11,8 @@ over a cache) and is no spec. Adding a kernel API adds its module here, its brok
 - "flash_kvcache", "flash_mla": flash-attn's ``flash_attn_with_kvcache`` and FlashMLA's
   ``flash_mla_with_kvcache``, decode kernels over a cache.
 
-``SPECS`` names them in that order, ``FEATURES`` every feature any of them can express; ``get``
+``SPECS`` names them in that order, ``FEATURES`` every feature any of them can express (a
+spec's ``opt_in`` features too; ``SPEC_FEATURES``: each spec's default claim); ``get``
 returns one by name (a ValueError listing them for another name).
 
 Tests: tests/checker/test_spec.py, tests/checker/specs/
@@ -61,8 +62,9 @@ def check_spec(spec: object) -> str:
 
 
 def resolve_features(spec: object, features: Iterable[str] | str | None) -> frozenset[str]:
-    """The features a kernel of ``spec`` claims: the spec's set for None, else the names given
-    (an unknown name, or one the spec cannot express, is a ValueError)."""
+    """The features a kernel of ``spec`` claims: the spec's set for None (its ``opt_in``
+    features left out), else the names given (an unknown name, or one the spec cannot express,
+    is a ValueError)."""
     found = get(spec)
     if features is None:
         return found.features
@@ -73,11 +75,11 @@ def resolve_features(spec: object, features: Iterable[str] | str | None) -> froz
     unknown = sorted(str(name) for name in names if name not in known)
     if unknown:
         raise ValueError(f"unknown features {unknown}; known: {list(known)}")
-    foreign = sorted(names - found.features)
+    foreign = sorted(names - found.features - found.opt_in)
     if foreign:
         raise ValueError(
             f"spec {found.name!r} cannot express the features {foreign}; "
-            f"its features: {sorted(found.features)}"
+            f"its features: {sorted(found.features | found.opt_in)}"
         )
     return names
 
@@ -114,5 +116,6 @@ def _features() -> tuple[str, ...]:
         "batch_idx",
         "splits",
     )
-    rest = sorted({f for spec in registry().values() for f in spec.features} - set(first))
+    every = {f for spec in registry().values() for f in spec.features | spec.opt_in}
+    rest = sorted(every - set(first))
     return first + tuple(rest)

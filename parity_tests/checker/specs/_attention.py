@@ -2,6 +2,10 @@
 flash-attn's and its varlen form, FlexAttention's, ``ring_attention``'s), judged forward and
 backward on the cases of ``battery.attention``.
 
+Every attention spec takes the feature "deterministic", never in a default claim (``opt_in``):
+judged on every case, it runs each case's backward twice and compares the gradients bit for bit
+(the forward is compared for every kernel not declared nondeterministic).
+
 A subclass says what its signature is (``factor_names``: the factors it can express;
 ``align``: where its causal, windows and ALiBi sit; ``dropout``: whether it returns the
 keep-mask or is judged by draws; ``quick_teeth``: the cases its pitfalls need), how a case
@@ -30,7 +34,7 @@ from ..battery.attention import limits as attention_limits
 from ..battery.attention.case import Case
 from ..battery.attention.handwritten import NAMED, STRESS
 from ..battery.attention.sizes import Requirement, requirements, size_summary
-from ..spec import Spec
+from ..spec import JUDGED_EVERYWHERE, Spec
 
 if TYPE_CHECKING:
     from ..battery.limits import KernelLimits
@@ -46,6 +50,11 @@ class AttentionSpec(Spec):
     dropout: ClassVar[str | None] = None  # "readback" (SDPA's), "draws" (flash-attn's) or None
     quick_teeth: ClassVar[tuple[str, ...]] = ()
     batteries: ClassVar[tuple[str, ...]] = ("default", "quick", "stress")
+    # "deterministic": the backward gives the same bits every call (flash-attn's signature
+    # takes deterministic=True; through the others it is a promise). Claimed explicitly, judged
+    # on every case: the backward runs twice too (``running.calls.repeated``).
+    opt_in: ClassVar[frozenset[str]] = frozenset({"deterministic"})
+    judged_everywhere: ClassVar[frozenset[str]] = JUDGED_EVERYWHERE | opt_in
 
     # -- the space -----------------------------------------------------------------------------
 
@@ -201,8 +210,12 @@ class AttentionSpec(Spec):
         v: torch.Tensor,
         given: dict[str, torch.Tensor],
         want_lse: bool,
+        *,
+        deterministic: bool = False,
     ) -> Any:
-        """Call ``kernel`` as the spec's library would be called, q, k, v in its layout."""
+        """Call ``kernel`` as the spec's library would be called, q, k, v in its layout;
+        ``deterministic``: the kernel claims the feature (flash-attn's signature passes it on,
+        the others have no such argument)."""
         raise ValueError(f"spec {self.name!r} is not called in-process")
 
     def split_result(self, result: Any, want_lse: bool) -> tuple[Any, Any]:

@@ -6,8 +6,10 @@ return_attn_probs=False)``; (B, N, H, D); causal, windows and ALiBi bottom-right
 The checker passes only the keywords that differ from the signature's defaults (a kernel
 without, say, a softcap argument still runs the cases that need none); ``window_size`` uses -1
 for an unbounded side, and under causal the right side is 0 (what flash-attn sets itself);
-ALiBi slopes are float32, as the library requires. flash-attn returns no dropout mask: its
-dropout is judged by draws (``running.dropout.draw_outputs``, ``judge.policy.judge_draws``).
+ALiBi slopes are float32, as the library requires; ``deterministic=True`` goes to a kernel that
+claims the feature "deterministic" (its backward is then run twice and compared bit for bit).
+flash-attn returns no dropout mask: its dropout is judged by draws
+(``running.dropout.draw_outputs``, ``judge.policy.judge_draws``).
 
 Shape legend: B batch, H heads, N query length, D head width.
 
@@ -41,7 +43,8 @@ class FlashSpec(AttentionSpec):
     dropout = "draws"
     quick_teeth = ("any", "causal n<m", "window", "alibi", "softcap", "softcap with alibi",
                    "alibi under gqa", "kv strides", "padded keys", "last key of a block",
-                   "even square", "split causal", "dropout")  # fmt: skip
+                   "even square", "split causal", "dropout", "outliers",
+                   "two row tiles")  # fmt: skip
 
     def heads_first(self, case: Case) -> bool:
         return False
@@ -53,8 +56,10 @@ class FlashSpec(AttentionSpec):
         return t if case.packed else t.transpose(1, 2)  # (B, L, H, W) -> (B, H, L, W)
 
     def invoke(self, kernel: Callable[..., Any], case: Case, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool) -> Any:  # fmt: skip
-        return kernel(q, k, v, **flash_keywords(case, given.get("alibi_slopes"), want_lse))
+               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool, *,
+               deterministic: bool = False) -> Any:  # fmt: skip
+        slopes = given.get("alibi_slopes")
+        return kernel(q, k, v, **flash_keywords(case, slopes, want_lse, deterministic))
 
     def split_result(self, result: Any, want_lse: bool) -> tuple[Any, Any]:
         if not want_lse:
@@ -62,9 +67,13 @@ class FlashSpec(AttentionSpec):
         return super().split_result(result, want_lse)
 
 
-def flash_keywords(case: Case, slopes: torch.Tensor | None, want_lse: bool) -> dict[str, Any]:
+def flash_keywords(
+    case: Case, slopes: torch.Tensor | None, want_lse: bool, deterministic: bool = False
+) -> dict[str, Any]:
     """flash-attn's keywords that differ from their defaults. ``window_size`` uses -1 for an
-    unbounded side; under causal the right side is 0 (what flash-attn sets itself)."""
+    unbounded side; under causal the right side is 0 (what flash-attn sets itself);
+    ``deterministic=True`` for a kernel that claims the feature (its backward, which otherwise
+    adds dq's blocks atomically in any order, then promises the same bits every call)."""
     kwargs: dict[str, Any] = {}
     if case.dropout_p:
         kwargs["dropout_p"] = case.dropout_p
@@ -80,6 +89,8 @@ def flash_keywords(case: Case, slopes: torch.Tensor | None, want_lse: bool) -> d
         kwargs["softcap"] = case.softcap
     if slopes is not None:
         kwargs["alibi_slopes"] = slopes
+    if deterministic:
+        kwargs["deterministic"] = True
     if want_lse:
         kwargs["return_attn_probs"] = True
     return kwargs

@@ -30,12 +30,15 @@ from typing import Any
 
 import torch
 
-from ..battery.decode.case import SEQUENCES, DecodeCase, length_of
+from ..battery.decode.case import SEQUENCES, WIDE_IDS, DecodeCase, length_of
 from ..battery.decode.generate import Requirement
 from ..golden.decode_baseline import plain_kvcache
 from ._decode import DecodeSpec
 
 HEADS = 4
+TABLE_EXTRA = 3  # a wide table's columns past those a sequence can fill
+HUGE_POOL = 70_000  # pages of the case whose page ids need more than 16 bits
+POOL = "_pool"  # a row's key (not a factor) asking for a pool of that many pages
 WINDOWS = {"none": None, "left": (7, -1), "both": (7, 3)}
 ALIBI = {"none": "none", "per-head": "H", "per-batch": "BH"}
 
@@ -53,7 +56,8 @@ class FlashKvcacheSpec(DecodeSpec):
                           "paged", "append", "leftpad", "batch_idx", "splits"})  # fmt: skip
     widths = (32, 64, 128, 256, 33)
     factors = {
-        "page": ("contiguous", "16", "64", "256"),
+        "page": ("contiguous", "1", "16", "64", "128", "160", "256"),
+        "table": ("exact", "wide"),
         "kv": ("mha", "gqa", "mqa"),
         "s_q": ("1", "4"),
         "append": ("none", "s_q", "one"),
@@ -70,14 +74,17 @@ class FlashKvcacheSpec(DecodeSpec):
                        "window": "window", "softcap": "softcap", "alibi": "alibi",
                        "rotary": "rotary", "leftpad": "leftpad", "batch_idx": "batch_idx",
                        "splits": "splits"}  # fmt: skip
-    constrained = ("page", "leftpad", "batch_idx", "rotary", "append", "s_q")
+    constrained = ("page", "table", "leftpad", "batch_idx", "rotary", "append", "s_q")
 
     def allowed(self, row: Mapping[str, str]) -> bool:
         """flash-attn refuses leftpad and batch indices with pages; rotary rotates the new
         keys (it needs some); one new token for one query is the s_q-new-tokens case."""
         get = row.get
-        if get("page") not in (None, "contiguous") and "on" in (get("leftpad"), get("batch_idx")):
+        paged = get("page") not in (None, "contiguous")
+        if paged and "on" in (get("leftpad"), get("batch_idx")):
             return False
+        if get("table") == "wide" and get("page") == "contiguous":
+            return False  # a contiguous cache has no table
         if get("rotary") not in (None, "none") and get("append") == "none":
             return False
         return not (get("append") == "one" and get("s_q") == "1")
@@ -87,6 +94,7 @@ class FlashKvcacheSpec(DecodeSpec):
         s_new, s_q = case.s_new, case.s_q
         return {
             "page": "contiguous" if case.page_size is None else str(case.page_size),
+            "table": "wide" if case.table_extra else "exact",
             "kv": "mha" if case.heads_kv == case.heads else "mqa" if case.heads_kv == 1 else "gqa",
             "s_q": str(s_q),
             "append": "none" if not s_new else "s_q" if s_new == s_q else "one",
@@ -109,17 +117,30 @@ class FlashKvcacheSpec(DecodeSpec):
         return tuple({**base, "page": page, "s_q": ("1", "4")[i % 2]}
                      for i, page in enumerate(self.factors["page"]))  # fmt: skip
 
+    def requirements(self, claimed: frozenset[str] | None) -> tuple[Requirement, ...]:
+        """Those of every decode spec, and with pages, one pool of more pages than 16 bits
+        count (pages of 1 token: the pool stays small in memory)."""
+        found = super().requirements(claimed)
+        if "1" in self.pages(claimed):
+            label = f"pages of 1: a pool of more than {WIDE_IDS:,} pages (ids past 16 bits)"
+            found += (Requirement(label, "pool", "1", WIDE_IDS),)
+        return found
+
     def row_for(self, requirement: Requirement, claimed: frozenset[str] | None) -> dict[str, str]:
         row = super().row_for(requirement, claimed)
         if requirement.kind == "cross":  # four new tokens: from P - 1 they cross an edge
             row.update(append="s_q", s_q="4")
+        if requirement.kind == "pool":
+            row[POOL] = str(HUGE_POOL)
         return row
 
     def case_of(self, row: Mapping[str, str], d: int, lengths: tuple[str, ...]) -> DecodeCase:
         page = None if row["page"] == "contiguous" else int(row["page"])
         s_q = int(row["s_q"])
         s_new = {"none": 0, "s_q": s_q, "one": 1}[row["append"]]
-        capacity = 48 if page is None else page * (2 if page == 256 else 3)
+        capacity = 48 if page is None or page == 1 else page * (2 if page > 64 else 3)
+        extra = TABLE_EXTRA if row["table"] == "wide" else 0
+        pool = int(row.get(POOL, 0))
         seqlens = tuple(length_of(label, page, capacity, s_new) for label in lengths)
         window = WINDOWS[row["window"]]
         leftpad = None
@@ -138,6 +159,8 @@ class FlashKvcacheSpec(DecodeSpec):
             (f"splits{row['splits']}", row["splits"] != "0"),
         ]  # fmt: skip
         where = "contig" if page is None else f"p{page}"
+        where += "-wide" if extra else ""
+        where += f"-pool{pool}" if pool else ""
         head = [where, f"h{HEADS}kv{kv}", f"q{s_q}n{s_new}"]
         tail = [f"d{d}", "L" + "_".join(str(n) for n in seqlens)]
         name = "-".join(head + [label for label, on in labels if on] + tail)
@@ -147,7 +170,7 @@ class FlashKvcacheSpec(DecodeSpec):
             causal=row["causal"] == "on", window=window, softcap=5.0 if softcap else 0.0,
             logits=30.0 if softcap else 1.0, alibi=ALIBI[row["alibi"]], rotary=row["rotary"],
             leftpad=leftpad, batch_idx=row["batch_idx"] == "on", num_splits=int(row["splits"]),
-            length_labels=tuple(lengths),
+            length_labels=tuple(lengths), table_extra=extra, pool_pages=pool,
         )  # fmt: skip
 
     def call(self, kernel: Callable[..., Any], case: DecodeCase, given: dict[str, torch.Tensor],

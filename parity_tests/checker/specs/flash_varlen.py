@@ -63,7 +63,8 @@ class FlashVarlenSpec(FlashSpec):
         return given
 
     def invoke(self, kernel: Callable[..., Any], case: Case, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool) -> Any:  # fmt: skip
+               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool, *,
+               deterministic: bool = False) -> Any:  # fmt: skip
         lengths = case.seqlens or ((case.n, case.m),)
         return kernel(
             q,
@@ -73,7 +74,7 @@ class FlashVarlenSpec(FlashSpec):
             given["cu_seqlens_k"],
             max(n for n, _ in lengths),
             max(m for _, m in lengths),
-            **flash_keywords(case, given.get("alibi_slopes"), want_lse),
+            **flash_keywords(case, given.get("alibi_slopes"), want_lse, deterministic),
         )
 
 

@@ -40,7 +40,8 @@ class FlexSpec(AttentionSpec):
     align = None
 
     def invoke(self, kernel: Callable[..., Any], case: Case, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool) -> Any:  # fmt: skip
+               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool, *,
+               deterministic: bool = False) -> Any:  # fmt: skip
         kwargs = flex_mods(case, given.get("attn_mask"), given.get("alibi_slopes"), q.device)
         if case.scale is not None:
             kwargs["scale"] = case.scale

@@ -36,7 +36,8 @@ class SdpaSpec(AttentionSpec):
     align = "top-left"
     dropout = "readback"
     quick_teeth = ("plain", "plain, long", "n<m", "causal n<m", "bool mask", "float mask",
-                   "dead rows", "scale", "dv != d", "dropout", "gqa")  # fmt: skip
+                   "dead rows", "scale", "dv != d", "dropout", "gqa", "shifted",
+                   "broadcast 1 mod 32")  # fmt: skip
 
     def allowed(self, row: Mapping[str, str]) -> bool:
         if row.get("causal") == "on" and row.get("mask") not in (None, "none"):
@@ -51,7 +52,8 @@ class SdpaSpec(AttentionSpec):
         return None
 
     def invoke(self, kernel: Callable[..., Any], case: Case, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool) -> Any:  # fmt: skip
+               v: torch.Tensor, given: dict[str, torch.Tensor], want_lse: bool, *,
+               deterministic: bool = False) -> Any:  # fmt: skip
         kwargs: dict[str, Any] = {
             "attn_mask": given.get("attn_mask"),
             "dropout_p": case.dropout_p,

@@ -210,9 +210,12 @@ def _paged_cache(
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.generation.continuous_batching.distributed import DistributedHelper
 
+    # RoPE's validation refuses an odd head width (it rotates pairs), though the cache holds
+    # any: build with an even stand-in, then give the cache its true width.
     config = LlamaConfig(hidden_size=heads * width, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, head_dim=width, num_hidden_layers=1,
-                         vocab_size=8)  # fmt: skip
+                         num_key_value_heads=kv_heads, head_dim=width + width % 2,
+                         num_hidden_layers=1, vocab_size=8)  # fmt: skip
+    config.head_dim = width
     batching = ContinuousBatchingConfig(page_size=page, num_blocks=blocks,
                                         max_batch_tokens=page, max_memory_percent=1.0)  # fmt: skip
     # Sizing memory on CPU, it logs an ERROR that psutil is missing; the sizes are given here.

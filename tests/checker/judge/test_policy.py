@@ -1,5 +1,6 @@
 """The tolerance policy on one tensor: both sides of the inequality, the bias statistic beside
-it, lse as the libraries return it, non-finite values, and the kept fraction of dropout."""
+it, lse as the libraries return it, non-finite values, the kept fraction of dropout, and a second
+call's result against the first's, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 
 from parity_tests.checker.judge.policy import (
+    difference,
     judge_keep,
     judge_lse,
+    judge_repeat,
     judge_tensor,
     stored,
     unmeasured,
@@ -204,3 +207,26 @@ def test_the_other_lse_convention_is_accepted_exactly_and_named():
 
     assert flash.verdict == "pass" and "flash-attn's causal ALiBi convention" in flash.detail
     assert half_way.verdict == "fail"
+
+
+@pytest.mark.parametrize(
+    ("second", "gap"),
+    [
+        ([0.5, -0.0, np.nan, np.inf], 0.0),  # -0.0 == 0.0, NaN where NaN was: the same
+        ([np.nextafter(0.5, 1.0), 0.0, np.nan, np.inf], np.nextafter(0.5, 1.0) - 0.5),
+        ([0.5, 0.0, 1.0, np.inf], math.inf),  # a number where NaN was
+        ([0.5, 0.0, np.nan, -np.inf], math.inf),
+    ],
+)
+def test_a_second_result_differs_where_its_bits_do_and_by_how_much(second, gap):
+    first = np.array([0.5, 0.0, np.nan, np.inf])
+
+    assert difference(first, np.array(second)) == gap
+    assert difference(np.array(second), first) == gap
+
+
+def test_a_result_that_differs_from_call_to_call_is_flagged_with_a_bound_of_zero():
+    row = judge_repeat("c", "float16", "dq", 4.9e-4)
+
+    assert (row.tensor, row.verdict, row.error, row.bound) == ("dq", "nondeterministic", 4.9e-4, 0)
+    assert row.failed and "max|difference| 0.00049" in row.detail

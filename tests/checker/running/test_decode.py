@@ -1,18 +1,20 @@
 """The decode specs' calls and verdicts (running.decode, judge.decode): the built-in correct kernels
 pass in every dtype, each tensor a kernel gets wrong is flagged where it is wrong (out, lse, a cache
-slot beyond the new tokens, an input changed in place, a result of the wrong shape or dtype), cases
-needing an undeclared feature are not run, and FlashMLA's metadata comes from the user's hook."""
+slot beyond the new tokens, an input changed in place, a result of the wrong shape or dtype, one
+that changes from call to call), cases needing an undeclared feature are not run, and FlashMLA's
+metadata comes from the user's hook."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from parity_tests import check_kernel
+from parity_tests import KernelLimits, check_kernel
 from parity_tests.checker.golden import to64
 from parity_tests.checker.golden.decode import decode_expected, decode_inputs
 from parity_tests.checker.judge import decode as judge_module
 from parity_tests.checker.judge.decode import judge_decode
+from parity_tests.checker.pitfalls.races import one_ulp_every_other_launch
 from parity_tests.checker.running.calls import Outcome, Request
 from parity_tests.checker.specs import get
 from parity_tests.checker.targets import decode as decode_kernels
@@ -51,7 +53,7 @@ def _wrapped(change):
 def _touch_a_slot(result, q, k_cache, kwargs):
     owned = set(kwargs["block_table"].flatten().tolist()) if "block_table" in kwargs else set()
     spare = min(set(range(k_cache.shape[0])) - owned)  # a page no sequence owns
-    k_cache[spare, 0, 0, 0] += 1e-3
+    k_cache[spare, 0, 0, 0] += 0.25  # a change bfloat16 holds
     return result
 
 
@@ -159,7 +161,7 @@ def test_flashmlas_metadata_comes_from_the_users_hook():
                           mla_metadata=hook)  # fmt: skip
 
     assert report.passed
-    assert seen == [(list(MLA[2].seqlens), MLA[2].s_q * MLA[2].heads, 1)]
+    assert seen == [(list(MLA[2].seqlens), MLA[2].s_q * MLA[2].heads, 1)] * 2  # the call twice
 
 
 def test_a_decode_kernel_runs_isolated_in_a_child_process_like_any_other():
@@ -180,3 +182,32 @@ def test_decode_spec_arguments_are_checked():
         check_kernel(torch.nn.functional.scaled_dot_product_attention, mla_metadata=len)
     with pytest.raises(ValueError, match="cannot express the features"):
         check_kernel(kernel, spec="flash_mla", features=["rotary"])
+
+
+def _out_racy(result, q, k_cache, kwargs):
+    return (one_ulp_every_other_launch(result[0]), *result[1:])
+
+
+def _first_new_key_racy(result, q, k_cache, kwargs):
+    page_size = k_cache.shape[1]
+    position = int(kwargs["cache_seqlens"][0])  # where sequence 0's first new token goes
+    page = int(kwargs["block_table"][0, position // page_size])
+    written = k_cache[page, position % page_size]  # (H_kv, D), a view
+    written.copy_(one_ulp_every_other_launch(written))
+    return result
+
+
+@pytest.mark.parametrize(
+    ("change", "tensor"), [(_out_racy, "out"), (_first_new_key_racy, "k_cache")]
+)
+def test_a_result_that_changes_from_call_to_call_is_flagged_nondeterministic(change, tensor):
+    case = next(c for c in KVCACHE if c.page_size == 16 and c.s_new)
+    kernel, once = _wrapped(change), KernelLimits(nondeterministic=True)
+
+    report = check_kernel(kernel, spec="flash_kvcache", dtypes=["float32"], cases=[case.name])
+    declared = check_kernel(kernel, spec="flash_kvcache", dtypes=["float32"], cases=[case.name],
+                            limits=once)  # fmt: skip
+
+    (row,) = report.failures
+    assert (row.tensor, row.verdict) == (tensor, "nondeterministic") and row.error > 0
+    assert declared.passed, declared.failures

@@ -1,5 +1,6 @@
 """The ring spec: a context-parallel kernel with ``ring_attention``'s signature judged on spawned
-gloo ranks, the gathered sequence against the golden with the same policy as every spec."""
+gloo ranks, the gathered sequence against the golden with the same policy as every spec, and
+against a second call's, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from parity_tests import check_kernel
 from parity_tests.checker.pitfalls import PITFALLS
+from parity_tests.checker.pitfalls.races import one_ulp_every_other_launch
+from torch_attention.distributed import ring_attention
 
 RING = "torch_attention.distributed:ring_attention"
 
@@ -66,3 +69,16 @@ def test_a_ring_kernel_that_does_not_pickle_is_refused():
 def test_world_size_must_be_a_positive_integer(world_size):
     with pytest.raises(ValueError, match="world_size must be an integer"):
         check_kernel(RING, spec="ring", world_size=world_size)
+
+
+def racy_ring(q, k, v, **options):
+    return one_ulp_every_other_launch(ring_attention(q, k, v, **options))
+
+
+def test_a_ring_whose_output_changes_from_call_to_call_is_flagged():
+    # claiming "deterministic", the backward runs twice too, on the ranks (its gradients agree)
+    report = check_kernel(racy_ring, spec="ring", dtypes=["float32"], cases=["ring-causal"],
+                          features={"causal", "deterministic"})  # fmt: skip
+
+    assert [(row.tensor, row.verdict) for row in report.failures] == [("out", "nondeterministic")]
+    assert {row.tensor for row in report.rows} == {"out", "dq", "dk", "dv"}

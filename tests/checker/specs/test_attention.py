@@ -1,6 +1,7 @@
 """The attention specs (``specs._attention`` and its subclasses): each calls a kernel with the real
-library's signature and layout, passes a correct kernel, turns a kernel of the wrong layout or lse
-into a verdict, and refuses specs, features and cases that do not exist or do not fit."""
+library's signature and layout (flash-attn's ``deterministic=True`` where the kernel claims the
+feature), passes a correct kernel, turns a kernel of the wrong layout or lse into a verdict, and
+refuses specs, features and cases that do not exist or do not fit."""
 
 from __future__ import annotations
 
@@ -188,3 +189,24 @@ def test_flexattention_in_float64_gets_its_alibi_bias_formed_in_float64():
     report = flex.check("cpu", ["alibi-128x129-d64"], 0)
 
     assert report.passed, report.failures
+
+
+@pytest.mark.parametrize(
+    ("spec", "library"),
+    [("flash", adapters.flash_attn_func), ("flash_varlen", adapters.flash_attn_varlen_func)],
+)
+def test_flash_attn_gets_deterministic_true_when_the_kernel_claims_it(spec, library):
+    seen = []
+
+    def kernel(*args, **kwargs):
+        seen.append(kwargs.get("deterministic", False))
+        return library(*args, **kwargs)
+
+    claimed = check_kernel(kernel, spec=spec, dtypes=["float32"], cases=["softcap"],
+                           features={"softcap", "deterministic"})  # fmt: skip
+    calls = len(seen)  # the call and the second call, which runs the backward too
+    unclaimed = check_kernel(kernel, spec=spec, dtypes=["float32"], cases=["softcap"],
+                             features={"softcap"})  # fmt: skip
+
+    assert claimed.passed and unclaimed.passed
+    assert seen[:calls] == [True, True] and seen[calls:] == [False, False]

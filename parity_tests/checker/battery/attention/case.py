@@ -26,12 +26,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-MASKS = ("none", "bool", "float", "dead-bool", "dead-float")
-INPUTS = ("gauss", "heavy")
+MASKS = ("none", "bool", "float", "dead-bool", "dead-float", "shifted")
+INPUTS = ("gauss", "heavy", "outliers", "correlated")
 ALIGNS = ("top-left", "bottom-right")
 ALIBI = ("none", "H", "BH")
 LAYOUTS = ("contiguous", "zigzag")
-MEMORY = ("contiguous", "fused", "kv-strides", "offset")
+MEMORY = ("contiguous", "fused", "kv-strides", "offset", "broadcast")
+# The shift of a "shifted" mask's rows: far below zero, finite (cast to a dtype that cannot hold
+# it, the dtype's largest finite: -65,504 in float16).
+SHIFT = -1e5
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,18 @@ class Case:
             sequence): ``S -= slope * |p_i - j|``.
         mask: "none"; "bool" (random, True = may attend, shape (B, 1, N, M)); "float" (an
             ALiBi-like additive bias with -inf holes, shape (1, H, N, M)); "dead-bool" and
-            "dead-float" (shape (B, H, N, M), with some query rows fully masked: golden 0).
-            With causal or a window the mask's holes leave every row one key that those rules
-            let it see (flex; SDPA takes a mask or is_causal, not both).
+            "dead-float" (shape (B, H, N, M), with some query rows fully masked: golden 0);
+            "shifted" (shape (B, H, N, M), finite: about half the rows shifted by ``SHIFT``,
+            which a softmax does not see, so the golden is the unshifted answer). With causal
+            or a window the mask's holes leave every row one key that those rules let it see
+            (flex; SDPA takes a mask or is_causal, not both).
         scale: None lets the kernel use 1 / sqrt(D).
-        inputs: "gauss" (standard normal) or "heavy" (Student-t with 3 degrees of freedom,
-            clipped at 10 standard deviations, with outlier channels in q, k and v, as real
-            activations have).
+        inputs: "gauss" (standard normal); "heavy" (Student-t with 3 degrees of freedom,
+            clipped at 10 standard deviations, with outlier channels in q, k and v);
+            "outliers" (what real activations look like: Gaussian with per-channel scales of a
+            log-normal spread, a few channels 5-20 times the median, and a first key of 8 times
+            the norm, an attention sink); "correlated" (queries sharing 90% of their variance:
+            rows of nearly one direction).
         logits: the typical magnitude of the scores q k^T * scale (q and k are scaled for it).
         dropout_p: inverted dropout on the weights; the checker reads the keep-mask back
             through SDPA's signature and judges flash-attn's statistically
@@ -71,7 +79,10 @@ class Case:
         memory: how q, k and v sit in memory when the kernel gets them ("contiguous"; "fused":
             permuted views of one token-major buffer, as a fused QKV projection gives them, or
             of a fused KV one when N != M; "kv-strides": k token-major and v head-major, so k
-            and v have different strides; "offset": each at a nonzero storage offset).
+            and v have different strides; "offset": each at a nonzero storage offset;
+            "broadcast": k and v stride-0 views of one head expanded over the kv heads, or of
+            one batch element over the batch with one kv head, their values equal along that
+            axis).
     """
 
     name: str
@@ -248,6 +259,12 @@ def make_inputs(case: Case, seed: int) -> CaseInputs:
     else:
         shapes = ((b, h, n, d), (b, h_kv, m, d), (b, h_kv, m, dv), (b, h, n, dv))
     q, k, v = (_draw(rng, case.inputs, shape) for shape in shapes[:3])
+    if case.inputs == "outliers":
+        k = _with_sink(case, k)
+    if case.inputs == "correlated":
+        q = _correlated(rng, q, case.packed)
+    if case.memory == "broadcast":
+        k, v = _broadcast_values(case, k), _broadcast_values(case, v)
     # Scores q k^T * scale have a spread of about sqrt(D) * scale for unit inputs; scale q and k
     # so that the spread is ``case.logits``.
     scale = 1.0 / math.sqrt(d) if case.scale is None else case.scale
@@ -278,9 +295,21 @@ def _slopes(case: Case) -> np.ndarray | None:
 HEAVY_CLIP = 10.0
 
 
+# What real activations look like (the "outliers" inputs): per-channel scales of a log-normal
+# spread (a few channels 5-20 times the median, the "massive activations" of language models)
+# and a first key of SINK times the norm of the others, an attention sink.
+CHANNEL_SPREAD = 1.0  # the standard deviation of the channels' log-scales
+SINK = 8.0
+CORRELATION = 0.9  # the share of a "correlated" query's variance along its (batch, head)'s one
+
+
 def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    if kind == "gauss":
+    if kind in ("gauss", "correlated"):
         return rng.standard_normal(shape)
+    if kind == "outliers":
+        scales = np.exp(CHANNEL_SPREAD * rng.standard_normal(shape[-1]))
+        scales /= np.sqrt(np.mean(scales**2))  # unit RMS over channels: the logits' spread kept
+        return rng.standard_normal(shape) * scales
     # Unit-variance Student-t(3), clipped at HEAVY_CLIP standard deviations, with two outlier
     # channels six times larger.
     values = np.clip(rng.standard_t(3, shape) / math.sqrt(3.0), -HEAVY_CLIP, HEAVY_CLIP)
@@ -289,11 +318,45 @@ def _draw(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.nda
     return values
 
 
+def _with_sink(case: Case, k: np.ndarray) -> np.ndarray:
+    """k with the first key of every sequence ``SINK`` times larger."""
+    k = k.copy()
+    if case.packed:
+        for start in case.cu_seqlens[1][:-1]:
+            if start < k.shape[0]:
+                k[start] *= SINK  # (T_k, H_kv, D): the sequence's first token
+    else:
+        k[..., 0, :] *= SINK  # (B, H_kv, M, D)
+    return k
+
+
+def _correlated(rng: np.random.Generator, q: np.ndarray, packed: bool) -> np.ndarray:
+    """q whose rows share ``CORRELATION`` of their variance along one direction per (batch,
+    head): nearly parallel queries."""
+    common_shape = (1, *q.shape[1:]) if packed else (*q.shape[:-2], 1, q.shape[-1])
+    common = rng.standard_normal(common_shape)
+    return math.sqrt(CORRELATION) * common + math.sqrt(1.0 - CORRELATION) * q
+
+
+def _broadcast_values(case: Case, t: np.ndarray) -> np.ndarray:
+    """t equal along the axis a "broadcast" layout expands: its kv heads, or with one kv head
+    its batch (``running.memory``)."""
+    if t.shape[1] > 1:  # (B, H_kv, L, W) or (T, H_kv, W): every head the first one
+        return np.repeat(t[:, :1], t.shape[1], axis=1)
+    if not case.packed and t.shape[0] > 1:
+        return np.repeat(t[:1], t.shape[0], axis=0)
+    return t
+
+
 def _draw_mask(rng: np.random.Generator, case: Case) -> np.ndarray | None:
     b, h, n, m = case.batch, case.heads, case.n, case.m
     if case.mask == "none":
         return None
     seen = case.visible(n, m)  # (N, M): what causal and the window let each row see
+    if case.mask == "shifted":
+        shifted = rng.random((b, h, n, 1)) < 0.5  # about half the rows
+        shifted.flat[rng.integers(shifted.size)] = True  # at least one
+        return np.broadcast_to(np.where(shifted, SHIFT, 0.0), (b, h, n, m)).copy()
     if case.mask == "float":
         slopes = 2.0 ** -np.arange(1, h + 1)  # (H,)
         distance = np.abs(np.arange(n)[:, None] - np.arange(m)[None, :])  # (N, M)

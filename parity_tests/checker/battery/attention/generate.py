@@ -19,13 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import TYPE_CHECKING
 
 from .. import pairs
 from ..names import unique_by_name
 from .case import Case
 from .handwritten import RING_SEEDS
-from .sizes import BLOCK, EDGES, ODD_WIDTH, SPLIT_KEYS, Requirement, Sizes, met_by, requirements
+from .sizes import (
+    BLOCK,
+    EDGES,
+    ODD_WIDTH,
+    SPLIT_KEYS,
+    WIDTHS,
+    Requirement,
+    Sizes,
+    met_by,
+    requirements,
+)
 from .space import FACTORS, NA
 
 if TYPE_CHECKING:
@@ -37,11 +48,12 @@ SOFTCAP = 5.0
 WIDE_MODEL = 256  # the widest H * D a case takes (wide heads go to rows of few heads)
 
 _N_POOL = (1, 37, *EDGES)
-_M_POOL = (37, 113, *EDGES, SPLIT_KEYS)
+_M_POOL = (37, 97, 113, *EDGES, SPLIT_KEYS)
 _FILLER = {"n<m": (37, 113), "n=m": (48, 48), "n>m": (113, 37)}
 _D_POOL = (64, 32, 16, 128, 256, ODD_WIDTH)  # ties go to the first
 _PACKED_REST = ((1, 64), (64, 37), (20, 20))  # a packed row's sequences after its own (N, M)
-_MEMORY_TAGS = {"fused": "fused", "kv-strides": "kvstrides", "offset": "offset"}
+_MEMORY_TAGS = {"fused": "fused", "kv-strides": "kvstrides", "offset": "offset",
+                "broadcast": "bcast"}  # fmt: skip
 
 
 def default_battery(spec: Spec, features: frozenset[str] | None = None) -> tuple[Case, ...]:
@@ -95,7 +107,10 @@ def one_query_excluded(row: pairs.Row, align: str | None = None) -> bool:
     ``align`` is the alignment of a row that names none (the fuzzer's: its spec's)."""
     top_left = row.get("causal") == "on" and row.get("align", align) == "top-left"
     mask = row.get("mask", "none")
-    peaked = row.get("logits") == "sharp" or row.get("inputs") == "heavy" or mask == "float"
+    peaked = (
+        row.get("logits") == "sharp" or row.get("inputs") in ("heavy", "outliers")
+        or mask == "float"
+    )  # fmt: skip
     return top_left or peaked or mask.startswith("dead")
 
 
@@ -125,27 +140,30 @@ def _candidates(relation: str) -> list[tuple[int, int]]:
     elif relation == "n<m":
         pairs_ = [(n, m) for n in _N_POOL for m in _M_POOL if n < m]
     else:
-        pairs_ = [(n, m) for n in (113, *EDGES) for m in (37, *EDGES) if n > m]
+        pairs_ = [(n, m) for n in (113, *EDGES) for m in (37, 97, *EDGES) if n > m]
     return [(n, m) for n, m in pairs_ if min(n, m) <= BLOCK + 1]
 
 
 def _plain_for_lengths(
     spec: Spec, features: frozenset[str] | None, unmet: list[Requirement]
 ) -> tuple[pairs.Row, int, int]:
-    """A row with no option but causal, at the sizes meeting the most unmet requirements."""
+    """A row with no option but causal (and a broadcast layout where a requirement asks for
+    one), at the sizes meeting the most unmet requirements."""
     causal = ("off", "on") if features is None or "causal" in features else ("off",)
+    layouts = [None] + (["broadcast"] if "broadcast" in pairs.space(spec).get("memory", ()) else [])
     best = None
-    for value in causal:
-        for relation in FACTORS["lengths"]:
-            row = _plain_row(spec, value, relation)
-            for n, m in _candidates(relation):
-                if n == 1 and one_query_excluded(row):
-                    continue
-                sizes = _sizes(row, n, m, 0)
-                gain = sum(r.test(sizes) for r in unmet)
-                key = (-gain, _cost(row, n, m))
-                if best is None or key < best[0]:
-                    best = (key, row, n, m)
+    for value, relation, layout in itertools.product(causal, FACTORS["lengths"], layouts):
+        row = _plain_row(spec, value, relation)
+        if layout is not None:
+            row["memory"] = layout
+        for n, m in _candidates(relation):
+            if n == 1 and one_query_excluded(row):
+                continue
+            sizes = _sizes(row, n, m, 0)
+            gain = sum(r.test(sizes) for r in unmet)
+            key = (-gain, _cost(row, n, m))
+            if best is None or key < best[0]:
+                best = (key, row, n, m)
     if best is None or best[0][0] == 0:
         raise ValueError(f"no size meets {[r.label for r in unmet]}")
     _, row, n, m = best
@@ -185,7 +203,8 @@ def _sizes(row: pairs.Row, n: int, m: int, d: int) -> Sizes:
     batch, heads, _ = _shape(row, n, m)
     packed = row.get("sequences") == "packed"
     align = row.get("align", "top-left")
-    return Sizes(n, m, d, row.get("causal") == "on", batch * heads, packed, align)
+    memory = row.get("memory", "contiguous")
+    return Sizes(n, m, d, row.get("causal") == "on", batch * heads, packed, align, memory)
 
 
 def _cost(row: pairs.Row, n: int, m: int) -> float:
@@ -204,15 +223,17 @@ def _shape(row: pairs.Row, n: int, m: int) -> tuple[int, int, int]:
     if grouping != "mha":
         heads, heads_kv = 4, 2 if grouping == "gqa" else 1
     else:
-        per_head = row.get("mask") in ("float", "dead-bool", "dead-float")
-        # k token-major and v head-major differ only along a heads axis longer than 1.
-        cycle = (2, 3) if per_head or row.get("memory") == "kv-strides" else (1, 2, 3)
+        per_head = row.get("mask") in ("float", "dead-bool", "dead-float", "shifted")
+        # k token-major and v head-major differ only along a heads axis longer than 1, and a
+        # broadcast over the heads needs two of them.
+        two = per_head or row.get("memory") in ("kv-strides", "broadcast")
+        cycle = (2, 3) if two else (1, 2, 3)
         heads = 1 if m >= 1024 else cycle[(n + m) % len(cycle)]
         heads_kv = heads
     if row.get("sequences") == "packed":
         batch = 1 + len(_PACKED_REST)
-    elif row.get("alibi") == "per-batch":
-        batch = 2
+    elif row.get("alibi") == "per-batch" or (row.get("memory") == "broadcast" and heads_kv == 1):
+        batch = 2  # per batch element, or one kv head broadcast over the batch
     else:
         batch = 1 if m >= 1024 or n * m * heads > 2 * 128 * 128 else 2
     return batch, heads, heads_kv
@@ -282,8 +303,8 @@ def name_of(case: Case, prefix: str = "") -> str:
         tags.append("drop")
     if case.scale is not None:
         tags.append("scale")
-    if case.inputs == "heavy":
-        tags.append("heavy")
+    if case.inputs != "gauss":
+        tags.append({"heavy": "heavy", "outliers": "outliers", "correlated": "corr"}[case.inputs])
     if case.logits >= 10 and not case.softcap:
         tags.append("sharp")
     if case.memory != "contiguous":
@@ -298,8 +319,9 @@ def name_of(case: Case, prefix: str = "") -> str:
 
 @functools.cache
 def ring_battery(spec: Spec, features: frozenset[str] | None) -> tuple[Case, ...]:
-    """The ring battery: the named ring cases the features allow, and the rows of the ring's
-    covering array they leave (48 positions, D = 16)."""
+    """The ring battery: the named ring cases the features allow, the rows of the ring's
+    covering array they leave (48 positions, D = 16), and one case per other head width of the
+    requirements (32, 64, 128, 256 and an odd one; causal where claimed)."""
     claimed = None if features is None else features
     seeds = [c for c in RING_SEEDS if claimed is None or c.needs <= claimed]
     rows = pairs.covering_rows(spec, features, [spec.values_of(case) for case in seeds])
@@ -309,5 +331,11 @@ def ring_battery(spec: Spec, features: frozenset[str] | None) -> tuple[Case, ...
         if case.window is not None:  # a window that cuts 48 positions on both sides
             window = (5, None) if case.window[1] is None else (5, 3)
             case = dataclasses.replace(case, window=window)
+        generated.append(dataclasses.replace(case, name=name_of(case, "ring-")))
+    causal = "on" if claimed is None or "causal" in claimed else "off"
+    for d in (*WIDTHS, ODD_WIDTH):
+        if d == 16:
+            continue  # the array's width
+        case = case_of(spec, _plain_row(spec, causal, "n=m"), 48, 48, d)
         generated.append(dataclasses.replace(case, name=name_of(case, "ring-")))
     return unique_by_name([*seeds, *generated])

@@ -111,5 +111,5 @@ def outside_values(limits: KernelLimits) -> frozenset[tuple[str, str]]:
     if limits.head_dims is not None and len(limits.head_dims) == 1:
         found |= {("dv", "smaller"), ("dv", "larger")}
     if limits.contiguous_only:
-        found |= {("memory", "fused"), ("memory", "kv-strides"), ("memory", "offset")}
+        found |= {("memory", value) for value in ("fused", "kv-strides", "offset", "broadcast")}
     return frozenset(found)

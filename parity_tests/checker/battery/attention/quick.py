@@ -54,6 +54,10 @@ TEETH: dict[str, Callable[[Case], bool]] = {
     "even square": lambda c: not c.causal and c.n == c.m and c.n % 128 == 0 and not c.packed,
     "split causal": lambda c: c.causal and c.m >= SPLIT_KEYS and c.batch * c.heads <= 4,
     "packed": lambda c: c.packed,
+    "shifted": lambda c: c.mask == "shifted",
+    "broadcast 1 mod 32": lambda c: c.memory == "broadcast" and c.m % 32 == 1 and c.m > 32,
+    "outliers": lambda c: c.inputs == "outliers" and not c.packed,
+    "two row tiles": lambda c: c.n > 64 and not c.packed,
 }  # fmt: skip
 
 
@@ -81,10 +85,10 @@ def quick_battery(spec: Spec, features: frozenset[str] | None) -> tuple[Case, ..
 def _cheapest(by_cost: list[Case], test: Callable[[Case], bool]) -> str | None:
     """The first case of ``by_cost`` that ``test`` accepts, preferring, in this order, more
     than one query row (a single query hides what depends on the rows), no dropout, unsharp
-    logits and Gaussian inputs: where the half-precision baseline is close, a mistake stands
-    out most."""
+    logits and Gaussian inputs (neither heavy-tailed, nor outliers, nor correlated): where the
+    half-precision baseline is close, a mistake stands out most."""
     found = [case for case in by_cost if test(case)]
-    found.sort(key=lambda c: (c.n == 1, bool(c.dropout_p), c.logits >= 10, c.inputs == "heavy"))
+    found.sort(key=lambda c: (c.n == 1, bool(c.dropout_p), c.logits >= 10, c.inputs != "gauss"))
     return found[0].name if found else None
 
 

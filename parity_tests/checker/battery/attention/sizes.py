@@ -38,6 +38,7 @@ class Sizes(NamedTuple):
     batch_heads: int
     packed: bool
     align: str = "top-left"
+    memory: str = "contiguous"
 
 
 class Requirement(NamedTuple):
@@ -90,6 +91,11 @@ def requirements(features: Iterable[str] | None = None) -> tuple[Requirement, ..
         for relation in (">", "<")
     ]
     found.append(Requirement("an odd D", lambda s: s.d % 2 == 1, widths=True))
+    found += [
+        Requirement(f"broadcast (stride-0) K and V, M % {step} = 1" + (", M % 64 != 1"
+                    if step == 32 else ""), _broadcast(step))
+        for step in (64, 32)
+    ]  # fmt: skip
     return tuple(found)
 
 
@@ -112,6 +118,15 @@ def _split(causal: bool) -> Callable[[Sizes], bool]:
     )  # fmt: skip
 
 
+def _broadcast(step: int) -> Callable[[Sizes], bool]:
+    """K and V as stride-0 views at a key length 1 mod ``step`` (and not 1 mod 64 for 32):
+    where SDPA's efficient kernel went wrong on them (PyTorch #191937)."""
+    return lambda s: (
+        s.memory == "broadcast" and not s.packed and s.m % step == 1
+        and (step == 64 or s.m % 64 != 1)
+    )  # fmt: skip
+
+
 def _width(d: int, relation: str) -> Callable[[Sizes], bool]:
     return lambda s: s.d == d and (s.n > s.m if relation == ">" else s.n < s.m)
 
@@ -119,7 +134,9 @@ def _width(d: int, relation: str) -> Callable[[Sizes], bool]:
 def sizes_of(case: Case) -> list[Sizes]:
     """The sizes of a case, one per sequence of a packed case."""
     return [
-        Sizes(n, m, case.d, case.causal, case.batch * case.heads, case.packed, case.align)
+        Sizes(
+            n, m, case.d, case.causal, case.batch * case.heads, case.packed, case.align, case.memory
+        )
         for n, m in dict.fromkeys(case.lengths)
     ]
 

@@ -31,14 +31,14 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "window": ("none", "left", "two-sided"),
     "softcap": ("off", "on"),
     "alibi": ("none", "per-head", "per-batch"),
-    "mask": ("none", "bool", "float", "dead-bool", "dead-float"),
+    "mask": ("none", "bool", "float", "dead-bool", "dead-float", "shifted"),
     "gqa": ("mha", "gqa", "mqa"),
     "dv": ("equal", "smaller", "larger"),
     "dropout": ("off", "on"),
     "scale": ("default", "given"),
-    "inputs": ("gauss", "heavy"),
+    "inputs": ("gauss", "heavy", "outliers", "correlated"),
     "logits": ("normal", "sharp"),
-    "memory": ("contiguous", "fused", "kv-strides", "offset"),
+    "memory": ("contiguous", "fused", "kv-strides", "offset", "broadcast"),
     "sequences": ("batched", "packed"),
     "layout": ("contiguous", "zigzag"),
 }
@@ -61,7 +61,7 @@ def allowed(names: tuple[str, ...], row: Mapping[str, str]) -> bool:
     get = row.get
     if get("softcap") == "on" and get("logits") == "normal":
         return False  # a cap of 5 on scores of spread 1 bends nothing
-    if get("inputs") == "heavy" and get("logits") == "sharp":
+    if get("inputs") in ("heavy", "outliers") and get("logits") == "sharp":
         return False  # plain half precision overflows there: the stress battery's business
     if get("window") == "two-sided" and get("causal") == "on":
         return False  # causal already hides everything right of p_i

@@ -34,6 +34,7 @@ ALIBI = ("none", "H", "BH")
 # slot). A contiguous cache of capacity C takes C / 2 for P.
 LENGTHS = ("0", "1", "odd", "P-1", "P", "P+1", "full")
 SEQUENCES = 4  # B of every case
+WIDE_IDS = 2**16  # page ids from here on need more than 16 bits
 # FlashMLA's shape: DeepSeek-V3's latent (512) and rope (64) widths, pages of 64, and the layer's
 # scale (qk_nope_head_dim + qk_rope_head_dim = 128 + 64)^-0.5, never the 576^-0.5 default.
 MLA_D, MLA_DV, MLA_PAGE, MLA_SCALE = 576, 512, 64, (128 + 64) ** -0.5
@@ -62,6 +63,10 @@ class DecodeCase:
         num_splits: flash-attn's ``num_splits`` (0: its heuristic).
         scale: ``softmax_scale``; None for the default 1 / sqrt(D).
         length_labels: what each sequence's length stands for (``LENGTHS``), as it was built.
+        table_extra: block table columns past the pages a sequence can hold, each naming a
+            page no sequence owns (a table wider than the sequences need: FlashInfer #4270
+            read it with the wrong row stride).
+        pool_pages: the fewest pages the pool holds (past 65,536: page ids past 16 bits).
     """
 
     name: str
@@ -86,6 +91,8 @@ class DecodeCase:
     num_splits: int = 0
     scale: float | None = None
     length_labels: tuple[str, ...] = ()
+    table_extra: int = 0
+    pool_pages: int = 0
 
     def __post_init__(self) -> None:
         if self.spec not in DECODE_SPECS:
@@ -104,6 +111,8 @@ class DecodeCase:
             raise ValueError(f"case {self.name}: rotary rotates the new keys: it needs s_new > 0")
         if self.page_size is not None and (self.leftpad is not None or self.batch_idx):
             raise ValueError(f"case {self.name}: leftpad and batch_idx are for contiguous caches")
+        if self.page_size is None and (self.table_extra or self.pool_pages):
+            raise ValueError(f"case {self.name}: a table and a pool are for paged caches")
         if self.leftpad is not None and any(
             not 0 <= pad <= n for pad, n in zip(self.leftpad, self.seqlens, strict=True)
         ):
@@ -199,11 +208,18 @@ def make_decode_inputs(case: DecodeCase, seed: int) -> DecodeInputs:
     q = rng.standard_normal((b, case.s_q, h, d)) * stretch
     table = batch_idx = None
     if case.page_size is not None:
-        pages = b * case.pages_per_sequence
-        spare = pages // 4 + 1  # pages no sequence owns
-        order = rng.permutation(pages + spare)  # shuffled: never contiguous by accident
-        table = order[:pages].reshape(b, case.pages_per_sequence).astype(np.int32)
-        pool: tuple[int, ...] = (pages + spare, case.page_size, h_kv)
+        pages, extra = b * case.pages_per_sequence, b * case.table_extra
+        spare = max(pages // 4 + 1, extra)  # pages no sequence owns (the wide table's columns)
+        total = max(pages + spare, case.pool_pages)
+        order = rng.permutation(total)  # shuffled: never contiguous by accident
+        if total > WIDE_IDS:  # a page id past 16 bits in every such table
+            first_wide = int(np.argmax(order >= WIDE_IDS))
+            order[[0, first_wide]] = order[[first_wide, 0]]
+        table = order[:pages].reshape(b, case.pages_per_sequence)
+        if extra:
+            table = np.concatenate([table, order[pages : pages + extra].reshape(b, -1)], axis=1)
+        table = table.astype(np.int32)
+        pool: tuple[int, ...] = (total, case.page_size, h_kv)
     else:
         rows = b + 2 if case.batch_idx else b
         if case.batch_idx:

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 class Requirement(NamedTuple):
     """A size a decode battery must hold: ``kind`` "length" (some sequence at length class
     ``value`` with pages ``page``), "cross" (an append crossing a page edge with pages
-    ``page``), "width" (head width ``value``) or "rows" (a call of more than ``value`` query
-    rows, s_q * H)."""
+    ``page``), "width" (head width ``value``), "rows" (a call of more than ``value`` query
+    rows, s_q * H) or "pool" (a pool of more than ``value`` pages)."""
 
     label: str
     kind: str
@@ -50,6 +50,8 @@ class Requirement(NamedTuple):
             return case.d == self.value
         if self.kind == "rows":
             return case.s_q * case.heads > self.value
+        if self.kind == "pool":
+            return case.pool_pages > self.value
         if page_label(case) != self.page:
             return False
         if self.kind == "cross":

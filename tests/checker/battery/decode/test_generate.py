@@ -61,7 +61,7 @@ def test_every_page_size_meets_every_length_and_an_append_across_a_page(claimed)
 def test_the_users_paged_kernel_is_judged_on_pages_of_every_size():
     cases = _judged(get("flash_kvcache"), CLAIMS[1])
 
-    assert {c.page_size for c in cases} == {None, 16, 64, 256}
+    assert {c.page_size for c in cases} == {None, 1, 16, 64, 128, 160, 256}
     assert all(c.heads_kv == c.heads for c in cases)  # no GQA: it was not claimed
     assert sum(c.page_size is not None for c in cases) >= 3
 
@@ -71,7 +71,7 @@ def test_every_head_width_and_both_query_counts_and_every_split_count():
     assert {c.s_q for c in KVCACHE} == {1, 4}
     assert {c.heads_kv for c in KVCACHE} == {1, 2, 4}
     assert {c.num_splits for c in KVCACHE} == {0, 1, 3}
-    assert {c.page_size for c in KVCACHE} == {None, 16, 64, 256}
+    assert {c.page_size for c in KVCACHE} == {None, 1, 16, 64, 128, 160, 256}
 
 
 def test_the_constraints_are_flash_attns():
