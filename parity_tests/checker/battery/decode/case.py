@@ -20,6 +20,7 @@ Tests: tests/checker/battery/decode/test_generate.py
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -199,6 +200,39 @@ class DecodeInputs(NamedTuple):
     alibi_slopes: np.ndarray | None
 
 
+def _sparse(rng: np.random.Generator, shape: tuple[int, ...], named: np.ndarray,
+            stretch: float) -> np.ndarray:  # fmt: skip
+    """A pool of ``shape`` whose pages ``named`` are drawn and the rest are zeros: a pool of
+    70,000 pages costs the pages its table names, its unused columns included (``np.zeros``
+    leaves the others' memory uncommitted)."""
+    pool = np.zeros(shape)
+    pool[named] = rng.standard_normal((len(named), *shape[1:])) * stretch
+    return pool
+
+
+# The most memory the pools of one case may take as the checker holds them (float64 arrays,
+# the kernel's and the golden's copies: POOL_COPIES of each cache).
+POOL_COPIES = 4
+
+
+def check_pool_fits(case: DecodeCase, pages: int) -> None:
+    """A MemoryError naming the case when its pools of ``pages`` pages, as the checker holds
+    them, would take more than half this machine's memory: refused before a byte is drawn,
+    never an out-of-memory part way through a battery."""
+    widths = case.d + (0 if case.spec == "flash_mla" else case.dv)
+    needed = pages * case.page_size * case.heads_kv * widths * 8 * POOL_COPIES
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: nothing to compare
+        return
+    if needed > memory // 2:
+        raise MemoryError(
+            f"case {case.name!r}: a pool of {pages:,} pages of {case.page_size} tokens needs "
+            f"{needed / 2**30:.1f} GiB as the checker holds it, more than half of this "
+            f"machine's {memory / 2**30:.1f} GiB"
+        )
+
+
 def make_decode_inputs(case: DecodeCase, seed: int) -> DecodeInputs:
     """The float64 inputs of ``case`` for ``seed``; the same (case, seed) gives the same arrays."""
     rng = np.random.default_rng([seed, zlib.crc32(case.name.encode())])
@@ -211,6 +245,7 @@ def make_decode_inputs(case: DecodeCase, seed: int) -> DecodeInputs:
         pages, extra = b * case.pages_per_sequence, b * case.table_extra
         spare = max(pages // 4 + 1, extra)  # pages no sequence owns (the wide table's columns)
         total = max(pages + spare, case.pool_pages)
+        check_pool_fits(case, total)
         order = rng.permutation(total)  # shuffled: never contiguous by accident
         if total > WIDE_IDS:  # a page id past 16 bits in every such table
             first_wide = int(np.argmax(order >= WIDE_IDS))
@@ -225,8 +260,11 @@ def make_decode_inputs(case: DecodeCase, seed: int) -> DecodeInputs:
         if case.batch_idx:
             batch_idx = rng.permutation(rows)[:b].astype(np.int32)
         pool = (rows, case.capacity, h_kv)
-    k_cache = rng.standard_normal(pool + (d,)) * stretch
-    v_cache = None if case.spec == "flash_mla" else rng.standard_normal(pool + (dv,))
+    # Every page drawn, spare ones too (a kernel reading a page it should not reads numbers),
+    # but in a pool past 16-bit ids only the pages the table names.
+    named = np.arange(pool[0]) if pool[0] <= WIDE_IDS or table is None else np.unique(table)
+    k_cache = _sparse(rng, pool + (d,), named, stretch)
+    v_cache = None if case.spec == "flash_mla" else _sparse(rng, pool + (dv,), named, 1.0)
     k = v = cos = sin = None
     if case.s_new:
         k = rng.standard_normal((b, case.s_new, h_kv, d)) * stretch

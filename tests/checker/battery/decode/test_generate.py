@@ -5,6 +5,8 @@ shuffled, inputs are reproducible, and a case that no call could make is refused
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,26 @@ def test_pages_are_shuffled_and_every_slot_holds_numbers():
     assert not all(np.all(np.diff(row) == 1) for row in table)  # not laid out in order
     assert len(set(table.ravel())) == table.size < len(inputs.k_cache)  # spare pages too
     assert np.all(inputs.k_cache != 0)
+
+
+def test_a_pool_past_16_bit_ids_draws_only_the_pages_its_table_names():
+    case = next(c for c in KVCACHE if c.pool_pages > 65536)
+
+    inputs = make_decode_inputs(case, 0)
+
+    named = np.unique(inputs.block_table)
+    assert len(inputs.k_cache) >= case.pool_pages and named.max() >= 65536
+    assert np.all(inputs.k_cache[named] != 0) and np.all(inputs.v_cache[named] != 0)
+    spare = np.setdiff1d(np.arange(len(inputs.k_cache)), named)
+    assert not np.any(inputs.k_cache[spare])
+
+
+def test_a_pool_too_large_for_memory_is_refused_before_it_is_drawn():
+    case = next(c for c in KVCACHE if c.pool_pages > 65536)
+    huge = dataclasses.replace(case, pool_pages=2**40)
+
+    with pytest.raises(MemoryError, match=r"pool of 1,099,511,627,776 pages .* GiB"):
+        make_decode_inputs(huge, 0)
 
 
 def test_inputs_are_reproducible_per_case_and_seed():
