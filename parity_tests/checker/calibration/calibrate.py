@@ -137,9 +137,10 @@ def calibrate(
                     weakest[name, dtype].see(-strongest, f"seed {seed}")
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated): keep what was measured
         progress.done()
+        whole = f"seeds {first_seed}..{seed - 1} whole and " if seed > first_seed else ""
         emit(
             f"Stopped during seed {seed}, after {done} of {total} checks: the tables hold "
-            f"seeds {first_seed}..{seed - 1} whole and seed {seed}'s checks until then.\n"
+            f"{whole}seed {seed}'s checks until then.\n"
         )
         span = f"seeds {first_seed}..{seed}, stopped,"
         _emit_tables(emit, span, device, battery, dtypes, ratio, floor, weakest)

@@ -68,7 +68,9 @@ def test_a_stopped_calibration_prints_what_it_measured_and_stops(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _calibrate_into(monkeypatch, [SDPA], {"scale_by_d": pitfall}, lines)
 
-    assert lines[0].startswith("Stopped during seed 0, after 1 of 2 checks")
+    assert lines[0] == (
+        "Stopped during seed 0, after 1 of 2 checks: the tables hold seed 0's checks until then.\n"
+    )
     assert any(line.startswith("| float32 | out |") for line in lines)  # SDPA's, measured
     assert "| scale_by_d | not run |" in lines  # never "inf", the strongest flag
 
