@@ -44,8 +44,10 @@ class _Worst:
 
     value: float = -math.inf
     where: str = ""
+    seen: bool = False  # whether anything was seen (a value of -inf too)
 
     def see(self, value: float, where: str) -> None:
+        self.seen = True
         if value > self.value:
             self.value, self.where = value, where
 
@@ -173,7 +175,7 @@ def _weakest_cell(worst: _Worst | None) -> str:
     stopped calibration did not reach it."""
     if worst is None:
         return "-"
-    return "not run" if worst.value == -math.inf else f"{-worst.value:.3g}"
+    return f"{-worst.value:.3g}" if worst.seen else "not run"
 
 
 def _emit_bias(emit, bias, bias_bound) -> None:

@@ -75,6 +75,16 @@ def test_a_stopped_calibration_prints_what_it_measured_and_stops(monkeypatch):
     assert "| scale_by_d | not run |" in lines  # never "inf", the strongest flag
 
 
+def test_a_pitfall_flagged_infinitely_on_every_seed_reads_inf(monkeypatch):
+    def nan_everywhere(*args, **kwargs):
+        out = F.scaled_dot_product_attention(*args, **kwargs)
+        return out * float("nan")
+
+    code, lines = _calibrate(monkeypatch, [SDPA], {"nan": Pitfall(nan_everywhere, "plain", "out")})
+
+    assert code == 0 and "| nan | inf |" in lines
+
+
 def _calibrate_into(monkeypatch, correct, pitfalls, lines) -> int:
     monkeypatch.setattr(calibration, "builtin_targets", lambda device, dtypes: correct)
     monkeypatch.setattr(calibration, "all_pitfalls", lambda: pitfalls)
