@@ -28,7 +28,7 @@ def kv_from_query(
 ):
     """Keys and values built from the query projection (a tutorial's bug): key = value = query."""
     key, value = _kv(query, key, value, enable_gqa)
-    return plain_attention(query, query, query, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, query, query, attn_mask, dropout_p, is_causal, scale)
 
 
 def scale_by_d(
@@ -37,7 +37,7 @@ def scale_by_d(
     """Default scale 1 / D instead of 1 / sqrt(D)."""
     key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / query.shape[-1] if scale is None else scale
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def scale_by_dv(
@@ -47,7 +47,7 @@ def scale_by_dv(
     whenever Dv == D, which is why the battery has Dv != D cases with the default scale."""
     key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / math.sqrt(value.shape[-1]) if scale is None else scale
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def ignores_scale(
@@ -55,7 +55,7 @@ def ignores_scale(
 ):
     """A given ``scale`` dropped: always 1 / sqrt(D)."""
     key, value = _kv(query, key, value, enable_gqa)
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, None)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, None)
 
 
 def returns_float64(
@@ -67,7 +67,7 @@ def returns_float64(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         attn_mask = attn_mask.double()
     query, key, value = query.double(), key.double(), value.double()
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def clobbers_inputs(
@@ -77,7 +77,7 @@ def clobbers_inputs(
     place (through ``.data``, so that autograd's version check does not notice)."""
     given_query, given_key = query, key
     key, value = _kv(query, key, value, enable_gqa)
-    out = plain_attention(query.clone(), key.clone(), value, attn_mask, dropout_p, is_causal, scale)
+    out = _plain(query.clone(), key.clone(), value, attn_mask, dropout_p, is_causal, scale)
     given_query.data.zero_()
     given_key.data.fill_(math.nan)
     return out
@@ -92,7 +92,7 @@ def causal_off_by_one(
     if is_causal:
         n, m = query.shape[-2], key.shape[-2]
         attn_mask = ~torch.ones(n, m, dtype=torch.bool, device=query.device).triu(diagonal=0)
-    return plain_attention(query, key, value, attn_mask, dropout_p, False, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, False, scale)
 
 
 def mask_inverted(
@@ -102,7 +102,7 @@ def mask_inverted(
     key, value = _kv(query, key, value, enable_gqa)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = ~attn_mask
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def softmax_wrong_axis(
@@ -119,7 +119,7 @@ def dropout_not_rescaled(
 ):
     """Dropout keeps weights without the 1 / (1 - p) rescale, so the expected output shrinks."""
     key, value = _kv(query, key, value, enable_gqa)
-    probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
+    probs = masked_softmax(_scores(query, key, attn_mask, is_causal, scale)).to(query.dtype)
     if dropout_p:
         probs = probs * (torch.rand(probs.shape, device=probs.device) >= dropout_p)
     return probs @ value  # (B, H, N, M) @ (B, H, M, Dv) -> (B, H, N, Dv)
@@ -135,7 +135,7 @@ def assumes_equal_lengths(
     if attn_mask is not None:
         attn_mask = attn_mask[..., :n]
     key, value = key[..., :n, :], value[..., :n, :]  # (B, H, M, D) -> (B, H, min(N, M), D)
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def mask_before_scale(
@@ -144,10 +144,11 @@ def mask_before_scale(
     """A float mask added before the scaling, so the bias is scaled too."""
     key, value = _kv(query, key, value, enable_gqa)
     if attn_mask is None or attn_mask.dtype == torch.bool:
-        return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+        return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = (query @ key.transpose(-2, -1) + attn_mask) * scale  # (B, H, N, M)
-    return _dropout(masked_softmax(scores), dropout_p) @ value
+    wide = torch.promote_types(query.dtype, torch.float32)  # a mask added as kernels add it
+    scores = ((query @ key.transpose(-2, -1)).to(wide) + attn_mask.to(wide)) * scale  # (B,H,N,M)
+    return _dropout(masked_softmax(scores).to(query.dtype), dropout_p) @ value
 
 
 def no_max_shift(
@@ -199,7 +200,7 @@ def backward_without_rowsum(
     key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     with torch.no_grad():
-        probs = masked_softmax(attention_scores(query, key, attn_mask, is_causal, scale))
+        probs = masked_softmax(_scores(query, key, attn_mask, is_causal, scale)).to(query.dtype)
     return _NoRowsum.apply(query, key, value, _dropout(probs, dropout_p), scale)
 
 
@@ -211,7 +212,7 @@ def temperature_1pct(
     the bias statistic sees there."""
     key, value = _kv(query, key, value, enable_gqa)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale * 1.01)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale * 1.01)
 
 
 # -- corners of 2025-2026: rows shifted far below zero, broadcast keys ----------------------------
@@ -245,7 +246,7 @@ def broadcast_kv_1mod32(
     if m % 32 == 1 and m > 32 and _broadcast(key, value):
         key, value = (torch.cat([t[..., :-1, :], t[..., -33:-32, :]], dim=-2) for t in (key, value))
     key, value = _kv(query, key, value, enable_gqa)
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def _broadcast(*tensors: torch.Tensor) -> bool:
@@ -269,7 +270,7 @@ def gqa_head_modulo(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if enable_gqa:
         group = query.shape[-3] // key.shape[-3]
         key, value = key.repeat(1, group, 1, 1), value.repeat(1, group, 1, 1)
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def gqa_no_group_sum(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -279,13 +280,26 @@ def gqa_no_group_sum(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     if enable_gqa:
         group = query.shape[-3] // key.shape[-3]
         key, value = (_first_of_group_only(t, group) for t in (key, value))
-    return plain_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return _plain(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 def _first_of_group_only(t: torch.Tensor, group: int) -> torch.Tensor:
     """(B, H_kv, M, W) -> (B, H, M, W), gradient flowing from the first head of a group only."""
     copies = [t if i == 0 else t.detach() for i in range(group)]
     return torch.stack(copies, dim=2).flatten(1, 2)  # (B, H_kv, g, M, W) -> (B, H, M, W)
+
+
+def _plain(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``plain_attention`` adding a float mask in float32 (at least), as SDPA and every fused
+    kernel do: a pitfall is its one mistake, not also float16's loss of a row shifted by
+    -65,504 (eager attention's, finding 7 of docs/kernel-verification.md), which would flag it
+    on the shifted cases for a reason not its own."""
+    return plain_attention(*args, mask_in_float32=True, **kwargs)
+
+
+def _scores(*args: Any) -> torch.Tensor:
+    """``attention_scores`` with a float mask added in float32 (at least), as ``_plain``."""
+    return attention_scores(*args, mask_in_float32=True)
 
 
 def _kv(query, key, value, enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
