@@ -22,7 +22,8 @@ class ExpectedFailure:
     cases are named by what they hold; in every dtype and on every device unless restricted),
     for ``reason``. With ``detail``, only a failure
     that says it is expected (another failure of the case still fails the run); with
-    ``strict=False`` the case may also pass, for a failure that depends on what ran before it."""
+    ``strict=False`` the case may also pass, for a failure that depends on what ran before it or
+    on the seed (a wrong result that only rounding shows)."""
 
     target: str
     case: str
@@ -30,7 +31,7 @@ class ExpectedFailure:
     dtypes: tuple[str, ...] | None = None
     devices: tuple[str, ...] | None = None
     detail: str | None = None  # the failure must say this (a failing row's detail holds it)
-    strict: bool = True  # False: the case may pass too (a failure that depends on run order)
+    strict: bool = True  # False: the case may pass too (run order or seed decides)
 
     def explains(self, failed_details: list[str]) -> bool:
         """Whether this entry explains a group whose failing rows say ``failed_details``."""
@@ -63,6 +64,13 @@ HF_FLEX_HEAD0 = (
     "Hugging Face's flex_attention_forward reads a 4-D tensor mask as score_mask[b][0][q][kv]: "
     "head 0's mask for every head, so a per-head mask (a per-head bias, or per-head dead rows) is "
     "silently wrong on every other head (and, with its finfo.min mask, a dead row is the mean of V)"
+)
+HF_FLEX_HEAD0_SHIFTED = (
+    "Hugging Face's flex_attention_forward reads a 4-D tensor mask as score_mask[b][0][q][kv]: "
+    "with the 'shifted' mask (rows shifted by -1e5, per head) every head gets head 0's shifts, "
+    "which the softmax does not see, but the scores of a row head 0 shifts are rounded at 1e5 "
+    "(1.5e-11 in float64) where the input left them unshifted: the output can exceed the bound "
+    "(float64, seed 5: 2.2e-12 against 2.1e-12, 2.5 times the baseline's error) or pass, by seed"
 )
 HF_FLEX_COMPILED = (
     "Hugging Face's flex_attention_forward compiles FlexAttention, and on CPU (torch 2.13) the "
@@ -113,6 +121,9 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     *(
         ExpectedFailure("hf.flex_attention_forward[eager]", case, HF_FLEX_HEAD0)
         for case in ("float-*", _DEAD)
+    ),
+    ExpectedFailure(
+        "hf.flex_attention_forward[eager]", _SHIFTED, HF_FLEX_HEAD0_SHIFTED, strict=False
     ),
     *(
         ExpectedFailure("hf.flex_attention_forward", case, HF_FLEX_COMPILED, devices=("cpu",))
