@@ -147,6 +147,11 @@ class Family:
     head_dim_from_config: bool = True
     attention_dropout: bool = True
     bidirectional_flag: bool = False
+    # -- fields of issue 28, part A --
+    #
+    # -- fields of issue 28, part B --
+    #
+    # -- fields of issue 28, part C --
 
 
 def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
@@ -221,12 +226,22 @@ FAMILIES: dict[str, Family] = {
         head_dim_from_config=False,
         attention_dropout=False,
     ),
+    # -- rows of issue 28, part A --
+    #
+    # -- rows of issue 28, part B --
+    #
+    # -- rows of issue 28, part C --
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 # model types whose attention is one of the above, but whose config needs another reading first
 REFUSED = {
     "gemma3": "the multimodal Gemma 3 config; its language model's attention is 'gemma3_text': "
     "pass config.text_config (and the language model's state dict)",
+    # -- refusals of issue 28, part A --
+    #
+    # -- refusals of issue 28, part B --
+    #
+    # -- refusals of issue 28, part C --
 }
 
 

@@ -275,6 +275,11 @@ CASES = [
         False,
         {"multi_query": True, "head_dim": ABSENT, "num_key_value_heads": ABSENT},
     ),
+    # -- cases of issue 28, part A --
+    #
+    # -- cases of issue 28, part B --
+    #
+    # -- cases of issue 28, part C --
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
