@@ -229,6 +229,9 @@ FAMILIES: dict[str, Family] = {
     # -- rows of issue 28, part A --
     #
     # -- rows of issue 28, part B --
+    # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
+    "granitemoe": Family(scaling="attention_multiplier"),
+    "granitemoeshared": Family(scaling="attention_multiplier"),
     #
     # -- rows of issue 28, part C --
 }

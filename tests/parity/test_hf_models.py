@@ -278,6 +278,39 @@ CASES = [
     # -- cases of issue 28, part A --
     #
     # -- cases of issue 28, part B --
+    ModelCase(
+        "granitemoe-multiplier-bias",
+        "GraniteMoe",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True, "num_local_experts": 2}
+        | {"num_experts_per_tok": 1},
+    ),
+    ModelCase(  # ibm-granite/granite-3.0-1b-a400m-base: 16 heads over 8, 1/64, theta 1e4
+        "granitemoe-checkpoint",
+        "GraniteMoe",
+        0,
+        False,
+        {"attention_multiplier": 0.015625, "num_local_experts": 2, "num_experts_per_tok": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "granitemoeshared-multiplier-bias",
+        "GraniteMoeShared",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True, "shared_intermediate_size": 8}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # Granite 3.0's MoE attention settings (above) with a shared expert
+        "granitemoeshared-checkpoint",
+        "GraniteMoeShared",
+        0,
+        False,
+        {"attention_multiplier": 0.015625, "shared_intermediate_size": 8}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
     #
     # -- cases of issue 28, part C --
 ]
