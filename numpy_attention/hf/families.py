@@ -150,6 +150,9 @@ class Family:
     # -- fields of issue 28, part A --
     #
     # -- fields of issue 28, part B --
+    rope_theta_per_layer: str | None = None
+    """Config key of a list of RoPE bases, one per layer (Granite SWA's ``layer_rope_theta``),
+    which replaces ``rope_theta`` for that layer; 0 makes the layer a NoPE layer."""
     #
     # -- fields of issue 28, part C --
 
@@ -157,6 +160,33 @@ class Family:
 def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     """Cohere 2 rotates only on its sliding layers; the full layers are NoPE."""
     return layer_kind(config, FAMILIES["cohere2"], layer_idx) == SLIDING
+
+
+# Granite SWA, Granite MoE SWA: layer 0 and every fourth layer after it attend fully, the others
+# slide; ``layer_rope_theta`` gives each layer its own RoPE base, 0 for none
+
+
+def _granite_swa_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Granite SWA's config class: every layer slides but layers 0, 4, 8, ..."""
+    return layer_idx % 4 != 0
+
+
+def layer_rope_theta(config: Mapping[str, Any], family: Family, layer_idx: int) -> float | None:
+    """Layer i's RoPE base from the family's per-layer list (0: NoPE), None without a list."""
+    key = family.rope_theta_per_layer
+    thetas = None if key is None else config.get(key)
+    if thetas is None:
+        return None
+    if layer_idx >= len(thetas):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's {key} has {len(thetas)} entries"
+        )
+    return float(thetas[layer_idx])
+
+
+def _granite_swa_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Granite SWA: a layer whose ``layer_rope_theta`` is 0 gets no position embeddings."""
+    return layer_rope_theta(config, FAMILIES["granite_swa"], layer_idx) != 0
 
 
 FAMILIES: dict[str, Family] = {
@@ -232,6 +262,19 @@ FAMILIES: dict[str, Family] = {
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
     "granitemoe": Family(scaling="attention_multiplier"),
     "granitemoeshared": Family(scaling="attention_multiplier"),
+    # Granite SWA: Granite's scale, GPT-OSS's sinks (applied as sigmoid(lse - sink) on the
+    # output: the same extra softmax logit), sliding layers and a RoPE base per layer
+    **{
+        name: Family(
+            sliding="layer_types",
+            fallback=_granite_swa_sliding,
+            scaling="attention_multiplier",
+            sinks=True,
+            rotates=_granite_swa_rotates,
+            rope_theta_per_layer="layer_rope_theta",
+        )
+        for name in ("granite_swa", "granitemoe_swa")
+    },
     #
     # -- rows of issue 28, part C --
 }

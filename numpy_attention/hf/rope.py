@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .families import FAMILIES, Family, as_mapping, layer_kind, required, rotates, sizes
+from .families import (
+    FAMILIES,
+    Family,
+    as_mapping,
+    layer_kind,
+    layer_rope_theta,
+    required,
+    rotates,
+    sizes,
+)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _SCALED = ("llama3", "yarn", "longrope")  # the types that read original_max_position_embeddings
@@ -49,6 +58,8 @@ def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> 
                 "the config's rope_parameters differ per layer type: give layer_idx to choose"
             )
         params = dict(params.get(layer_kind(config, family, layer_idx)) or {})
+    if family.rope_theta_per_layer and config.get(family.rope_theta_per_layer) is not None:
+        params["rope_theta"] = _layer_theta(config, family, layer_idx, params.get("rope_theta"))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     rope_type = dict(family.rope_renames).get(rope_type, rope_type)
     if rope_type not in ROPE_TYPES:
@@ -60,6 +71,20 @@ def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> 
         params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
     params["rope_type"] = rope_type
     return params
+
+
+def _layer_theta(
+    config: Mapping[str, Any], family: Family, layer_idx: int | None, default: Any
+) -> Any:
+    """Granite SWA's base of layer ``layer_idx`` from its per-layer list; on a NoPE layer (0)
+    the global one, whose embedding the model builds and never uses."""
+    key = str(family.rope_theta_per_layer)
+    if layer_idx is None:
+        bases = {float(theta) for theta in config[key] if theta}
+        if len(bases) > 1:
+            raise ValueError(f"the config's {key} differs per layer: give layer_idx to choose")
+        return bases.pop() if bases else default
+    return layer_rope_theta(config, family, layer_idx) or default
 
 
 def _transformers_4_parameters(config: Mapping[str, Any], family: Family) -> dict[str, Any]:

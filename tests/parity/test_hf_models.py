@@ -311,6 +311,34 @@ CASES = [
         | {"num_local_experts": 2, "num_experts_per_tok": 1}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
     ),
+    *(
+        ModelCase(  # layer 0 full and NoPE, layer 1 sliding on its own base (not the global one)
+            f"{name}-{kind}",
+            model,
+            layer,
+            layer == 1,
+            {"attention_multiplier": 0.3, "sliding_window": WINDOW, "layer_rope_theta": [0, 5e4]}
+            | extra,
+        )
+        for name, model, extra in (
+            ("granite_swa", "GraniteSWA", {"attention_bias": True}),
+            ("granitemoe_swa", "GraniteMoeSWA", {"num_local_experts": 2, "num_experts_per_tok": 1}),
+        )
+        for layer, kind in ((0, "full-nope"), (1, "sliding-theta"))
+    ),
+    *(
+        ModelCase(  # ibm-granite/granite-swash-2b: 20 heads over 4, 1/128, window 128 (here 4),
+            # layers 0, 4, ... full (the config class's rule), theta 1e4 on every layer
+            f"{name}-checkpoint",
+            model,
+            1,
+            True,
+            {"num_attention_heads": 5, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"attention_multiplier": 0.0078125, "num_local_experts": 2, "num_experts_per_tok": 1}
+            | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+        )
+        for name, model in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
+    ),
     #
     # -- cases of issue 28, part C --
 ]
@@ -378,8 +406,15 @@ def model_frequencies(case, config, model):
     """The model's own frequencies for the layer: its rotary buffer (Gemma 3: the layer type's;
     float32 values, as computed when the model was built), and LongRoPE's long set as the model
     computes it on its first long call, here inside the float64 mode (and copied into its
-    buffer, float64 since ``model.double()``)."""
+    buffer, float64 since ``model.double()``); Granite SWA's: the rotary embedding of the
+    layer's own base."""
     rotary = model.rotary_emb
+    thetas = getattr(config, "layer_rope_theta", None)
+    if thetas and thetas[case.layer_idx]:  # Granite SWA: one rotary embedding per base
+        theta = thetas[case.layer_idx]
+        rotary = next(
+            r for r in model.rotary_embs if r.config.rope_parameters["rope_theta"] == theta
+        )
     if hasattr(rotary, "layer_types"):  # one rotary embedding per layer type
         kind = config.layer_types[case.layer_idx]
         return {"inv_freq": getattr(rotary, f"{kind}_original_inv_freq")}

@@ -84,3 +84,34 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
         model_type({"model_type": "gemma3"})
     with pytest.raises(ValueError, match="no 'hidden_size', which a llama layer needs"):
         required({"model_type": "llama", "hidden_size": None}, "hidden_size")
+
+
+# -- issue 28, part B --
+
+import numpy as np  # noqa: E402
+
+from numpy_attention.hf.rope import hf_inv_freq, rotary_dim  # noqa: E402
+
+
+def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
+    config = transformers.GraniteSWAConfig(
+        **SIZES, layer_rope_theta=[0, 5e4, 1e4, 5e4, 1e4, 1e4]
+    ).to_dict()
+    llama = {**config, "model_type": "llama"}
+
+    assert [rotary_dim(config, i) for i in range(3)] == [0, 8, 8]
+    for layer_idx, theta in ((1, 5e4), (2, 1e4)):
+        expected = hf_inv_freq({**llama, "rope_parameters": {"rope_theta": theta}})
+        np.testing.assert_array_equal(hf_inv_freq(config, layer_idx=layer_idx), expected)
+    with pytest.raises(ValueError, match="layer_rope_theta differs per layer"):
+        hf_inv_freq(config)
+    with pytest.raises(ValueError, match="layer_rope_theta has 2 entries"):
+        rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
+
+
+@pytest.mark.parametrize("name", ["granite_swa", "granitemoe_swa"])
+def test_granite_swa_without_layer_types_slides_where_its_config_class_would(name):
+    config = transformers.AutoConfig.for_model(name, **SIZES).to_dict()
+    theirs = config.pop("layer_types")
+
+    assert [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)] == theirs
