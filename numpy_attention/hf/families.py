@@ -153,6 +153,10 @@ class Family:
     rope_theta_per_layer: str | None = None
     """Config key of a list of RoPE bases, one per layer (Granite SWA's ``layer_rope_theta``),
     which replaces ``rope_theta`` for that layer; 0 makes the layer a NoPE layer."""
+    rope_type_thetas: tuple[float, str | None, float] = (1e6, "rope_local_base_freq", 1e4)
+    """With ``rope_per_layer_type``, how the config class reads a transformers 4 config (no
+    ``rope_parameters``): the full layers' default ``rope_theta``, the config key of the sliding
+    layers' base (None: none) and that base's default (Gemma 3's; OLMo 3's differ)."""
     #
     # -- fields of issue 28, part C --
 
@@ -187,6 +191,14 @@ def layer_rope_theta(config: Mapping[str, Any], family: Family, layer_idx: int) 
 def _granite_swa_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     """Granite SWA: a layer whose ``layer_rope_theta`` is 0 gets no position embeddings."""
     return layer_rope_theta(config, FAMILIES["granite_swa"], layer_idx) != 0
+
+
+# OLMo 3: every fourth layer attends fully, the others slide
+
+
+def _olmo3_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """OLMo 3's config class: layers 3, 7, 11, ... full, the others sliding."""
+    return (layer_idx + 1) % 4 != 0
 
 
 FAMILIES: dict[str, Family] = {
@@ -275,6 +287,16 @@ FAMILIES: dict[str, Family] = {
         )
         for name in ("granite_swa", "granitemoe_swa")
     },
+    # OLMo 3: OLMo 2's attention (QK-norm over the whole projection) with sliding layers and
+    # RoPE per layer type; a transformers 4 config's rope_theta and rope_scaling reach only the
+    # full layers, the sliding ones rotate at the class default 5e5 whatever rope_theta says
+    "olmo3": Family(
+        sliding="layer_types",
+        fallback=_olmo3_sliding,
+        qk_norm=("rms", "all", 0.0),
+        rope_per_layer_type=True,
+        rope_type_thetas=(5e5, None, 5e5),
+    ),
     #
     # -- rows of issue 28, part C --
 }

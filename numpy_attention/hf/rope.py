@@ -90,13 +90,16 @@ def _layer_theta(
 def _transformers_4_parameters(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
     """rope_parameters from ``rope_theta`` and ``rope_scaling`` (``"type"`` its rope_type);
     Gemma 3's: the scaling and ``rope_theta`` (default 1e6) for its full layers,
-    ``rope_local_base_freq`` (default 1e4) unscaled for its sliding ones."""
+    ``rope_local_base_freq`` (default 1e4) unscaled for its sliding ones (OLMo 3's: no local
+    key, its sliding layers always at 5e5; ``Family.rope_type_thetas``)."""
     scaling = dict(config.get("rope_scaling") or {})
     scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", "default"))
     if not family.rope_per_layer_type:
         return scaling | {"rope_theta": config.get("rope_theta")}
-    full = scaling | {"rope_theta": config.get("rope_theta") or 1e6}
-    local = {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq") or 1e4}
+    full_default, local_key, local_default = family.rope_type_thetas
+    full = scaling | {"rope_theta": config.get("rope_theta") or full_default}
+    local_theta = config.get(local_key) if local_key else None
+    local = {"rope_type": "default", "rope_theta": local_theta or local_default}
     return {"full_attention": full, "sliding_attention": local}
 
 

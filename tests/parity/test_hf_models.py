@@ -339,6 +339,41 @@ CASES = [
         )
         for name, model in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
     ),
+    *(
+        ModelCase(  # RoPE per layer type: the sliding layer's base and the full layer's scaling
+            f"olmo3-{kind}",
+            "Olmo3",
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+            | {"attention_bias": True, "rms_norm_eps": 1e-3}
+            | {
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                }
+            },
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # allenai/Olmo-3-1025-7B: multi-head (32 over 32), window 4096 (here 4), three
+        # sliding layers then a full one, theta 5e5, YaRN (factor 8 over 8192) on the full layers
+        "olmo3-checkpoint",
+        "Olmo3",
+        1,
+        False,
+        {"num_key_value_heads": 4, "sliding_window": WINDOW, "rms_norm_eps": 1e-6}
+        | {"layer_types": ["sliding_attention", "full_attention"]}
+        | {"max_position_embeddings": 65536}
+        | {
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
+                "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}
+                | {"original_max_position_embeddings": 8192, "attention_factor": 1.2079441541679836}
+                | {"beta_fast": 32.0, "beta_slow": 1.0},
+            }
+        },
+    ),
     #
     # -- cases of issue 28, part C --
 ]

@@ -90,7 +90,7 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
 
 import numpy as np  # noqa: E402
 
-from numpy_attention.hf.rope import hf_inv_freq, rotary_dim  # noqa: E402
+from numpy_attention.hf.rope import hf_inv_freq, rope_parameters, rotary_dim  # noqa: E402
 
 
 def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
@@ -109,9 +109,21 @@ def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
         rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
 
 
-@pytest.mark.parametrize("name", ["granite_swa", "granitemoe_swa"])
-def test_granite_swa_without_layer_types_slides_where_its_config_class_would(name):
+@pytest.mark.parametrize("name", ["granite_swa", "granitemoe_swa", "olmo3"])
+def test_granite_swa_and_olmo3_without_layer_types_slides_where_its_config_class_would(name):
     config = transformers.AutoConfig.for_model(name, **SIZES).to_dict()
     theirs = config.pop("layer_types")
 
     assert [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)] == theirs
+
+
+def test_olmo3_gives_a_transformers_4_rope_theta_to_its_full_layers_only():
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}
+    raw = {**SIZES, "model_type": "olmo3", "rope_theta": 1e4, "rope_scaling": yarn}
+    raw |= {"num_hidden_layers": 2, "layer_types": [SLIDING, FULL]}
+    theirs = transformers.Olmo3Config(**raw).rope_parameters
+
+    ours = {kind: rope_parameters(raw, i) for i, kind in enumerate(raw["layer_types"])}
+
+    assert ours == theirs
+    assert ours[SLIDING]["rope_theta"] == 5e5  # not the config's 1e4
