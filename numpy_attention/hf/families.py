@@ -297,6 +297,8 @@ FAMILIES: dict[str, Family] = {
         rope_per_layer_type=True,
         rope_type_thetas=(5e5, None, 5e5),
     ),
+    # FlexOLMo: OLMo 2's attention (its experts are outside it)
+    "flex_olmo": Family(qk_norm=("rms", "all", 0.0)),
     #
     # -- rows of issue 28, part C --
 }

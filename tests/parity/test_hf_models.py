@@ -374,6 +374,24 @@ CASES = [
             }
         },
     ),
+    ModelCase(
+        "flex_olmo-bias-qk-norm",
+        "FlexOlmo",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3, "num_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # allenai/FlexOlmo-7x7B-1T: multi-head (32 over 32), theta 5e5, no biases
+        "flex_olmo-checkpoint",
+        "FlexOlmo",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-6, "num_experts": 2}
+        | {
+            "num_experts_per_tok": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+        },
+    ),
     #
     # -- cases of issue 28, part C --
 ]
