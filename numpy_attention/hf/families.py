@@ -201,6 +201,31 @@ def _olmo3_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
     return (layer_idx + 1) % 4 != 0
 
 
+# EXAONE 4, EXAONE MoE: every layer slides but each sliding_window_pattern-th; with a window, the
+# full layers are NoPE
+
+
+def _exaone4_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """EXAONE 4's config class without ``layer_types``: every layer but each
+    ``sliding_window_pattern``-th (4) slides; without a window or with a pattern string
+    (``"LLLG"``) the class fails (a modulo by 0, by a string), so that config is refused."""
+    pattern = config.get("sliding_window_pattern", 4)
+    if config.get("sliding_window") is None or not isinstance(pattern, int) or pattern <= 0:
+        raise ValueError(
+            f"the config has no layer_types, and sliding_window {config.get('sliding_window')!r} "
+            f"with sliding_window_pattern {pattern!r} gives none: EXAONE 4's config class fails "
+            "on them; give layer_types"
+        )
+    return (layer_idx + 1) % pattern != 0
+
+
+def _exaone4_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """EXAONE 4 rotates on every layer without a window, else on its sliding layers only."""
+    if config.get("sliding_window") is None:
+        return True
+    return layer_kind(config, FAMILIES["exaone4"], layer_idx) == SLIDING
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -299,6 +324,18 @@ FAMILIES: dict[str, Family] = {
     ),
     # FlexOLMo: OLMo 2's attention (its experts are outside it)
     "flex_olmo": Family(qk_norm=("rms", "all", 0.0)),
+    # EXAONE 4 (and its MoE): no biases, Qwen3's per-head QK-norm, NoPE full layers
+    **{
+        name: Family(
+            bias=None,
+            out_bias=None,
+            sliding="layer_types",
+            fallback=_exaone4_sliding,
+            qk_norm=("rms", "head", 0.0),
+            rotates=_exaone4_rotates,
+        )
+        for name in ("exaone4", "exaone_moe")
+    },
     #
     # -- rows of issue 28, part C --
 }

@@ -392,6 +392,51 @@ CASES = [
             "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
         },
     ),
+    *(
+        ModelCase(  # with a window the sliding layer rotates and the full one is NoPE
+            f"{name}-{kind}",
+            model,
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+            | {"rms_norm_eps": 1e-3}
+            | extra,
+        )
+        for name, model, extra in (
+            ("exaone4", "Exaone4", {}),
+            ("exaone_moe", "ExaoneMoe", {"num_experts": 2, "num_experts_per_tok": 1}),
+        )
+        for layer, kind in ((0, "sliding-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # without a window (EXAONE MoE's config requires one) every layer rotates
+        "exaone4-no-window-rope",
+        "Exaone4",
+        1,
+        False,
+        {"sliding_window": None, "layer_types": ["full_attention", "full_attention"]},
+    ),
+    *(
+        ModelCase(  # LGAI-EXAONE/EXAONE-4.0-32B: 40 heads over 8, head_dim 128, window 4096
+            # (here 4), "LLLG" layers, llama3 RoPE (factor 16 over 8192, theta 1e6)
+            f"{name}-checkpoint",
+            model,
+            0,
+            True,
+            {"num_attention_heads": 5, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"sliding_window_pattern": "LLLG", "rms_norm_eps": 1e-5}
+            | {"layer_types": ["sliding_attention", "full_attention"]}
+            | {
+                "rope_parameters": LLAMA3_ROPE
+                | {"factor": 16.0, "rope_theta": 1e6, "original_max_position_embeddings": 8192}
+            }
+            | {"max_position_embeddings": 131072}
+            | extra,
+        )
+        for name, model, extra in (
+            ("exaone4", "Exaone4", {}),
+            ("exaone_moe", "ExaoneMoe", {"num_experts": 2, "num_experts_per_tok": 1}),
+        )
+    ),
     #
     # -- cases of issue 28, part C --
 ]
@@ -549,6 +594,8 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     expected.backward(to_torch(dout))
 
     hf_window = getattr(attention, "sliding_window", getattr(config, "sliding_window", None))
+    if not getattr(attention, "is_sliding", True):  # EXAONE 4 keeps the window on full layers
+        hf_window = None
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)

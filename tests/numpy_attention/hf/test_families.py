@@ -109,8 +109,10 @@ def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
         rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
 
 
-@pytest.mark.parametrize("name", ["granite_swa", "granitemoe_swa", "olmo3"])
-def test_granite_swa_and_olmo3_without_layer_types_slides_where_its_config_class_would(name):
+@pytest.mark.parametrize(
+    "name", ["granite_swa", "granitemoe_swa", "olmo3", "exaone4", "exaone_moe"]
+)
+def test_part_b_families_without_layer_types_slides_where_its_config_class_would(name):
     config = transformers.AutoConfig.for_model(name, **SIZES).to_dict()
     theirs = config.pop("layer_types")
 
@@ -127,3 +129,13 @@ def test_olmo3_gives_a_transformers_4_rope_theta_to_its_full_layers_only():
 
     assert ours == theirs
     assert ours[SLIDING]["rope_theta"] == 5e5  # not the config's 1e4
+
+
+@pytest.mark.parametrize(
+    "keys", [{"sliding_window": None}, {"sliding_window_pattern": "LLLG"}], ids=["none", "string"]
+)
+def test_exaone4_without_layer_types_refuses_what_its_config_class_cannot_read(keys):
+    config = {**SIZES, "model_type": "exaone4", **keys}
+
+    with pytest.raises(ValueError, match="EXAONE 4's config class fails on them; give layer_types"):
+        layer_kind(config, FAMILIES["exaone4"], 0)
