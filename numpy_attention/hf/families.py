@@ -157,6 +157,9 @@ class Family:
     """With ``rope_per_layer_type``, how the config class reads a transformers 4 config (no
     ``rope_parameters``): the full layers' default ``rope_theta``, the config key of the sliding
     layers' base (None: none) and that base's default (Gemma 3's; OLMo 3's differ)."""
+    head_dim_default: int | None = None
+    """``head_dim`` where the config has no such key, as the config class defaults it (ERNIE
+    4.5: 128, whatever C // H is); None: C // H."""
     #
     # -- fields of issue 28, part C --
 
@@ -336,6 +339,18 @@ FAMILIES: dict[str, Family] = {
         )
         for name in ("exaone4", "exaone_moe")
     },
+    # ERNIE 4.5 (and its MoE): use_bias on all four projections, interleaved RoPE as GLM's over
+    # the whole head, no attention dropout (the code fixes it at 0)
+    "ernie4_5": Family(
+        bias="use_bias",
+        out_bias="use_bias",
+        interleaved=True,
+        attention_dropout=False,
+        head_dim_default=128,
+    ),
+    "ernie4_5_moe": Family(
+        bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
+    ),
     #
     # -- rows of issue 28, part C --
 }
@@ -423,6 +438,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
+    if family.head_dim_default is not None and "head_dim" not in config:
+        head_dim = family.head_dim_default
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,

@@ -437,6 +437,35 @@ CASES = [
             ("exaone_moe", "ExaoneMoe", {"num_experts": 2, "num_experts_per_tok": 1}),
         )
     ),
+    *(
+        ModelCase(f"{name}-bias-interleaved", model, 1, False, {"use_bias": True} | extra)
+        for name, model, extra in (
+            ("ernie4_5", "Ernie4_5", {}),
+            (
+                "ernie4_5_moe",
+                "Ernie4_5_Moe",
+                {"moe_num_experts": 2, "moe_k": 1, "moe_intermediate_size": 8},
+            ),
+        )
+    ),
+    ModelCase(  # baidu/ERNIE-4.5-0.3B-PT: 16 heads over 2, head_dim 128 (C // H is 64),
+        # theta 5e5, no biases
+        "ernie4_5-checkpoint",
+        "Ernie4_5",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+    ),
+    ModelCase(  # baidu/ERNIE-4.5-21B-A3B-PT: 20 heads over 4, head_dim 128, theta 5e5
+        "ernie4_5_moe-checkpoint",
+        "Ernie4_5_Moe",
+        1,
+        False,
+        {"num_attention_heads": 5, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+        | {"moe_num_experts": 2, "moe_k": 1, "moe_intermediate_size": 8},
+    ),
     #
     # -- cases of issue 28, part C --
 ]

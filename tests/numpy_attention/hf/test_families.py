@@ -139,3 +139,13 @@ def test_exaone4_without_layer_types_refuses_what_its_config_class_cannot_read(k
 
     with pytest.raises(ValueError, match="EXAONE 4's config class fails on them; give layer_types"):
         layer_kind(config, FAMILIES["exaone4"], 0)
+
+
+def test_ernie4_5_defaults_head_dim_to_128_where_the_config_has_no_key():
+    ernie = FAMILIES["ernie4_5"]
+    config = dict(SIZES)  # C // H = 8
+
+    for given in ({}, {"head_dim": None}, {"head_dim": 16}):
+        theirs = transformers.Ernie4_5Config(**config, **given).head_dim
+        assert sizes({**config, **given}, ernie)["head_dim"] == theirs
+    assert sizes(config, ernie)["head_dim"] == 128
