@@ -160,6 +160,9 @@ class Family:
     head_dim_default: int | None = None
     """``head_dim`` where the config has no such key, as the config class defaults it (ERNIE
     4.5: 128, whatever C // H is); None: C // H."""
+    partial_rotary_default: float = 1.0
+    """``partial_rotary_factor`` where the config has none, as the config class defaults it
+    (GLM-4 MoE: 0.5)."""
     #
     # -- fields of issue 28, part C --
 
@@ -227,6 +230,16 @@ def _exaone4_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     if config.get("sliding_window") is None:
         return True
     return layer_kind(config, FAMILIES["exaone4"], layer_idx) == SLIDING
+
+
+# dots.llm1: from max_window_layers on, the layers slide when there is a window (no flag)
+
+
+def _dots1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """dots.llm1's config class: layers ``i >= max_window_layers`` (62) slide when
+    ``sliding_window`` is set (4096 by default); Qwen2's ``use_sliding_window`` is not read."""
+    below = layer_idx < config.get("max_window_layers", 62)
+    return config.get("sliding_window") is not None and not below
 
 
 FAMILIES: dict[str, Family] = {
@@ -347,6 +360,17 @@ FAMILIES: dict[str, Family] = {
         interleaved=True,
         attention_dropout=False,
         head_dim_default=128,
+    ),
+    # dots.llm1: Qwen3's attention (per-head QK-norm, attention_bias) with its own sliding rule
+    "dots1": Family(sliding="layer_types", fallback=_dots1_sliding, qk_norm=("rms", "head", 0.0)),
+    # GLM-4 MoE: partial rotary (0.5 by default) but split in halves, not GLM's interleaved
+    # pairs; biases on q, k, v only; Qwen3's QK-norm under use_qk_norm
+    "glm4_moe": Family(
+        out_bias=None,
+        qk_norm=("rms", "head", 0.0),
+        qk_norm_flag="use_qk_norm",
+        partial_rotary=True,
+        partial_rotary_default=0.5,
     ),
     "ernie4_5_moe": Family(
         bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False

@@ -117,7 +117,7 @@ def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     family = _family(config)
     head_dim = sizes(config, family)["head_dim"]
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
-    partial = 1.0 if partial is None else float(partial)
+    partial = family.partial_rotary_default if partial is None else float(partial)
     if partial == 1.0:
         return int(head_dim)
     if not family.partial_rotary:

@@ -466,6 +466,58 @@ CASES = [
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
         | {"moe_num_experts": 2, "moe_k": 1, "moe_intermediate_size": 8},
     ),
+    *(
+        ModelCase(  # the config class's rule: layers from max_window_layers on slide (no flag)
+            f"dots1-{kind}",
+            "Dots1",
+            layer,
+            layer == 1,
+            {"sliding_window": WINDOW, "max_window_layers": 1, "attention_bias": True}
+            | {"rms_norm_eps": 1e-3}
+            | {
+                "n_routed_experts": 2,
+                "num_experts_per_tok": 1,
+                "n_shared_experts": 1,
+                "moe_intermediate_size": 8,
+            },
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
+    ModelCase(  # rednote-hilab/dots.llm1.base: multi-head (32 over 32), theta 1e7, no biases,
+        # sliding_window left at the class's 4096 under max_window_layers 62: nothing slides
+        "dots1-checkpoint",
+        "Dots1",
+        1,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "sliding_window": ABSENT}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}}
+        | {
+            "n_routed_experts": 2,
+            "num_experts_per_tok": 1,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 8,
+        },
+    ),
+    ModelCase(  # partial rotary 0.25 of the head, split in halves; biases on q, k, v only
+        "glm4_moe-partial-qk-norm",
+        "Glm4Moe",
+        1,
+        False,
+        {"use_qk_norm": True, "attention_bias": True, "rms_norm_eps": 1e-3}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+        | {"partial_rotary_factor": 0.25}
+        | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # zai-org/GLM-4.5: 96 heads over 8 (here 8 over 1), head_dim 128, rotary half
+        # (the class default), theta 1e6, q/k/v biases, QK-norm
+        "glm4_moe-checkpoint",
+        "Glm4Moe",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "use_qk_norm": True}
+        | {"attention_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
     #
     # -- cases of issue 28, part C --
 ]

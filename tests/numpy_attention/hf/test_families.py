@@ -109,14 +109,25 @@ def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
         rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
 
 
-@pytest.mark.parametrize(
-    "name", ["granite_swa", "granitemoe_swa", "olmo3", "exaone4", "exaone_moe"]
-)
-def test_part_b_families_without_layer_types_slides_where_its_config_class_would(name):
-    config = transformers.AutoConfig.for_model(name, **SIZES).to_dict()
+PART_B_FALLBACKS = {  # model_type -> what its config class is given besides SIZES
+    "granite_swa": {},
+    "granitemoe_swa": {},
+    "olmo3": {},
+    "exaone4": {},
+    "exaone_moe": {},
+    "dots1": {"max_window_layers": 4},
+}
+
+
+@pytest.mark.parametrize("name", PART_B_FALLBACKS)
+def test_part_b_families_without_layer_types_slide_where_their_config_class_would(name):
+    config = transformers.AutoConfig.for_model(name, **SIZES, **PART_B_FALLBACKS[name]).to_dict()
     theirs = config.pop("layer_types")
 
-    assert [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)] == theirs
+    ours = [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)]
+
+    assert ours == theirs
+    assert SLIDING in ours and FULL in ours  # the case tells the rules apart
 
 
 def test_olmo3_gives_a_transformers_4_rope_theta_to_its_full_layers_only():
@@ -149,3 +160,11 @@ def test_ernie4_5_defaults_head_dim_to_128_where_the_config_has_no_key():
         theirs = transformers.Ernie4_5Config(**config, **given).head_dim
         assert sizes({**config, **given}, ernie)["head_dim"] == theirs
     assert sizes(config, ernie)["head_dim"] == 128
+
+
+def test_glm4_moe_rotates_half_of_each_head_without_a_partial_rotary_factor():
+    raw = {**SIZES, "model_type": "glm4_moe", "head_dim": 16, "rope_theta": 1e4}
+
+    theirs = transformers.Glm4MoeConfig(**raw).rope_parameters["partial_rotary_factor"]
+
+    assert rotary_dim(raw, 0) == int(16 * theirs) == 8
