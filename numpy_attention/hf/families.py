@@ -163,6 +163,9 @@ class Family:
     partial_rotary_default: float = 1.0
     """``partial_rotary_factor`` where the config has none, as the config class defaults it
     (GLM-4 MoE: 0.5)."""
+    rotary_dim_key: str | None = None
+    """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
+    head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
     #
     # -- fields of issue 28, part C --
 
@@ -371,6 +374,16 @@ FAMILIES: dict[str, Family] = {
         qk_norm_flag="use_qk_norm",
         partial_rotary=True,
         partial_rotary_default=0.5,
+    ),
+    # MiniMax-M2: OLMo 2's QK-norm over the whole projection, no biases (no key), partial rotary
+    # in halves, its width from the legacy rotary_dim where there is no factor
+    "minimax_m2": Family(
+        bias=None,
+        out_bias=None,
+        qk_norm=("rms", "all", 0.0),
+        partial_rotary=True,
+        head_dim_default=128,
+        rotary_dim_key="rotary_dim",
     ),
     "ernie4_5_moe": Family(
         bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False

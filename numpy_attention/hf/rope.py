@@ -117,6 +117,8 @@ def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     family = _family(config)
     head_dim = sizes(config, family)["head_dim"]
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is None and family.rotary_dim_key and config.get(family.rotary_dim_key) is not None:
+        partial = config[family.rotary_dim_key] / head_dim  # MiniMax-M2's legacy rotary_dim
     partial = family.partial_rotary_default if partial is None else float(partial)
     if partial == 1.0:
         return int(head_dim)

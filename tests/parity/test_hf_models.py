@@ -518,6 +518,23 @@ CASES = [
         | {"attention_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
         | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
     ),
+    ModelCase(  # a quarter of each head rotates (partial_rotary_factor wins over rotary_dim)
+        "minimax_m2-partial-qk-norm",
+        "MiniMaxM2",
+        1,
+        False,
+        {"rotary_dim": 4, "partial_rotary_factor": 0.25, "head_dim": 16, "rms_norm_eps": 1e-3}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # MiniMaxAI/MiniMax-M2: 48 heads over 8 (here 6 over 1), head_dim 128,
+        # rotary_dim 64 (half the head), theta 5e6, QK-norm over the whole projection
+        "minimax_m2-checkpoint",
+        "MiniMaxM2",
+        0,
+        False,
+        {"num_attention_heads": 6, "num_key_value_heads": 1, "rotary_dim": 4, "rope_theta": 5e6}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
     #
     # -- cases of issue 28, part C --
 ]

@@ -168,3 +168,13 @@ def test_glm4_moe_rotates_half_of_each_head_without_a_partial_rotary_factor():
     theirs = transformers.Glm4MoeConfig(**raw).rope_parameters["partial_rotary_factor"]
 
     assert rotary_dim(raw, 0) == int(16 * theirs) == 8
+
+
+def test_minimax_m2_reads_its_legacy_rotary_dim_where_there_is_no_factor():
+    raw = {**SIZES, "model_type": "minimax_m2", "head_dim": 16, "rotary_dim": 8, "rope_theta": 1e4}
+    factor = {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25}}
+
+    for given, width in (({}, 8), (factor, 4)):
+        theirs = transformers.MiniMaxM2Config(**raw, **given).rope_parameters
+        assert rotary_dim({**raw, **given}, 0) == int(16 * theirs["partial_rotary_factor"]) == width
+    assert sizes({**SIZES, "model_type": "minimax_m2"}, FAMILIES["minimax_m2"])["head_dim"] == 128
