@@ -245,6 +245,38 @@ def _dots1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
     return config.get("sliding_window") is not None and not below
 
 
+# Cohere 2 MoE: its first first_k_dense_replace layers (dense MLPs) follow their own pattern and,
+# with that pattern 1, rotate although they attend fully; the others rotate where they slide
+
+
+def _cohere2_moe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Cohere 2 MoE's config class: the first ``first_k_dense_replace`` layers slide but each
+    ``prefix_dense_sliding_window_pattern``-th (1: none), the rest, counted afresh, but each
+    ``sliding_window_pattern``-th (4)."""
+    prefix = config.get("first_k_dense_replace") or 0
+    if layer_idx < prefix:
+        return bool((layer_idx + 1) % (config.get("prefix_dense_sliding_window_pattern") or 1))
+    return bool((layer_idx - prefix + 1) % (config.get("sliding_window_pattern") or 4))
+
+
+def _cohere2_moe_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Cohere 2 MoE rotates on its sliding layers, and on its dense-MLP layers when their
+    pattern is 1 (``force_rope``); its other full layers are NoPE."""
+    if layer_kind(config, FAMILIES["cohere2_moe"], layer_idx) == SLIDING:
+        return True
+    mlp_types = config.get("mlp_layer_types")
+    if mlp_types is None:
+        dense = layer_idx < (config.get("first_k_dense_replace") or 0)
+    elif layer_idx >= len(mlp_types):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's mlp_layer_types has {len(mlp_types)} "
+            "entries"
+        )
+    else:
+        dense = mlp_types[layer_idx] == "dense"
+    return dense and config.get("prefix_dense_sliding_window_pattern", 1) == 1
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -384,6 +416,15 @@ FAMILIES: dict[str, Family] = {
         partial_rotary=True,
         head_dim_default=128,
         rotary_dim_key="rotary_dim",
+    ),
+    # Cohere 2 MoE: Cohere 2's interleaved RoPE and NoPE full layers, but its head_dim is read
+    # (128 by default), attention_bias on all four projections, and its dense prefix rotates
+    "cohere2_moe": Family(
+        sliding="layer_types",
+        fallback=_cohere2_moe_sliding,
+        interleaved=True,
+        rotates=_cohere2_moe_rotates,
+        head_dim_default=128,
     ),
     "ernie4_5_moe": Family(
         bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False

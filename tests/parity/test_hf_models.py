@@ -535,6 +535,31 @@ CASES = [
         {"num_attention_heads": 6, "num_key_value_heads": 1, "rotary_dim": 4, "rope_theta": 5e6}
         | {"num_local_experts": 2, "num_experts_per_tok": 1},
     ),
+    *(
+        ModelCase(  # a dense prefix layer attends fully and rotates; the next full one is NoPE
+            f"cohere2_moe-{kind}",
+            "Cohere2Moe",
+            layer,
+            False,
+            {"first_k_dense_replace": 1, "prefix_dense_sliding_window_pattern": 1}
+            | {"sliding_window_pattern": 1, "sliding_window": WINDOW}
+            # biases on the rotating layer only: on a NoPE layer k's bias adds the same q . b to
+            # every score of a row, so its gradient is zero in exact arithmetic (rounding noise)
+            | {"attention_bias": layer == 0}
+            | {"prefix_dense_intermediate_size": 16}
+            | {"num_experts": 2, "num_experts_per_tok": 1},
+        )
+        for layer, kind in ((0, "dense-full-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # the config class's defaults (64 heads, multi-head, head_dim 128, window 4096
+        # (here 4), every fourth layer full, theta 1e4, no biases): layer 1 slides and rotates
+        "cohere2_moe-checkpoint",
+        "Cohere2Moe",
+        1,
+        True,
+        {"num_key_value_heads": 4, "sliding_window": WINDOW, "rope_theta": 1e4}
+        | {"num_experts": 2, "num_experts_per_tok": 1},
+    ),
     #
     # -- cases of issue 28, part C --
 ]

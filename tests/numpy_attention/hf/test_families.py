@@ -178,3 +178,16 @@ def test_minimax_m2_reads_its_legacy_rotary_dim_where_there_is_no_factor():
         theirs = transformers.MiniMaxM2Config(**raw, **given).rope_parameters
         assert rotary_dim({**raw, **given}, 0) == int(16 * theirs["partial_rotary_factor"]) == width
     assert sizes({**SIZES, "model_type": "minimax_m2"}, FAMILIES["minimax_m2"])["head_dim"] == 128
+
+
+def test_cohere2_moe_rotates_its_dense_prefix_when_its_pattern_is_one():
+    raw = {**SIZES, "model_type": "cohere2_moe", "head_dim": 8, "rope_theta": 1e4}
+    raw["first_k_dense_replace"] = 2
+    config = transformers.Cohere2MoeConfig(**raw).to_dict()  # without first_k_dense_replace
+
+    ours = [layer_kind(raw, FAMILIES["cohere2_moe"], i) for i in range(LAYERS)]
+
+    # the prefix is full and rotates; then, counted afresh, 3 sliding (RoPE) and 1 full (NoPE)
+    assert ours == config["layer_types"] == [FULL, FULL, SLIDING, SLIDING, SLIDING, FULL]
+    assert [rotary_dim(raw, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
+    assert [rotary_dim(config, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
