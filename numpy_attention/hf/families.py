@@ -426,6 +426,8 @@ FAMILIES: dict[str, Family] = {
         rotates=_cohere2_moe_rotates,
         head_dim_default=128,
     ),
+    # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
+    "hy_v3": Family(qk_norm=("rms", "head", 0.0), head_dim_default=128),
     "ernie4_5_moe": Family(
         bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
     ),

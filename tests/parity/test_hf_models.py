@@ -560,6 +560,23 @@ CASES = [
         {"num_key_value_heads": 4, "sliding_window": WINDOW, "rope_theta": 1e4}
         | {"num_experts": 2, "num_experts_per_tok": 1},
     ),
+    ModelCase(
+        "hy_v3-bias-qk-norm",
+        "HYV3",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # tencent/Hy3-preview (the config class's defaults): 64 heads over 8, head_dim
+        # 128, theta 11158840, no biases, QK-norm, no window
+        "hy_v3-checkpoint",
+        "HYV3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-5}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
     #
     # -- cases of issue 28, part C --
 ]
