@@ -396,6 +396,9 @@ FAMILIES: dict[str, Family] = {
         attention_dropout=False,
         head_dim_default=128,
     ),
+    "ernie4_5_moe": Family(
+        bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
+    ),
     # dots.llm1: Qwen3's attention (per-head QK-norm, attention_bias) with its own sliding rule
     "dots1": Family(sliding="layer_types", fallback=_dots1_sliding, qk_norm=("rms", "head", 0.0)),
     # GLM-4 MoE: partial rotary (0.5 by default) but split in halves, not GLM's interleaved
@@ -428,9 +431,6 @@ FAMILIES: dict[str, Family] = {
     ),
     # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
     "hy_v3": Family(qk_norm=("rms", "head", 0.0), head_dim_default=128),
-    "ernie4_5_moe": Family(
-        bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
-    ),
     #
     # -- rows of issue 28, part C --
 }

@@ -498,14 +498,14 @@ CASES = [
             "moe_intermediate_size": 8,
         },
     ),
-    ModelCase(  # partial rotary 0.25 of the head, split in halves; biases on q, k, v only
+    ModelCase(  # a quarter of the head rotates, split in halves; biases on q, k, v only
         "glm4_moe-partial-qk-norm",
         "Glm4Moe",
         1,
         False,
-        {"use_qk_norm": True, "attention_bias": True, "rms_norm_eps": 1e-3}
+        {"use_qk_norm": True, "attention_bias": True, "rms_norm_eps": 1e-3, "head_dim": 16}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
-        | {"partial_rotary_factor": 0.25}
+        | {"partial_rotary_factor": 0.25}  # 4 of 16 coordinates: two pairs tell the layouts apart
         | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
     ),
     ModelCase(  # zai-org/GLM-4.5: 96 heads over 8 (here 8 over 1), head_dim 128, rotary half
