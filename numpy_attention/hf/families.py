@@ -150,6 +150,22 @@ class Family:
     # -- fields of issue 28, part A --
     #
     # -- fields of issue 28, part B --
+    rope_theta_per_layer: str | None = None
+    """Config key of a list of RoPE bases, one per layer (Granite SWA's ``layer_rope_theta``),
+    which replaces ``rope_theta`` for that layer; 0 makes the layer a NoPE layer."""
+    rope_type_thetas: tuple[float, str | None, float] = (1e6, "rope_local_base_freq", 1e4)
+    """With ``rope_per_layer_type``, how the config class reads a transformers 4 config (no
+    ``rope_parameters``): the full layers' default ``rope_theta``, the config key of the sliding
+    layers' base (None: none) and that base's default (Gemma 3's; OLMo 3's differ)."""
+    head_dim_default: int | None = None
+    """``head_dim`` where the config has no such key, as the config class defaults it (ERNIE
+    4.5: 128, whatever C // H is); None: C // H."""
+    partial_rotary_default: float = 1.0
+    """``partial_rotary_factor`` where the config has none, as the config class defaults it
+    (GLM-4 MoE: 0.5)."""
+    rotary_dim_key: str | None = None
+    """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
+    head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
     #
     # -- fields of issue 28, part C --
 
@@ -157,6 +173,108 @@ class Family:
 def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     """Cohere 2 rotates only on its sliding layers; the full layers are NoPE."""
     return layer_kind(config, FAMILIES["cohere2"], layer_idx) == SLIDING
+
+
+# Granite SWA, Granite MoE SWA: layer 0 and every fourth layer after it attend fully, the others
+# slide; ``layer_rope_theta`` gives each layer its own RoPE base, 0 for none
+
+
+def _granite_swa_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Granite SWA's config class: every layer slides but layers 0, 4, 8, ..."""
+    return layer_idx % 4 != 0
+
+
+def layer_rope_theta(config: Mapping[str, Any], family: Family, layer_idx: int) -> float | None:
+    """Layer i's RoPE base from the family's per-layer list (0: NoPE), None without a list."""
+    key = family.rope_theta_per_layer
+    thetas = None if key is None else config.get(key)
+    if thetas is None:
+        return None
+    if layer_idx >= len(thetas):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's {key} has {len(thetas)} entries"
+        )
+    return float(thetas[layer_idx])
+
+
+def _granite_swa_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Granite SWA: a layer whose ``layer_rope_theta`` is 0 gets no position embeddings."""
+    return layer_rope_theta(config, FAMILIES["granite_swa"], layer_idx) != 0
+
+
+# OLMo 3: every fourth layer attends fully, the others slide
+
+
+def _olmo3_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """OLMo 3's config class: layers 3, 7, 11, ... full, the others sliding."""
+    return (layer_idx + 1) % 4 != 0
+
+
+# EXAONE 4, EXAONE MoE: every layer slides but each sliding_window_pattern-th; with a window, the
+# full layers are NoPE
+
+
+def _exaone4_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """EXAONE 4's config class without ``layer_types``: every layer but each
+    ``sliding_window_pattern``-th (4) slides; without a window or with a pattern string
+    (``"LLLG"``) the class fails (a modulo by 0, by a string), so that config is refused."""
+    pattern = config.get("sliding_window_pattern", 4)
+    if config.get("sliding_window") is None or not isinstance(pattern, int) or pattern <= 0:
+        raise ValueError(
+            f"the config has no layer_types, and sliding_window {config.get('sliding_window')!r} "
+            f"with sliding_window_pattern {pattern!r} gives none: EXAONE 4's config class fails "
+            "on them; give layer_types"
+        )
+    return (layer_idx + 1) % pattern != 0
+
+
+def _exaone4_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """EXAONE 4 rotates on every layer without a window, else on its sliding layers only."""
+    if config.get("sliding_window") is None:
+        return True
+    return layer_kind(config, FAMILIES["exaone4"], layer_idx) == SLIDING
+
+
+# dots.llm1: from max_window_layers on, the layers slide when there is a window (no flag)
+
+
+def _dots1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """dots.llm1's config class: layers ``i >= max_window_layers`` (62) slide when
+    ``sliding_window`` is set (4096 by default); Qwen2's ``use_sliding_window`` is not read."""
+    below = layer_idx < config.get("max_window_layers", 62)
+    return config.get("sliding_window") is not None and not below
+
+
+# Cohere 2 MoE: its first first_k_dense_replace layers (dense MLPs) follow their own pattern and,
+# with that pattern 1, rotate although they attend fully; the others rotate where they slide
+
+
+def _cohere2_moe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Cohere 2 MoE's config class: the first ``first_k_dense_replace`` layers slide but each
+    ``prefix_dense_sliding_window_pattern``-th (1: none), the rest, counted afresh, but each
+    ``sliding_window_pattern``-th (4)."""
+    prefix = config.get("first_k_dense_replace") or 0
+    if layer_idx < prefix:
+        return bool((layer_idx + 1) % (config.get("prefix_dense_sliding_window_pattern") or 1))
+    return bool((layer_idx - prefix + 1) % (config.get("sliding_window_pattern") or 4))
+
+
+def _cohere2_moe_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Cohere 2 MoE rotates on its sliding layers, and on its dense-MLP layers when their
+    pattern is 1 (``force_rope``); its other full layers are NoPE."""
+    if layer_kind(config, FAMILIES["cohere2_moe"], layer_idx) == SLIDING:
+        return True
+    mlp_types = config.get("mlp_layer_types")
+    if mlp_types is None:
+        dense = layer_idx < (config.get("first_k_dense_replace") or 0)
+    elif layer_idx >= len(mlp_types):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's mlp_layer_types has {len(mlp_types)} "
+            "entries"
+        )
+    else:
+        dense = mlp_types[layer_idx] == "dense"
+    return dense and config.get("prefix_dense_sliding_window_pattern", 1) == 1
 
 
 FAMILIES: dict[str, Family] = {
@@ -229,6 +347,90 @@ FAMILIES: dict[str, Family] = {
     # -- rows of issue 28, part A --
     #
     # -- rows of issue 28, part B --
+    # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
+    "granitemoe": Family(scaling="attention_multiplier"),
+    "granitemoeshared": Family(scaling="attention_multiplier"),
+    # Granite SWA: Granite's scale, GPT-OSS's sinks (applied as sigmoid(lse - sink) on the
+    # output: the same extra softmax logit), sliding layers and a RoPE base per layer
+    **{
+        name: Family(
+            sliding="layer_types",
+            fallback=_granite_swa_sliding,
+            scaling="attention_multiplier",
+            sinks=True,
+            rotates=_granite_swa_rotates,
+            rope_theta_per_layer="layer_rope_theta",
+        )
+        for name in ("granite_swa", "granitemoe_swa")
+    },
+    # OLMo 3: OLMo 2's attention (QK-norm over the whole projection) with sliding layers and
+    # RoPE per layer type; a transformers 4 config's rope_theta and rope_scaling reach only the
+    # full layers, the sliding ones rotate at the class default 5e5 whatever rope_theta says
+    "olmo3": Family(
+        sliding="layer_types",
+        fallback=_olmo3_sliding,
+        qk_norm=("rms", "all", 0.0),
+        rope_per_layer_type=True,
+        rope_type_thetas=(5e5, None, 5e5),
+    ),
+    # FlexOLMo: OLMo 2's attention (its experts are outside it)
+    "flex_olmo": Family(qk_norm=("rms", "all", 0.0)),
+    # EXAONE 4 (and its MoE): no biases, Qwen3's per-head QK-norm, NoPE full layers
+    **{
+        name: Family(
+            bias=None,
+            out_bias=None,
+            sliding="layer_types",
+            fallback=_exaone4_sliding,
+            qk_norm=("rms", "head", 0.0),
+            rotates=_exaone4_rotates,
+        )
+        for name in ("exaone4", "exaone_moe")
+    },
+    # ERNIE 4.5 (and its MoE): use_bias on all four projections, interleaved RoPE as GLM's over
+    # the whole head, no attention dropout (the code fixes it at 0)
+    "ernie4_5": Family(
+        bias="use_bias",
+        out_bias="use_bias",
+        interleaved=True,
+        attention_dropout=False,
+        head_dim_default=128,
+    ),
+    "ernie4_5_moe": Family(
+        bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
+    ),
+    # dots.llm1: Qwen3's attention (per-head QK-norm, attention_bias) with its own sliding rule
+    "dots1": Family(sliding="layer_types", fallback=_dots1_sliding, qk_norm=("rms", "head", 0.0)),
+    # GLM-4 MoE: partial rotary (0.5 by default) but split in halves, not GLM's interleaved
+    # pairs; biases on q, k, v only; Qwen3's QK-norm under use_qk_norm
+    "glm4_moe": Family(
+        out_bias=None,
+        qk_norm=("rms", "head", 0.0),
+        qk_norm_flag="use_qk_norm",
+        partial_rotary=True,
+        partial_rotary_default=0.5,
+    ),
+    # MiniMax-M2: OLMo 2's QK-norm over the whole projection, no biases (no key), partial rotary
+    # in halves, its width from the legacy rotary_dim where there is no factor
+    "minimax_m2": Family(
+        bias=None,
+        out_bias=None,
+        qk_norm=("rms", "all", 0.0),
+        partial_rotary=True,
+        head_dim_default=128,
+        rotary_dim_key="rotary_dim",
+    ),
+    # Cohere 2 MoE: Cohere 2's interleaved RoPE and NoPE full layers, but its head_dim is read
+    # (128 by default), attention_bias on all four projections, and its dense prefix rotates
+    "cohere2_moe": Family(
+        sliding="layer_types",
+        fallback=_cohere2_moe_sliding,
+        interleaved=True,
+        rotates=_cohere2_moe_rotates,
+        head_dim_default=128,
+    ),
+    # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
+    "hy_v3": Family(qk_norm=("rms", "head", 0.0), head_dim_default=128),
     #
     # -- rows of issue 28, part C --
 }
@@ -316,6 +518,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
+    if family.head_dim_default is not None and "head_dim" not in config:
+        head_dim = family.head_dim_default
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,

@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .families import FAMILIES, Family, as_mapping, layer_kind, required, rotates, sizes
+from .families import (
+    FAMILIES,
+    Family,
+    as_mapping,
+    layer_kind,
+    layer_rope_theta,
+    required,
+    rotates,
+    sizes,
+)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _SCALED = ("llama3", "yarn", "longrope")  # the types that read original_max_position_embeddings
@@ -49,6 +58,8 @@ def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> 
                 "the config's rope_parameters differ per layer type: give layer_idx to choose"
             )
         params = dict(params.get(layer_kind(config, family, layer_idx)) or {})
+    if family.rope_theta_per_layer and config.get(family.rope_theta_per_layer) is not None:
+        params["rope_theta"] = _layer_theta(config, family, layer_idx, params.get("rope_theta"))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     rope_type = dict(family.rope_renames).get(rope_type, rope_type)
     if rope_type not in ROPE_TYPES:
@@ -62,16 +73,33 @@ def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> 
     return params
 
 
+def _layer_theta(
+    config: Mapping[str, Any], family: Family, layer_idx: int | None, default: Any
+) -> Any:
+    """Granite SWA's base of layer ``layer_idx`` from its per-layer list; on a NoPE layer (0)
+    the global one, whose embedding the model builds and never uses."""
+    key = str(family.rope_theta_per_layer)
+    if layer_idx is None:
+        bases = {float(theta) for theta in config[key] if theta}
+        if len(bases) > 1:
+            raise ValueError(f"the config's {key} differs per layer: give layer_idx to choose")
+        return bases.pop() if bases else default
+    return layer_rope_theta(config, family, layer_idx) or default
+
+
 def _transformers_4_parameters(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
     """rope_parameters from ``rope_theta`` and ``rope_scaling`` (``"type"`` its rope_type);
     Gemma 3's: the scaling and ``rope_theta`` (default 1e6) for its full layers,
-    ``rope_local_base_freq`` (default 1e4) unscaled for its sliding ones."""
+    ``rope_local_base_freq`` (default 1e4) unscaled for its sliding ones (OLMo 3's: no local
+    key, its sliding layers always at 5e5; ``Family.rope_type_thetas``)."""
     scaling = dict(config.get("rope_scaling") or {})
     scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", "default"))
     if not family.rope_per_layer_type:
         return scaling | {"rope_theta": config.get("rope_theta")}
-    full = scaling | {"rope_theta": config.get("rope_theta") or 1e6}
-    local = {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq") or 1e4}
+    full_default, local_key, local_default = family.rope_type_thetas
+    full = scaling | {"rope_theta": config.get("rope_theta") or full_default}
+    local_theta = config.get(local_key) if local_key else None
+    local = {"rope_type": "default", "rope_theta": local_theta or local_default}
     return {"full_attention": full, "sliding_attention": local}
 
 
@@ -89,7 +117,9 @@ def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     family = _family(config)
     head_dim = sizes(config, family)["head_dim"]
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
-    partial = 1.0 if partial is None else float(partial)
+    if partial is None and family.rotary_dim_key and config.get(family.rotary_dim_key) is not None:
+        partial = config[family.rotary_dim_key] / head_dim  # MiniMax-M2's legacy rotary_dim
+    partial = family.partial_rotary_default if partial is None else float(partial)
     if partial == 1.0:
         return int(head_dim)
     if not family.partial_rotary:

@@ -278,6 +278,305 @@ CASES = [
     # -- cases of issue 28, part A --
     #
     # -- cases of issue 28, part B --
+    ModelCase(
+        "granitemoe-multiplier-bias",
+        "GraniteMoe",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True, "num_local_experts": 2}
+        | {"num_experts_per_tok": 1},
+    ),
+    ModelCase(  # ibm-granite/granite-3.0-1b-a400m-base: 16 heads over 8, 1/64, theta 1e4
+        "granitemoe-checkpoint",
+        "GraniteMoe",
+        0,
+        False,
+        {"attention_multiplier": 0.015625, "num_local_experts": 2, "num_experts_per_tok": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "granitemoeshared-multiplier-bias",
+        "GraniteMoeShared",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True, "shared_intermediate_size": 8}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # Granite 3.0's MoE attention settings (above) with a shared expert
+        "granitemoeshared-checkpoint",
+        "GraniteMoeShared",
+        0,
+        False,
+        {"attention_multiplier": 0.015625, "shared_intermediate_size": 8}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    *(
+        ModelCase(  # layer 0 full and NoPE, layer 1 sliding on its own base (not the global one)
+            f"{name}-{kind}",
+            model,
+            layer,
+            layer == 1,
+            {"attention_multiplier": 0.3, "sliding_window": WINDOW, "layer_rope_theta": [0, 5e4]}
+            | extra,
+        )
+        for name, model, extra in (
+            ("granite_swa", "GraniteSWA", {"attention_bias": True}),
+            ("granitemoe_swa", "GraniteMoeSWA", {"num_local_experts": 2, "num_experts_per_tok": 1}),
+        )
+        for layer, kind in ((0, "full-nope"), (1, "sliding-theta"))
+    ),
+    *(
+        ModelCase(  # ibm-granite/granite-swash-2b: 20 heads over 4, 1/128, window 128 (here 4),
+            # layers 0, 4, ... full (the config class's rule), theta 1e4 on every layer
+            f"{name}-checkpoint",
+            model,
+            1,
+            True,
+            {"num_attention_heads": 5, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"attention_multiplier": 0.0078125, "num_local_experts": 2, "num_experts_per_tok": 1}
+            | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+        )
+        for name, model in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
+    ),
+    *(
+        ModelCase(  # RoPE per layer type: the sliding layer's base and the full layer's scaling
+            f"olmo3-{kind}",
+            "Olmo3",
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+            | {"attention_bias": True, "rms_norm_eps": 1e-3}
+            | {
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                }
+            },
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # allenai/Olmo-3-1025-7B: multi-head (32 over 32), window 4096 (here 4), three
+        # sliding layers then a full one, theta 5e5, YaRN (factor 8 over 8192) on the full layers
+        "olmo3-checkpoint",
+        "Olmo3",
+        1,
+        False,
+        {"num_key_value_heads": 4, "sliding_window": WINDOW, "rms_norm_eps": 1e-6}
+        | {"layer_types": ["sliding_attention", "full_attention"]}
+        | {"max_position_embeddings": 65536}
+        | {
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
+                "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}
+                | {"original_max_position_embeddings": 8192, "attention_factor": 1.2079441541679836}
+                | {"beta_fast": 32.0, "beta_slow": 1.0},
+            }
+        },
+    ),
+    ModelCase(
+        "flex_olmo-bias-qk-norm",
+        "FlexOlmo",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3, "num_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # allenai/FlexOlmo-7x7B-1T: multi-head (32 over 32), theta 5e5, no biases
+        "flex_olmo-checkpoint",
+        "FlexOlmo",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-6, "num_experts": 2}
+        | {
+            "num_experts_per_tok": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+        },
+    ),
+    *(
+        ModelCase(  # with a window the sliding layer rotates and the full one is NoPE
+            f"{name}-{kind}",
+            model,
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+            | {"rms_norm_eps": 1e-3}
+            | extra,
+        )
+        for name, model, extra in (
+            ("exaone4", "Exaone4", {}),
+            ("exaone_moe", "ExaoneMoe", {"num_experts": 2, "num_experts_per_tok": 1}),
+        )
+        for layer, kind in ((0, "sliding-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # without a window (EXAONE MoE's config requires one) every layer rotates
+        "exaone4-no-window-rope",
+        "Exaone4",
+        1,
+        False,
+        {"sliding_window": None, "layer_types": ["full_attention", "full_attention"]},
+    ),
+    *(
+        ModelCase(  # LGAI-EXAONE/EXAONE-4.0-32B: 40 heads over 8, head_dim 128, window 4096
+            # (here 4), "LLLG" layers, llama3 RoPE (factor 16 over 8192, theta 1e6)
+            f"{name}-checkpoint",
+            model,
+            0,
+            True,
+            {"num_attention_heads": 5, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"sliding_window_pattern": "LLLG", "rms_norm_eps": 1e-5}
+            | {"layer_types": ["sliding_attention", "full_attention"]}
+            | {
+                "rope_parameters": LLAMA3_ROPE
+                | {"factor": 16.0, "rope_theta": 1e6, "original_max_position_embeddings": 8192}
+            }
+            | {"max_position_embeddings": 131072}
+            | extra,
+        )
+        for name, model, extra in (
+            ("exaone4", "Exaone4", {}),
+            ("exaone_moe", "ExaoneMoe", {"num_experts": 2, "num_experts_per_tok": 1}),
+        )
+    ),
+    *(
+        ModelCase(f"{name}-bias-interleaved", model, 1, False, {"use_bias": True} | extra)
+        for name, model, extra in (
+            ("ernie4_5", "Ernie4_5", {}),
+            (
+                "ernie4_5_moe",
+                "Ernie4_5_Moe",
+                {"moe_num_experts": 2, "moe_k": 1, "moe_intermediate_size": 8},
+            ),
+        )
+    ),
+    ModelCase(  # baidu/ERNIE-4.5-0.3B-PT: 16 heads over 2, head_dim 128 (C // H is 64),
+        # theta 5e5, no biases
+        "ernie4_5-checkpoint",
+        "Ernie4_5",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+    ),
+    ModelCase(  # baidu/ERNIE-4.5-21B-A3B-PT: 20 heads over 4, head_dim 128, theta 5e5
+        "ernie4_5_moe-checkpoint",
+        "Ernie4_5_Moe",
+        1,
+        False,
+        {"num_attention_heads": 5, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+        | {"moe_num_experts": 2, "moe_k": 1, "moe_intermediate_size": 8},
+    ),
+    *(
+        ModelCase(  # the config class's rule: layers from max_window_layers on slide (no flag)
+            f"dots1-{kind}",
+            "Dots1",
+            layer,
+            layer == 1,
+            {"sliding_window": WINDOW, "max_window_layers": 1, "attention_bias": True}
+            | {"rms_norm_eps": 1e-3}
+            | {
+                "n_routed_experts": 2,
+                "num_experts_per_tok": 1,
+                "n_shared_experts": 1,
+                "moe_intermediate_size": 8,
+            },
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
+    ModelCase(  # rednote-hilab/dots.llm1.base: multi-head (32 over 32), theta 1e7, no biases,
+        # sliding_window left at the class's 4096 under max_window_layers 62: nothing slides
+        "dots1-checkpoint",
+        "Dots1",
+        1,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "sliding_window": ABSENT}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}}
+        | {
+            "n_routed_experts": 2,
+            "num_experts_per_tok": 1,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 8,
+        },
+    ),
+    ModelCase(  # a quarter of the head rotates, split in halves; biases on q, k, v only
+        "glm4_moe-partial-qk-norm",
+        "Glm4Moe",
+        1,
+        False,
+        {"use_qk_norm": True, "attention_bias": True, "rms_norm_eps": 1e-3, "head_dim": 16}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+        | {"partial_rotary_factor": 0.25}  # 4 of 16 coordinates: two pairs tell the layouts apart
+        | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # zai-org/GLM-4.5: 96 heads over 8 (here 8 over 1), head_dim 128, rotary half
+        # (the class default), theta 1e6, q/k/v biases, QK-norm
+        "glm4_moe-checkpoint",
+        "Glm4Moe",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "use_qk_norm": True}
+        | {"attention_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        | {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # a quarter of each head rotates (partial_rotary_factor wins over rotary_dim)
+        "minimax_m2-partial-qk-norm",
+        "MiniMaxM2",
+        1,
+        False,
+        {"rotary_dim": 4, "partial_rotary_factor": 0.25, "head_dim": 16, "rms_norm_eps": 1e-3}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # MiniMaxAI/MiniMax-M2: 48 heads over 8 (here 6 over 1), head_dim 128,
+        # rotary_dim 64 (half the head), theta 5e6, QK-norm over the whole projection
+        "minimax_m2-checkpoint",
+        "MiniMaxM2",
+        0,
+        False,
+        {"num_attention_heads": 6, "num_key_value_heads": 1, "rotary_dim": 4, "rope_theta": 5e6}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    *(
+        ModelCase(  # a dense prefix layer attends fully and rotates; the next full one is NoPE
+            f"cohere2_moe-{kind}",
+            "Cohere2Moe",
+            layer,
+            False,
+            {"first_k_dense_replace": 1, "prefix_dense_sliding_window_pattern": 1}
+            | {"sliding_window_pattern": 1, "sliding_window": WINDOW}
+            # biases on the rotating layer only: on a NoPE layer k's bias adds the same q . b to
+            # every score of a row, so its gradient is zero in exact arithmetic (rounding noise)
+            | {"attention_bias": layer == 0}
+            | {"prefix_dense_intermediate_size": 16}
+            | {"num_experts": 2, "num_experts_per_tok": 1},
+        )
+        for layer, kind in ((0, "dense-full-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # the config class's defaults (64 heads, multi-head, head_dim 128, window 4096
+        # (here 4), every fourth layer full, theta 1e4, no biases): layer 1 slides and rotates
+        "cohere2_moe-checkpoint",
+        "Cohere2Moe",
+        1,
+        True,
+        {"num_key_value_heads": 4, "sliding_window": WINDOW, "rope_theta": 1e4}
+        | {"num_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(
+        "hy_v3-bias-qk-norm",
+        "HYV3",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # tencent/Hy3-preview (the config class's defaults): 64 heads over 8, head_dim
+        # 128, theta 11158840, no biases, QK-norm, no window
+        "hy_v3-checkpoint",
+        "HYV3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-5}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
     #
     # -- cases of issue 28, part C --
 ]
@@ -345,8 +644,15 @@ def model_frequencies(case, config, model):
     """The model's own frequencies for the layer: its rotary buffer (Gemma 3: the layer type's;
     float32 values, as computed when the model was built), and LongRoPE's long set as the model
     computes it on its first long call, here inside the float64 mode (and copied into its
-    buffer, float64 since ``model.double()``)."""
+    buffer, float64 since ``model.double()``); Granite SWA's: the rotary embedding of the
+    layer's own base."""
     rotary = model.rotary_emb
+    thetas = getattr(config, "layer_rope_theta", None)
+    if thetas and thetas[case.layer_idx]:  # Granite SWA: one rotary embedding per base
+        theta = thetas[case.layer_idx]
+        rotary = next(
+            r for r in model.rotary_embs if r.config.rope_parameters["rope_theta"] == theta
+        )
     if hasattr(rotary, "layer_types"):  # one rotary embedding per layer type
         kind = config.layer_types[case.layer_idx]
         return {"inv_freq": getattr(rotary, f"{kind}_original_inv_freq")}
@@ -428,6 +734,8 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     expected.backward(to_torch(dout))
 
     hf_window = getattr(attention, "sliding_window", getattr(config, "sliding_window", None))
+    if not getattr(attention, "is_sliding", True):  # EXAONE 4 keeps the window on full layers
+        hf_window = None
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)

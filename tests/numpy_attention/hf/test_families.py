@@ -84,3 +84,110 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
         model_type({"model_type": "gemma3"})
     with pytest.raises(ValueError, match="no 'hidden_size', which a llama layer needs"):
         required({"model_type": "llama", "hidden_size": None}, "hidden_size")
+
+
+# -- issue 28, part B --
+
+import numpy as np  # noqa: E402
+
+from numpy_attention.hf.rope import hf_inv_freq, rope_parameters, rotary_dim  # noqa: E402
+
+
+def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
+    config = transformers.GraniteSWAConfig(
+        **SIZES, layer_rope_theta=[0, 5e4, 1e4, 5e4, 1e4, 1e4]
+    ).to_dict()
+    llama = {**config, "model_type": "llama"}
+
+    assert [rotary_dim(config, i) for i in range(3)] == [0, 8, 8]
+    for layer_idx, theta in ((1, 5e4), (2, 1e4)):
+        expected = hf_inv_freq({**llama, "rope_parameters": {"rope_theta": theta}})
+        np.testing.assert_array_equal(hf_inv_freq(config, layer_idx=layer_idx), expected)
+    with pytest.raises(ValueError, match="layer_rope_theta differs per layer"):
+        hf_inv_freq(config)
+    with pytest.raises(ValueError, match="layer_rope_theta has 2 entries"):
+        rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
+
+
+PART_B_FALLBACKS = {  # model_type -> what its config class is given besides SIZES
+    "granite_swa": {},
+    "granitemoe_swa": {},
+    "olmo3": {},
+    "exaone4": {},
+    "exaone_moe": {},
+    "dots1": {"max_window_layers": 4},
+}
+
+
+@pytest.mark.parametrize("name", PART_B_FALLBACKS)
+def test_part_b_families_without_layer_types_slide_where_their_config_class_would(name):
+    config = transformers.AutoConfig.for_model(name, **SIZES, **PART_B_FALLBACKS[name]).to_dict()
+    theirs = config.pop("layer_types")
+
+    ours = [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)]
+
+    assert ours == theirs
+    assert SLIDING in ours and FULL in ours  # the case tells the rules apart
+
+
+def test_olmo3_gives_a_transformers_4_rope_theta_to_its_full_layers_only():
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}
+    raw = {**SIZES, "model_type": "olmo3", "rope_theta": 1e4, "rope_scaling": yarn}
+    raw |= {"num_hidden_layers": 2, "layer_types": [SLIDING, FULL]}
+    theirs = transformers.Olmo3Config(**raw).rope_parameters
+
+    ours = {kind: rope_parameters(raw, i) for i, kind in enumerate(raw["layer_types"])}
+
+    assert ours == theirs
+    assert ours[SLIDING]["rope_theta"] == 5e5  # not the config's 1e4
+
+
+@pytest.mark.parametrize(
+    "keys", [{"sliding_window": None}, {"sliding_window_pattern": "LLLG"}], ids=["none", "string"]
+)
+def test_exaone4_without_layer_types_refuses_what_its_config_class_cannot_read(keys):
+    config = {**SIZES, "model_type": "exaone4", **keys}
+
+    with pytest.raises(ValueError, match="EXAONE 4's config class fails on them; give layer_types"):
+        layer_kind(config, FAMILIES["exaone4"], 0)
+
+
+def test_ernie4_5_defaults_head_dim_to_128_where_the_config_has_no_key():
+    ernie = FAMILIES["ernie4_5"]
+    config = dict(SIZES)  # C // H = 8
+
+    for given in ({}, {"head_dim": None}, {"head_dim": 16}):
+        theirs = transformers.Ernie4_5Config(**config, **given).head_dim
+        assert sizes({**config, **given}, ernie)["head_dim"] == theirs
+    assert sizes(config, ernie)["head_dim"] == 128
+
+
+def test_glm4_moe_rotates_half_of_each_head_without_a_partial_rotary_factor():
+    raw = {**SIZES, "model_type": "glm4_moe", "head_dim": 16, "rope_theta": 1e4}
+
+    theirs = transformers.Glm4MoeConfig(**raw).rope_parameters["partial_rotary_factor"]
+
+    assert rotary_dim(raw, 0) == int(16 * theirs) == 8
+
+
+def test_minimax_m2_reads_its_legacy_rotary_dim_where_there_is_no_factor():
+    raw = {**SIZES, "model_type": "minimax_m2", "head_dim": 16, "rotary_dim": 8, "rope_theta": 1e4}
+    factor = {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25}}
+
+    for given, width in (({}, 8), (factor, 4)):
+        theirs = transformers.MiniMaxM2Config(**raw, **given).rope_parameters
+        assert rotary_dim({**raw, **given}, 0) == int(16 * theirs["partial_rotary_factor"]) == width
+    assert sizes({**SIZES, "model_type": "minimax_m2"}, FAMILIES["minimax_m2"])["head_dim"] == 128
+
+
+def test_cohere2_moe_rotates_its_dense_prefix_when_its_pattern_is_one():
+    raw = {**SIZES, "model_type": "cohere2_moe", "head_dim": 8, "rope_theta": 1e4}
+    raw["first_k_dense_replace"] = 2
+    config = transformers.Cohere2MoeConfig(**raw).to_dict()  # without first_k_dense_replace
+
+    ours = [layer_kind(raw, FAMILIES["cohere2_moe"], i) for i in range(LAYERS)]
+
+    # the prefix is full and rotates; then, counted afresh, 3 sliding (RoPE) and 1 full (NoPE)
+    assert ours == config["layer_types"] == [FULL, FULL, SLIDING, SLIDING, SLIDING, FULL]
+    assert [rotary_dim(raw, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
+    assert [rotary_dim(config, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]

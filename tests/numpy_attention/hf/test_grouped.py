@@ -782,10 +782,8 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
         (
             {**BASE, "model_type": "gpt2"},
             ValueError,
-            r"model_type 'gpt2' is not supported; supported: \['cohere', 'cohere2', 'falcon', "
-            r"'gemma2', 'gemma3_text', 'glm', 'glm4', 'gpt_oss', 'granite', 'llama', 'mistral', "
-            r"'olmo2', 'phi3', 'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'smollm3', "
-            r"'starcoder2'\]",
+            # the list grows with every family: the message names the supported ones, sorted
+            r"model_type 'gpt2' is not supported; supported: \['cohere', .*'llama', .*\]",
         ),
         (
             config("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}),
