@@ -102,8 +102,10 @@ class Family:
 
     Attributes:
         bias: config key of the q/k/v biases (None: never; ``"<state>"``: whether the state
-            dict has them, Qwen2), with ``bias_default`` where the key is missing.
-        out_bias: config key of o_proj's bias (None: never), default ``bias_default``.
+            dict has them, Qwen2; ``"<always>"``: always, whatever the config says, Phi), with
+            ``bias_default`` where the key is missing.
+        out_bias: config key of o_proj's bias (None: never; ``"<always>"``: always), default
+            ``bias_default``.
         sliding: which layers slide: ``"never"``, ``"every_layer"`` (when ``sliding_window``
             is set), ``"use_sliding_window"`` (every layer when that flag and the window are
             set), ``"layer_types"`` (``layer_types[i]``, else ``fallback``), ``"smollm3"``.
@@ -160,14 +162,31 @@ class Family:
     head_dim_default: int | None = None
     """``head_dim`` where the config has no such key, as the config class defaults it (ERNIE
     4.5: 128, whatever C // H is); None: C // H."""
-    partial_rotary_default: float = 1.0
-    """``partial_rotary_factor`` where the config has none, as the config class defaults it
-    (GLM-4 MoE: 0.5)."""
     rotary_dim_key: str | None = None
     """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
     head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
     #
     # -- fields of issue 28, part C --
+    mixers: Callable[[Mapping[str, Any]], list[str]] | None = None
+    """Hybrids: what each layer is, ``ATTENTION`` or its kind in words ("a Mamba layer"), from
+    the config as the model's code decides it; None: every layer is attention."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """(the model's module name, the layer's) where they differ: LFM2's ``out_proj``, Phi's
+    ``dense``, the ``q_layernorm`` of LFM2 and StableLM."""
+    norms_per_head_modules: bool = False
+    """StableLM: the per-head QK-norm is one module per head, ``q_layernorm.norms.{h}.weight``
+    (D,), stacked into the layer's (H, D) ``q_norm.weight``."""
+    partial_rotary_default: float = 1.0
+    """The config class's ``partial_rotary_factor`` where the config has none (StableLM 0.25,
+    Phi, Nemotron, Bamba and GLM-4 MoE 0.5)."""
+    partial_rotary_top_level: bool = True
+    """A top-level ``partial_rotary_factor`` counts (Bamba's config class overwrites it)."""
+    key_multiplier: str | None = None
+    """Config key of a factor the model multiplies the keys by (Falcon-H1), folded into the
+    score scale: ``multiplier / sqrt(D)``."""
+    refuse: Callable[[Mapping[str, Any]], None] | None = None
+    """Raises ValueError for a config the family's code cannot mean (a key it ignores, a twist
+    only some configs switch on)."""
 
 
 def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
@@ -275,6 +294,137 @@ def _cohere2_moe_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     else:
         dense = mlp_types[layer_idx] == "dense"
     return dense and config.get("prefix_dense_sliding_window_pattern", 1) == 1
+
+
+# -- helpers of issue 28, part C: which layers are attention, and their twists --
+
+ATTENTION = "attention"  # a mixers entry: the layer is softmax attention
+
+
+def _kinds(types: Any, key: str, names: Mapping[str, str]) -> list[str]:
+    """A list of layer types (read from ``key``) in words (``names``); a type the model's code
+    has no layer for is refused by name."""
+    kinds = []
+    for i, kind in enumerate(types):
+        if kind not in names:
+            raise ValueError(f"{key}[{i}] is {kind!r}; this model knows {sorted(names)}")
+        kinds.append(names[kind])
+    return kinds
+
+
+# LFM2: "conv" layers and "full_attention" ones; without layer_types its config class reads
+# full_attn_idxs (every layer by default); LFM2-MoE's has no rule (the model needs the list)
+def _lfm2_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {FULL: ATTENTION, "conv": "a short-convolution layer"}
+    if config.get("layer_types") is None and config.get("model_type") == "lfm2":
+        indices = config.get("full_attn_idxs")
+        layers = range(required(config, "num_hidden_layers"))
+        full = layers if indices is None else indices
+        return [names[FULL] if i in full else names["conv"] for i in layers]
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+# Jamba: layer i is attention when i % attn_layer_period == attn_layer_offset (8 and 4)
+def _jamba_mixers(config: Mapping[str, Any]) -> list[str]:
+    period = config.get("attn_layer_period")
+    offset = config.get("attn_layer_offset")
+    period, offset = (8 if period is None else period), (4 if offset is None else offset)
+    layers = range(required(config, "num_hidden_layers"))
+    return [ATTENTION if i % period == offset else "a Mamba layer" for i in layers]
+
+
+# Bamba: the layers listed in attn_layer_indices (none without it)
+def _bamba_mixers(config: Mapping[str, Any]) -> list[str]:
+    indices = config.get("attn_layer_indices") or ()
+    layers = range(required(config, "num_hidden_layers"))
+    return [ATTENTION if i in indices else "a Mamba-2 layer" for i in layers]
+
+
+# Nemotron-H: layers_block_type, else a config.json's hybrid_override_pattern ("M*-E": Mamba-2,
+# attention, MLP, mixture of experts), else its config class's four layers
+_NEMOTRON_H = {
+    "linear_attention": "a Mamba-2 layer",
+    FULL: ATTENTION,
+    "mlp": "an MLP layer",
+    "moe": "a mixture-of-experts layer",
+}
+
+
+def _nemotron_h_mixers(config: Mapping[str, Any]) -> list[str]:
+    if config.get("layers_block_type") is not None:
+        return _kinds(config["layers_block_type"], "layers_block_type", _NEMOTRON_H)
+    pattern = config.get("hybrid_override_pattern")
+    if pattern is None:
+        return [_NEMOTRON_H[kind] for kind in ("linear_attention", "moe", FULL, "mlp")]
+    letters = dict(zip("M*-E", _NEMOTRON_H.values(), strict=True))
+    return _kinds(pattern, "hybrid_override_pattern", letters)
+
+
+def _nemotron_h_refuse(config: Mapping[str, Any]) -> None:
+    if config.get("sliding_window") is not None:
+        raise ValueError(
+            "sliding_window is set, but nemotron_h's attention never slides (its code ignores "
+            "the key): a config that means a window is not this model's"
+        )
+
+
+# GraniteMoeHybrid: "linear_attention" (Mamba-2) and "full_attention" layers, all Mamba-2
+# without the list; RoPE only where position_embedding_type is "rope" (its default is none)
+def _granitemoehybrid_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"linear_attention": "a Mamba-2 layer", FULL: ATTENTION}
+    if config.get("layer_types") is None:
+        return [names["linear_attention"]] * required(config, "num_hidden_layers")
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+def _granitemoehybrid_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return config.get("position_embedding_type") == "rope"
+
+
+# OLMo Hybrid: "linear_attention" (gated DeltaNet) and "full_attention" layers, without the list
+# every fourth layer is attention (the last one at least); RoPE only when rope_theta is set
+def _olmo_hybrid_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"linear_attention": "a gated DeltaNet (linear attention) layer", FULL: ATTENTION}
+    if config.get("layer_types") is None:
+        count = required(config, "num_hidden_layers")
+        kinds = [names[FULL] if i % 4 == 3 else names["linear_attention"] for i in range(count)]
+        if ATTENTION not in kinds:
+            kinds[-1] = ATTENTION
+        return kinds
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+def _olmo_hybrid_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping):
+        return params.get("rope_theta") is not None
+    return config.get("rope_theta", 10000.0) is not None  # the config class's default theta
+
+
+def _never(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Jamba's and Nemotron-H's attention: no RoPE at all (the Mamba layers carry position)."""
+    return False
+
+
+# StableLM: its attention's head width is hidden_size // num_attention_heads whatever head_dim
+# says, and its rotary embedding reads head_dim: the two must agree
+def _stablelm_refuse(config: Mapping[str, Any]) -> None:
+    head_dim = config.get("head_dim")
+    width = required(config, "hidden_size") // required(config, "num_attention_heads")
+    if head_dim is not None and head_dim != width:
+        raise ValueError(
+            f"head_dim is {head_dim}, but stablelm's attention heads are hidden_size // "
+            f"num_attention_heads = {width} wide (its rotary embedding would read {head_dim})"
+        )
+
+
+# Phi: qk_layernorm is a LayerNorm with a bias (nn.LayerNorm's default) on q and k
+def _phi_refuse(config: Mapping[str, Any]) -> None:
+    if config.get("qk_layernorm"):
+        raise ValueError(
+            "qk_layernorm is set: phi's QK-norm is a LayerNorm with a bias over each head of q "
+            "and k; the layer's QK-norm has no bias"
+        )
 
 
 FAMILIES: dict[str, Family] = {
@@ -433,6 +583,76 @@ FAMILIES: dict[str, Family] = {
     "hy_v3": Family(qk_norm=("rms", "head", 0.0), head_dim_default=128),
     #
     # -- rows of issue 28, part C --
+    "stablelm": Family(
+        bias="use_qkv_bias",
+        out_bias=None,
+        qk_norm=("layer", "per_head", 0.0),
+        qk_norm_flag="qk_layernorm",
+        norm_eps="layer_norm_eps",
+        partial_rotary=True,
+        head_dim_from_config=False,
+        renames=(("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
+        norms_per_head_modules=True,
+        partial_rotary_default=0.25,
+        refuse=_stablelm_refuse,
+    ),
+    # Phi: q, k, v and dense (its o_proj) always carry a bias, whatever the config says
+    "phi": Family(
+        bias="<always>",
+        out_bias="<always>",
+        partial_rotary=True,
+        renames=(("dense", "o_proj"),),
+        partial_rotary_default=0.5,
+        refuse=_phi_refuse,
+    ),
+    "nemotron": Family(partial_rotary=True, partial_rotary_default=0.5),
+    # LFM2: never dropout on the weights; its attention is out_proj, its QK-norm q_layernorm
+    "lfm2": Family(
+        bias=None,
+        out_bias=None,
+        qk_norm=("rms", "head", 0.0),
+        norm_eps="norm_eps",
+        attention_dropout=False,
+        mixers=_lfm2_mixers,
+        renames=(("out_proj", "o_proj"), ("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
+    ),
+    "lfm2_moe": Family(
+        bias=None,
+        out_bias=None,
+        qk_norm=("rms", "head", 0.0),
+        norm_eps="norm_eps",
+        attention_dropout=False,
+        mixers=_lfm2_mixers,
+        renames=(("out_proj", "o_proj"), ("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
+    ),
+    "jamba": Family(bias=None, out_bias=None, rotates=_never, mixers=_jamba_mixers),
+    "bamba": Family(
+        partial_rotary=True,
+        mixers=_bamba_mixers,
+        partial_rotary_default=0.5,
+        partial_rotary_top_level=False,
+    ),
+    # Nemotron-H: its attention has no biases whatever attention_bias says
+    "nemotron_h": Family(
+        bias=None,
+        out_bias=None,
+        rotates=_never,
+        mixers=_nemotron_h_mixers,
+        refuse=_nemotron_h_refuse,
+    ),
+    # Falcon-H1: attention on every layer, beside Mamba-2 (attention_in_multiplier and
+    # attention_out_multiplier act outside the attention module)
+    "falcon_h1": Family(key_multiplier="key_multiplier"),
+    "granitemoehybrid": Family(
+        scaling="attention_multiplier",
+        rotates=_granitemoehybrid_rotates,
+        mixers=_granitemoehybrid_mixers,
+    ),
+    "olmo_hybrid": Family(
+        qk_norm=("rms", "all", 0.0),
+        rotates=_olmo_hybrid_rotates,
+        mixers=_olmo_hybrid_mixers,
+    ),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 # model types whose attention is one of the above, but whose config needs another reading first
@@ -457,6 +677,25 @@ def model_type(config: Mapping[str, Any]) -> str:
             f"model_type {name!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"
         )
     return str(name)
+
+
+def check_layer(config: Mapping[str, Any], name: str, layer_idx: int) -> None:
+    """Refuses, by name, a layer that is not softmax attention (a hybrid's Mamba, convolution
+    or recurrent layer, naming the attention layers) and a config the family refuses."""
+    family = FAMILIES[name]
+    if family.refuse is not None:
+        family.refuse(config)
+    if family.mixers is None:
+        return
+    kinds = family.mixers(config)
+    if layer_idx >= len(kinds):
+        raise ValueError(f"layer_idx is {layer_idx} but this {name} model has {len(kinds)} layers")
+    if kinds[layer_idx] != ATTENTION:
+        attention = [i for i, kind in enumerate(kinds) if kind == ATTENTION]
+        raise ValueError(
+            f"layer {layer_idx} of this {name} model is {kinds[layer_idx]}, not attention; "
+            f"its attention layers are {attention}"
+        )
 
 
 def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str:
@@ -555,12 +794,8 @@ def layer_options(
     if family.bias == "<state>":  # q, k and v always carry a bias in Qwen2's code; no config key
         options["bias"] = "q_proj.bias" in attention
     else:
-        options["bias"] = family.bias is not None and _flag(
-            config, family.bias, family.bias_default
-        )
-    options["out_bias"] = family.out_bias is not None and _flag(
-        config, family.out_bias, family.bias_default
-    )
+        options["bias"] = _bias(config, family.bias, family.bias_default)
+    options["out_bias"] = _bias(config, family.out_bias, family.bias_default)
     options["window"] = _window(config, family, layer_idx)
     if family.attention_dropout:
         options["dropout"] = float(config.get("attention_dropout") or 0.0)
@@ -577,11 +812,23 @@ def layer_options(
         options["scaling"] = float(required(config, family.scaling)) ** -0.5
     elif family.scaling == "attention_multiplier":
         options["scaling"] = float(config.get(family.scaling, 1.0))
+    if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
+        multiplier = config.get(family.key_multiplier)
+        multiplier = 1.0 if multiplier is None else float(multiplier)
+        options["scaling"] = multiplier * options["head_dim"] ** -0.5
     if family.softcap is not None:
         options["softcap"] = float(config.get(family.softcap) or 0.0)
     if family.sinks:
         options["sinks"] = True
     return options
+
+
+def _bias(config: Mapping[str, Any], key: str | None, default: bool) -> bool:
+    """Whether a projection has a bias: never (None), always (``"<always>"``), or as the config
+    key says (``default`` where it is missing)."""
+    if key is None or key == "<always>":
+        return key is not None
+    return _flag(config, key, default)
 
 
 def _window(config: Mapping[str, Any], family: Family, layer_idx: int) -> tuple[int, int] | None:

@@ -49,7 +49,7 @@ import numpy as np
 from .. import validation
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
-from .families import FAMILIES, as_mapping, layer_options, model_type, sizes
+from .families import FAMILIES, Family, as_mapping, check_layer, layer_options, model_type, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
 
@@ -188,8 +188,10 @@ def grouped_from_hf(
     fn = "grouped_from_hf"
     config = as_mapping(config)
     name = model_type(config)
-    layout = FAMILIES[name].layout
+    family = FAMILIES[name]
+    layout = family.layout
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    check_layer(config, name, layer_idx)
     num_layers = config.get("num_hidden_layers")
     if num_layers is not None and layer_idx >= num_layers:
         raise ValueError(
@@ -198,7 +200,7 @@ def grouped_from_hf(
     prefix, attention = _attention_entries(fn, state_dict, layer_idx, layout)
     options = layer_options(config, name, layer_idx, attention)
     options |= rope_options(config, layer_idx, inv_freq, long_inv_freq)
-    expected = hf_shapes(layout, _expected_shapes(options))
+    expected = _model_shapes(family, hf_shapes(layout, _expected_shapes(options)))
     _check_keys(attention, expected, prefix, layout)
     arrays = {key: _to_numpy(value) for key, value in attention.items()}
     for key, shape in expected.items():
@@ -209,7 +211,9 @@ def grouped_from_hf(
             )
         validation.float_array(f"{fn}: {key}", arrays[key])
 
-    arrays = split(layout, arrays, options["num_heads"], options["num_kv_heads"])
+    arrays = _layer_names(
+        family, split(layout, arrays, options["num_heads"], options["num_kv_heads"])
+    )
     dtype = np.float64 if arrays["q_proj.weight"].dtype == np.float64 else np.float32
     layer = GroupedQueryAttention(**options, rng=0)
     layer.astype(dtype)
@@ -275,7 +279,51 @@ def hf_attention_state_from_grouped(
                 f"{fn}: {key} has shape {arrays[key].shape}, but the config "
                 f"({_sizes(shape)}) gives {want}"
             )
-    return join(family.layout, arrays, h, h_kv)
+    return _model_names(family, join(family.layout, arrays, h, h_kv))
+
+
+# -- the model's module names (LFM2's out_proj, StableLM's per-head norms) -------------------
+
+
+def _model_shapes(
+    family: Family, shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """The layer's entries and shapes under the model's names (``_model_names``)."""
+    return _model_names(family, shapes, per_head=lambda shape: [shape[1:]] * shape[0])
+
+
+def _model_names(family: Family, state: Mapping[str, Any], per_head: Any = list) -> dict[str, Any]:
+    """The layer's entries under the model's names: ``family.renames`` applied, a per-head
+    norm (H, D) split by ``per_head`` into one (D,) entry per head (StableLM)."""
+    to_model = {layer: model for model, layer in family.renames}
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        module, _, kind = key.partition(".")
+        name = to_model.get(module, module)
+        if family.norms_per_head_modules and module in ("q_norm", "k_norm"):
+            out |= {f"{name}.norms.{h}.{kind}": row for h, row in enumerate(per_head(value))}
+        else:
+            out[name + key[len(module) :]] = value
+    return out
+
+
+def _layer_names(family: Family, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``_model_names``' inverse: the model's entries under the layer's names, per-head norms
+    stacked in head order (the caller has checked that every head is there)."""
+    to_layer = dict(family.renames)
+    out: dict[str, np.ndarray] = {}
+    heads: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for key, value in state.items():
+        module, _, rest = key.partition(".")
+        name = to_layer.get(module, module)
+        if family.norms_per_head_modules and rest.startswith("norms."):
+            head, _, kind = rest.removeprefix("norms.").partition(".")
+            heads.setdefault(f"{name}.{kind}", []).append((int(head), value))
+        else:
+            out[name + key[len(module) :]] = value
+    for key, rows in heads.items():
+        out[key] = np.stack([row for _, row in sorted(rows, key=lambda pair: pair[0])])
+    return out
 
 
 # -- padding ------------------------------------------------------------------------------------

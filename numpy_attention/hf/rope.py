@@ -116,7 +116,8 @@ def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     where the model honours the factor (which must be 1 elsewhere)."""
     family = _family(config)
     head_dim = sizes(config, family)["head_dim"]
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    top_level = config.get("partial_rotary_factor") if family.partial_rotary_top_level else None
+    partial = params.get("partial_rotary_factor", top_level)
     if partial is None and family.rotary_dim_key and config.get(family.rotary_dim_key) is not None:
         partial = config[family.rotary_dim_key] / head_dim  # MiniMax-M2's legacy rotary_dim
     partial = family.partial_rotary_default if partial is None else float(partial)
@@ -286,8 +287,10 @@ def rope_options(
     layout, the attention factor, the frequencies (the caller's where given, used as given;
     ignored on a NoPE layer) and LongRoPE's long set and switch length."""
     family = _family(config)
-    params = rope_parameters(config, layer_idx)
     dim = rotary_dim(config, layer_idx)
+    if dim == 0:  # a NoPE layer: no frequencies, and no RoPE keys read (Jamba's config has none)
+        return {"rotary_dim": 0, "rope_interleaved": family.interleaved, "inv_freq": None}
+    params = rope_parameters(config, layer_idx)
     options: dict[str, Any] = {
         "rope_theta": float(params["rope_theta"]),
         "rotary_dim": dim,
@@ -295,8 +298,6 @@ def rope_options(
         "rope_attention_factor": hf_rope_attention_factor(config, layer_idx=layer_idx),
         "inv_freq": None,
     }
-    if dim == 0:  # a NoPE layer: no frequencies
-        return options
     options["inv_freq"] = hf_inv_freq(config, layer_idx=layer_idx) if inv_freq is None else inv_freq
     switch = long_rope_switch(config, layer_idx)
     if switch is not None:

@@ -125,18 +125,23 @@ class ModelCase:
         config._experts_implementation = "eager"  # the MoE's grouped_mm has no float64
         model = getattr(transformers, f"{self.model}Model")(config).double().eval()
         with torch.no_grad():
-            for layer_idx in range(config.num_hidden_layers):
-                for param in attention_of(model, layer_idx).parameters():
+            for layer_idx in range(len(model.h if hasattr(model, "h") else model.layers)):
+                attention = attention_of(model, layer_idx)  # None on a Mamba layer
+                for param in () if attention is None else attention.parameters():
                     scale = 1.5 / param.shape[-1] ** 0.5 if param.ndim == 2 else 0.5
                     param.normal_(0.0, scale)
         return config, model
 
 
 def attention_of(model, layer_idx):
-    """The attention module of a decoder layer (Falcon's names differ)."""
+    """The attention module of a decoder layer (Falcon's names differ; Nemotron-H's is its
+    ``mixer``), None on a hybrid's layer without attention (Mamba, convolution, ...)."""
     if hasattr(model, "h"):
         return model.h[layer_idx].self_attention
-    return model.layers[layer_idx].self_attn
+    layer = model.layers[layer_idx]
+    if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
+        return layer.mixer if layer.block_type == "full_attention" else None
+    return getattr(layer, "self_attn", None)
 
 
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
@@ -579,6 +584,121 @@ CASES = [
     ),
     #
     # -- cases of issue 28, part C --
+    ModelCase(  # the default partial_rotary_factor 0.25 (2 of 8), QK-norm: one LayerNorm per head
+        "stablelm-qk-layernorm",
+        "StableLm",
+        1,
+        False,
+        {"qk_layernorm": True, "layer_norm_eps": 0.1},
+    ),
+    ModelCase(  # stabilityai/stablelm-2-1_6b: q/k/v biases, as many kv heads as heads, 1/4 rotary
+        "stablelm-2-1_6b-shaped",
+        "StableLm",
+        0,
+        False,
+        {"use_qkv_bias": True, "num_key_value_heads": 4, "partial_rotary_factor": 0.25},
+    ),
+    ModelCase("phi-gqa", "Phi", 1, False),  # biases on all four, half the head rotates
+    ModelCase(  # microsoft/phi-2: head_dim 80 (here 10), 40% rotary, multi-head, LayerNorm-free
+        "phi-2-shaped",
+        "Phi",
+        0,
+        False,
+        {"head_dim": 10, "num_key_value_heads": 4, "partial_rotary_factor": 0.4},
+    ),
+    ModelCase("nemotron-bias", "Nemotron", 1, False, {"attention_bias": True}),
+    ModelCase(  # nvidia/Minitron-4B-Base: 24 heads over 8 kv heads (here 6 over 2), half rotary
+        "nemotron-minitron-shaped",
+        "Nemotron",
+        0,
+        False,
+        {"num_attention_heads": 6, "partial_rotary_factor": 0.5},
+    ),
+    ModelCase(  # LiquidAI/LFM2-350M: conv layers and attention ones, 16 over 8 kv heads, theta 1e6
+        "lfm2-350m-shaped",
+        "Lfm2",
+        1,
+        False,
+        {"layer_types": ["conv", "full_attention"], "norm_eps": 1e-5}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    ),
+    ModelCase(  # LiquidAI/LFM2-8B-A1B: as LFM2, with an MoE after the first dense layers
+        "lfm2_moe-8b-a1b-shaped",
+        "Lfm2Moe",
+        0,
+        False,
+        {"layer_types": ["full_attention", "conv"], "norm_eps": 1e-5, "num_dense_layers": 1}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
+    ),
+    ModelCase(  # ai21labs/AI21-Jamba-Mini-1.5: NoPE attention every 8th layer from 4 (here 2, 1)
+        "jamba-mini-shaped",
+        "Jamba",
+        1,
+        False,
+        {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2}
+        | {"expert_layer_offset": 1, "num_experts": 2, "num_experts_per_tok": 1}
+        | {"use_mamba_kernels": False, "mamba_d_state": 4, "head_dim": ABSENT},
+    ),
+    ModelCase(  # ibm-ai-platform/Bamba-9B: attention at attn_layer_indices, half rotary (fixed)
+        "bamba-9b-shaped",
+        "Bamba",
+        1,
+        False,
+        {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_state": 8, "head_dim": ABSENT},
+    ),
+    ModelCase(  # nvidia/Nemotron-H-8B-Base-8K: Mamba-2, MLP and NoPE attention blocks ("M*")
+        "nemotron_h-8b-shaped",
+        "NemotronH",
+        1,
+        False,
+        {"layers_block_type": ["linear_attention", "full_attention"], "mamba_num_heads": 8}
+        | {"mamba_head_dim": 8, "ssm_state_size": 8, "n_groups": 1, "use_mamba_kernels": False},
+    ),
+    ModelCase(  # tiiuae/Falcon-H1-0.5B-Base: attention beside Mamba-2 on every layer, 8 over 2
+        # kv heads (here 4 over 1), theta 1e11, a key multiplier folded into the scale
+        "falcon_h1-0.5b-shaped",
+        "FalconH1",
+        1,
+        False,
+        {"num_key_value_heads": 1, "key_multiplier": 0.4, "attention_in_multiplier": 0.7}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e11}}
+        | {"mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_state": 8},
+    ),
+    ModelCase(  # ibm-granite/granite-4.0-h-tiny: NoPE attention (no position_embedding_type),
+        # 12 over 4 kv heads (here 6 over 2), attention_multiplier as the scale
+        "granitemoehybrid-h-tiny-shaped",
+        "GraniteMoeHybrid",
+        1,
+        False,
+        {"num_attention_heads": 6, "attention_multiplier": 0.3}
+        | {"layer_types": ["linear_attention", "full_attention"], "num_local_experts": 2}
+        | {"num_experts_per_tok": 1, "mamba_n_heads": 8, "mamba_d_state": 8},
+    ),
+    ModelCase(  # position_embedding_type "rope": its attention rotates
+        "granitemoehybrid-rope",
+        "GraniteMoeHybrid",
+        0,
+        False,
+        {"position_embedding_type": "rope", "attention_multiplier": 0.3}
+        | {"layer_types": ["full_attention", "linear_attention"], "num_local_experts": 0}
+        | {"mamba_n_heads": 8, "mamba_d_state": 8, "head_dim": ABSENT},
+    ),
+    ModelCase(  # OLMo Hybrid's released config: gated DeltaNet layers, NoPE attention (no theta)
+        "olmo_hybrid-nope",
+        "OlmoHybrid",
+        1,
+        False,
+        {"layer_types": ["linear_attention", "full_attention"], "rms_norm_eps": 1e-5}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": None}, "head_dim": ABSENT},
+    ),
+    ModelCase(  # its config class's default: RoPE at theta 1e4
+        "olmo_hybrid-rope",
+        "OlmoHybrid",
+        0,
+        False,
+        {"layer_types": ["full_attention", "linear_attention"], "rms_norm_eps": 1e-5}
+        | {"head_dim": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -646,7 +766,9 @@ def model_frequencies(case, config, model):
     computes it on its first long call, here inside the float64 mode (and copied into its
     buffer, float64 since ``model.double()``); Granite SWA's: the rotary embedding of the
     layer's own base."""
-    rotary = model.rotary_emb
+    rotary = getattr(model, "rotary_emb", None)
+    if rotary is None:  # no RoPE in the model (Jamba, Nemotron-H, a NoPE GraniteMoeHybrid)
+        return {}
     thetas = getattr(config, "layer_rope_theta", None)
     if thetas and thetas[case.layer_idx]:  # Granite SWA: one rotary embedding per base
         theta = thetas[case.layer_idx]

@@ -5,9 +5,12 @@ by hand. (Every family's layer against transformers' modules: tests/parity/test_
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from numpy_attention.hf import grouped_from_hf
 from numpy_attention.hf.families import (
+    ATTENTION,
     FAMILIES,
     FULL,
     SLIDING,
@@ -16,6 +19,7 @@ from numpy_attention.hf.families import (
     required,
     sizes,
 )
+from numpy_attention.hf.rope import hf_inv_freq, rope_parameters, rotary_dim
 
 transformers = pytest.importorskip("transformers")
 
@@ -87,10 +91,6 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
 
 
 # -- issue 28, part B --
-
-import numpy as np  # noqa: E402
-
-from numpy_attention.hf.rope import hf_inv_freq, rope_parameters, rotary_dim  # noqa: E402
 
 
 def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
@@ -191,3 +191,118 @@ def test_cohere2_moe_rotates_its_dense_prefix_when_its_pattern_is_one():
     assert ours == config["layer_types"] == [FULL, FULL, SLIDING, SLIDING, SLIDING, FULL]
     assert [rotary_dim(raw, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
     assert [rotary_dim(config, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
+
+
+# -- issue 28, part C --
+
+
+HYBRIDS = {  # model_type -> its config class's keywords, the model's own list of layer kinds
+    "jamba": ({"attn_layer_period": 3, "attn_layer_offset": 1}, "layers_block_type", "attention"),
+    "bamba": ({"attn_layer_indices": [2, 5]}, "layers_block_type", "full_attention"),
+    "lfm2": ({"full_attn_idxs": [0, 3]}, "layer_types", "full_attention"),
+    "olmo_hybrid": ({}, "layer_types", "full_attention"),
+    "granitemoehybrid": (
+        {"layer_types": ["linear_attention", "full_attention"] * 3},
+        "layer_types",
+        "full_attention",
+    ),
+    "nemotron_h": ({"hybrid_override_pattern": "M*-EM*"}, "layers_block_type", "full_attention"),
+}
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_a_hybrid_s_attention_layers_are_the_ones_its_config_class_builds(name):
+    keywords, key, attention = HYBRIDS[name]
+    config = transformers.AutoConfig.for_model(name, num_hidden_layers=LAYERS, **keywords)
+    theirs = [kind == attention for kind in getattr(config, key)]
+    as_json = {
+        key: value
+        for key, value in config.to_dict().items()
+        if key not in ("layer_types", "layers_block_type") or name == "granitemoehybrid"
+    }  # a config.json's keys: the rule, not the list, where the model derives the list
+    if name == "nemotron_h":
+        as_json["hybrid_override_pattern"] = keywords["hybrid_override_pattern"]
+
+    ours = [kind == ATTENTION for kind in FAMILIES[name].mixers(as_json)]
+
+    assert ours == theirs
+    assert True in ours and False in ours  # the case tells the rules apart
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"model_type": "jamba", "num_hidden_layers": 8},
+            r"layer 1 of this jamba model is a Mamba layer, not attention; its attention "
+            r"layers are \[4\]",
+        ),
+        (
+            {"model_type": "lfm2", "layer_types": ["full_attention", "conv"]},
+            r"layer 1 of this lfm2 model is a short-convolution layer, not attention; its "
+            r"attention layers are \[0\]",
+        ),
+        (
+            {"model_type": "nemotron_h", "hybrid_override_pattern": "*E"},
+            "layer 1 of this nemotron_h model is a mixture-of-experts layer",
+        ),
+        (
+            {"model_type": "olmo_hybrid", "layer_types": ["full_attention", "linear_attention"]},
+            "is a gated DeltaNet",
+        ),
+        ({"model_type": "bamba", "num_hidden_layers": 2}, r"Mamba-2 layer, .* are \[\]"),
+        ({"model_type": "granitemoehybrid", "num_hidden_layers": 2}, "Mamba-2 layer"),
+        ({"model_type": "lfm2_moe", "num_hidden_layers": 2}, "no 'layer_types'"),
+        ({"model_type": "lfm2", "layer_types": ["conv", "sliding_attention"]}, r"layer_types\[1\]"),
+        ({"model_type": "lfm2", "layer_types": ["full_attention"]}, "this lfm2 model has 1 layers"),
+    ],
+)
+def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
+    with pytest.raises(ValueError, match=message):
+        grouped_from_hf(config, {}, layer_idx=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "phi", "qk_layernorm": True}, "phi's QK-norm is a LayerNorm with a bias"),
+        (
+            {"model_type": "nemotron_h", "sliding_window": 4},
+            "sliding_window is set, but nemotron_h's attention never slides",
+        ),
+        (
+            {"model_type": "stablelm", "hidden_size": 32, "num_attention_heads": 4, "head_dim": 16},
+            "head_dim is 16, but stablelm's attention heads are .* 8 wide",
+        ),
+    ],
+)
+def test_configs_a_family_cannot_mean_are_refused_by_the_key(config, message):
+    with pytest.raises(ValueError, match=message):
+        grouped_from_hf(config, {})
+
+
+@pytest.mark.parametrize(
+    ("name", "keywords", "rotated"),
+    [
+        ("stablelm", {}, 2),  # the config class's 0.25 of 8
+        ("phi", {}, 4),
+        ("nemotron", {"partial_rotary_factor": 0.25}, 2),
+        ("bamba", {"partial_rotary_factor": 1.0}, 4),  # the class overwrites it with 0.5
+        ("granitemoehybrid", {}, 0),  # NoPE unless position_embedding_type is "rope"
+        ("granitemoehybrid", {"position_embedding_type": "rope"}, 8),
+        ("olmo_hybrid", {"rope_theta": None}, 0),
+        ("jamba", {}, 0),
+    ],
+)
+def test_the_rotated_width_is_the_one_the_config_class_gives(name, keywords, rotated):
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+    as_json = {"model_type": name, "rope_theta": 10000.0, **sizes, **keywords}
+    if name == "olmo_hybrid":
+        as_json["layer_types"] = ["full_attention", "linear_attention"]
+    mamba = {"mamba_n_heads": 8} if name in ("bamba", "granitemoehybrid") else {}
+    config = transformers.AutoConfig.for_model(name, **sizes, **mamba, **keywords)
+    theirs = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1) * 8
+
+    assert rotary_dim(as_json, 0) == rotated
+    if name in ("stablelm", "phi", "nemotron", "bamba"):
+        assert theirs == rotated
