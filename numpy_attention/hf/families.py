@@ -227,6 +227,8 @@ FAMILIES: dict[str, Family] = {
         attention_dropout=False,
     ),
     # -- rows of issue 28, part A --
+    # Mixtral: Mistral's attention (no biases, one window on every layer); the experts are the MLP
+    "mixtral": Family(bias=None, out_bias=None, sliding="every_layer"),
     #
     # -- rows of issue 28, part B --
     #

@@ -276,6 +276,23 @@ CASES = [
         {"multi_query": True, "head_dim": ABSENT, "num_key_value_heads": ABSENT},
     ),
     # -- cases of issue 28, part A --
+    ModelCase(
+        "mixtral-sliding",
+        "Mixtral",
+        1,
+        True,
+        {"sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # mistralai/Mixtral-8x7B-v0.1: 32 heads over 8, theta 1e6, no window
+        "mixtral-8x7b-shaped",
+        "Mixtral",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
     #
     # -- cases of issue 28, part B --
     #
