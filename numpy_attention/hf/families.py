@@ -125,6 +125,8 @@ class Family:
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
+        head_dim_required: ``head_dim`` must be in the config (the model has no C // H
+            fallback and fails without it).
     """
 
     bias: str | None = "attention_bias"
@@ -148,6 +150,7 @@ class Family:
     attention_dropout: bool = True
     bidirectional_flag: bool = False
     # -- fields of issue 28, part A --
+    head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
     #
     # -- fields of issue 28, part B --
     #
@@ -157,6 +160,11 @@ class Family:
 def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
     """Cohere 2 rotates only on its sliding layers; the full layers are NoPE."""
     return layer_kind(config, FAMILIES["cohere2"], layer_idx) == SLIDING
+
+
+# Ministral's config class: every layer slides when the config has a window
+def _every_layer_if_window(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return config.get("sliding_window") is not None
 
 
 FAMILIES: dict[str, Family] = {
@@ -229,6 +237,13 @@ FAMILIES: dict[str, Family] = {
     # -- rows of issue 28, part A --
     # Mixtral: Mistral's attention (no biases, one window on every layer); the experts are the MLP
     "mixtral": Family(bias=None, out_bias=None, sliding="every_layer"),
+    "ministral": Family(
+        bias=None,
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_every_layer_if_window,
+        head_dim_required=True,
+    ),
     #
     # -- rows of issue 28, part B --
     #
@@ -318,6 +333,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
+    if family.head_dim_required:
+        head_dim = required(config, "head_dim")
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,

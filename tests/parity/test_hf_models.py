@@ -293,6 +293,22 @@ CASES = [
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
         | {"num_local_experts": 2, "num_experts_per_tok": 1},
     ),
+    ModelCase(  # no layer_types: its config class slides every layer under a window
+        "ministral-sliding-every-layer", "Ministral", 0, True, {"sliding_window": WINDOW}, True
+    ),
+    *(  # mistralai/Ministral-8B-Instruct-2410: 32 heads over 8, theta 1e8, one full layer
+        # then three sliding ones (here: full, sliding)
+        ModelCase(
+            f"ministral-8b-shaped-{kind}",
+            "Ministral",
+            layer,
+            layer == 1,
+            {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": WINDOW}
+            | {"layer_types": ["full_attention", "sliding_attention"]}
+            | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e8}},
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -84,3 +84,24 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
         model_type({"model_type": "gemma3"})
     with pytest.raises(ValueError, match="no 'hidden_size', which a llama layer needs"):
         required({"model_type": "llama", "hidden_size": None}, "hidden_size")
+
+
+# -- issue 28, part A --
+
+
+@pytest.mark.parametrize("window", [8, None])
+def test_ministral_without_layer_types_slides_every_layer_when_its_config_has_a_window(window):
+    config = transformers.MinistralConfig(**(SIZES | {"sliding_window": window})).to_dict()
+    theirs = config.pop("layer_types")
+
+    ours = [layer_kind(config, FAMILIES["ministral"], i) for i in range(LAYERS)]
+
+    assert ours == theirs == [SLIDING if window else FULL] * LAYERS
+
+
+def test_ministral_needs_head_dim_in_its_config():
+    config = {**SIZES, "model_type": "ministral", "head_dim": None}
+
+    with pytest.raises(ValueError, match="no 'head_dim', which a ministral layer needs"):
+        sizes(config, FAMILIES["ministral"])
+    assert sizes({**config, "head_dim": 16}, FAMILIES["ministral"])["head_dim"] == 16
