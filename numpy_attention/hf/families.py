@@ -126,7 +126,8 @@ class Family:
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
         head_dim_required: ``head_dim`` must be in the config (the model has no C // H
-            fallback and fails without it).
+            fallback and fails without it), else ``head_dim_default`` where a config.json
+            leaves the key out (its config class's default, Gemma's 256).
     """
 
     bias: str | None = "attention_bias"
@@ -151,6 +152,7 @@ class Family:
     bidirectional_flag: bool = False
     # -- fields of issue 28, part A --
     head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
+    head_dim_default: int | None = None  # its config class's head_dim (Gemma: 256)
     #
     # -- fields of issue 28, part B --
     #
@@ -244,6 +246,7 @@ FAMILIES: dict[str, Family] = {
         fallback=_every_layer_if_window,
         head_dim_required=True,
     ),
+    "gemma": Family(head_dim_required=True, head_dim_default=256, bidirectional_flag=True),
     #
     # -- rows of issue 28, part B --
     #
@@ -333,8 +336,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
-    if family.head_dim_required:
-        head_dim = required(config, "head_dim")
+    if family.head_dim_required:  # no C // H in the model: the config class's default, if any
+        head_dim = required({"head_dim": family.head_dim_default, **config}, "head_dim")
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,

@@ -309,6 +309,23 @@ CASES = [
         )
         for layer, kind in ((0, "full"), (1, "sliding"))
     ),
+    ModelCase("gemma-bias", "Gemma", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # google/gemma-7b: 16 heads of 256, multi-head, H * D = 4096 wider than C = 3072
+        "gemma-7b-shaped",
+        "Gemma",
+        0,
+        False,
+        {"num_key_value_heads": 4, "head_dim": 16}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    ModelCase(  # google/gemma-2b: 8 heads of 256 over one key/value head (multi-query)
+        "gemma-2b-shaped",
+        "Gemma",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 4}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -12,6 +12,7 @@ from numpy_attention.hf.families import (
     FULL,
     SLIDING,
     layer_kind,
+    layer_options,
     model_type,
     required,
     sizes,
@@ -105,3 +106,19 @@ def test_ministral_needs_head_dim_in_its_config():
     with pytest.raises(ValueError, match="no 'head_dim', which a ministral layer needs"):
         sizes(config, FAMILIES["ministral"])
     assert sizes({**config, "head_dim": 16}, FAMILIES["ministral"])["head_dim"] == 16
+
+
+def test_gemma_without_head_dim_reads_its_config_class_default_of_256():
+    theirs = transformers.GemmaConfig(**SIZES).head_dim  # C // H would be 8
+    config = {**SIZES, "model_type": "gemma"}
+
+    assert sizes(config, FAMILIES["gemma"])["head_dim"] == theirs == 256
+    with pytest.raises(ValueError, match="no 'head_dim', which a gemma layer needs"):
+        sizes({**config, "head_dim": None}, FAMILIES["gemma"])
+
+
+def test_gemma_with_bidirectional_attention_is_refused():
+    config = {**SIZES, "model_type": "gemma", "head_dim": 8, "use_bidirectional_attention": True}
+
+    with pytest.raises(ValueError, match="use_bidirectional_attention is set: that gemma layer"):
+        layer_options(config, "gemma", 0, {})
