@@ -247,6 +247,7 @@ FAMILIES: dict[str, Family] = {
         head_dim_required=True,
     ),
     "gemma": Family(head_dim_required=True, head_dim_default=256, bidirectional_flag=True),
+    "arcee": Family(),  # Llama's attention; its ReLU^2 MLP is outside it
     #
     # -- rows of issue 28, part B --
     #

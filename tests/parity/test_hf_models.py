@@ -326,6 +326,27 @@ CASES = [
         {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 4}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
     ),
+    ModelCase("arcee-bias", "Arcee", 0, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # arcee-ai/AFM-4.5B: 20 heads over 4, YaRN 20x over 4096 with mscale 1, 1
+        # (5 over 1 here, at a width of 40: its config class wants C divisible by H)
+        "arcee-afm-4.5b-shaped",
+        "Arcee",
+        1,
+        False,
+        {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1}
+        | {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 20.0,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            }
+        },
+    ),
     #
     # -- cases of issue 28, part B --
     #
@@ -340,9 +361,9 @@ RUNS = [
 ]
 
 
-def inputs(rng, padded):
+def inputs(rng, padded, hidden_size=SIZES["hidden_size"]):
     """inputs_embeds (B, N, C), Hugging Face's attention_mask (1 = keep) and position ids."""
-    embeds = torch.from_numpy(rng.standard_normal((B, N, SIZES["hidden_size"])))
+    embeds = torch.from_numpy(rng.standard_normal((B, N, hidden_size)))
     attention_mask = torch.ones(B, N, dtype=torch.long)
     if padded:
         attention_mask[1, :PAD] = 0
@@ -458,7 +479,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     """Output, dx and every parameter's gradient, by the model's own names (fused projections
     joined back by ``hf_attention_state_from_grouped``), for the NumPy layer and its twin."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, padded)
+    embeds, attention_mask, positions = inputs(rng, padded, config.hidden_size)
     args, kwargs, _ = record_attention_call(
         model,
         case.layer_idx,
@@ -470,7 +491,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, SIZES["hidden_size"]))
+    x = rng.standard_normal((B, N, config.hidden_size))
     dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
 
     x_t = to_torch(x, requires_grad=True)
@@ -496,7 +517,7 @@ def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     DynamicCache, each layer (NumPy and torch) with a KVCache fed the very input Hugging Face's
     attention got."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, padded=True)
+    embeds, attention_mask, positions = inputs(rng, True, config.hidden_size)
     layers = convert_layers(case, config, model)
     hf_cache = DynamicCache(config=config)
     caches = {package: new_cache(layer) for package, layer in layers.items()}
