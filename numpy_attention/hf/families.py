@@ -128,6 +128,8 @@ class Family:
         head_dim_required: ``head_dim`` must be in the config (the model has no C // H
             fallback and fails without it), else ``head_dim_default`` where a config.json
             leaves the key out (its config class's default, Gemma's 256).
+        heads_span_hidden: o_proj is built (C, C), so ``num_attention_heads * head_dim`` must
+            be ``hidden_size`` (Helium; the model fails otherwise).
     """
 
     bias: str | None = "attention_bias"
@@ -153,6 +155,7 @@ class Family:
     # -- fields of issue 28, part A --
     head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
     head_dim_default: int | None = None  # its config class's head_dim (Gemma: 256)
+    heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
     #
     # -- fields of issue 28, part B --
     #
@@ -248,6 +251,14 @@ FAMILIES: dict[str, Family] = {
     ),
     "gemma": Family(head_dim_required=True, head_dim_default=256, bidirectional_flag=True),
     "arcee": Family(),  # Llama's attention; its ReLU^2 MLP is outside it
+    # Helium: o_proj is (C, C) without bias, so H * D must be C; interleaved RoPE on whole heads
+    "helium": Family(
+        out_bias=None,
+        interleaved=True,
+        head_dim_required=True,
+        head_dim_default=128,
+        heads_span_hidden=True,
+    ),
     #
     # -- rows of issue 28, part B --
     #
@@ -339,11 +350,17 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
     if family.head_dim_required:  # no C // H in the model: the config class's default, if any
         head_dim = required({"head_dim": family.head_dim_default, **config}, "head_dim")
+    head_dim = head_dim or hidden_size // num_heads
+    if family.heads_span_hidden and num_heads * head_dim != hidden_size:
+        raise ValueError(
+            f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
+            f"{config.get('model_type')} o_proj takes hidden_size = {hidden_size} inputs"
+        )
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,
         "num_kv_heads": num_kv_heads,
-        "head_dim": head_dim or hidden_size // num_heads,
+        "head_dim": head_dim,
     }
 
 

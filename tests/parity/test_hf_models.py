@@ -347,6 +347,15 @@ CASES = [
             }
         },
     ),
+    ModelCase("helium-qkv-bias", "Helium", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # kyutai/helium-1-preview-2b: 20 heads of 128 = C, multi-head, theta 1e5
+        "helium-2b-shaped",
+        "Helium",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -122,3 +122,15 @@ def test_gemma_with_bidirectional_attention_is_refused():
 
     with pytest.raises(ValueError, match="use_bidirectional_attention is set: that gemma layer"):
         layer_options(config, "gemma", 0, {})
+
+
+def test_helium_heads_must_span_its_width_and_its_head_dim_defaults_to_128():
+    helium = FAMILIES["helium"]
+    config = {**SIZES, "model_type": "helium", "num_attention_heads": 4}
+
+    assert sizes({**config, "head_dim": 8}, helium)["head_dim"] == 8
+    assert transformers.HeliumConfig().head_dim == 128
+    with pytest.raises(ValueError, match="4 \\* 128, but a helium o_proj takes hidden_size = 32"):
+        sizes(config, helium)
+    with pytest.raises(ValueError, match="4 \\* 16, but a helium o_proj"):
+        sizes({**config, "head_dim": 16}, helium)
