@@ -125,9 +125,10 @@ class Family:
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
-        head_dim_required: ``head_dim`` must be in the config (the model has no C // H
-            fallback and fails without it), else ``head_dim_default`` where a config.json
-            leaves the key out (its config class's default, Gemma's 256).
+        head_dim_required: ``head_dim`` must be set (the model has no C // H fallback and
+            fails without it; ``config_defaults`` may give it).
+        config_defaults: (key, value) pairs the config class fills in where a config.json
+            leaves the key out, read as the model reads them (Gemma: ``head_dim`` 256).
         heads_span_hidden: o_proj is built (C, C), so ``num_attention_heads * head_dim`` must
             be ``hidden_size`` (Helium; the model fails otherwise).
     """
@@ -154,7 +155,7 @@ class Family:
     bidirectional_flag: bool = False
     # -- fields of issue 28, part A --
     head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
-    head_dim_default: int | None = None  # its config class's head_dim (Gemma: 256)
+    config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
     heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
     #
     # -- fields of issue 28, part B --
@@ -249,15 +250,31 @@ FAMILIES: dict[str, Family] = {
         fallback=_every_layer_if_window,
         head_dim_required=True,
     ),
-    "gemma": Family(head_dim_required=True, head_dim_default=256, bidirectional_flag=True),
+    "gemma": Family(
+        head_dim_required=True, config_defaults=(("head_dim", 256),), bidirectional_flag=True
+    ),
     "arcee": Family(),  # Llama's attention; its ReLU^2 MLP is outside it
     # Helium: o_proj is (C, C) without bias, so H * D must be C; interleaved RoPE on whole heads
     "helium": Family(
         out_bias=None,
         interleaved=True,
         head_dim_required=True,
-        head_dim_default=128,
+        config_defaults=(("head_dim", 128),),
         heads_span_hidden=True,
+    ),
+    # VaultGemma: Gemma 2's scores (scalar, cap) and alternating layers, always causal
+    "vaultgemma": Family(
+        sliding="layer_types",
+        fallback=_even_layers,
+        scaling="query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        head_dim_required=True,
+        config_defaults=(
+            ("head_dim", 256),
+            ("query_pre_attn_scalar", 256),
+            ("attn_logit_softcapping", 50.0),
+            ("sliding_window", 4096),
+        ),
     ),
     #
     # -- rows of issue 28, part B --
@@ -323,6 +340,13 @@ def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str
     return str(kind)
 
 
+def with_defaults(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
+    """The config with the family's ``config_defaults`` where it leaves a key out."""
+    if not family.config_defaults:
+        return config
+    return {**dict(family.config_defaults), **config}
+
+
 def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     """Whether layer i applies RoPE (False: a NoPE layer)."""
     return True if family.rotates is None else family.rotates(config, layer_idx)
@@ -333,6 +357,7 @@ def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
 
 def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
     """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them."""
+    config = with_defaults(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
     if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
@@ -348,8 +373,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
-    if family.head_dim_required:  # no C // H in the model: the config class's default, if any
-        head_dim = required({"head_dim": family.head_dim_default, **config}, "head_dim")
+    if family.head_dim_required:  # no C // H in the model
+        head_dim = required(config, "head_dim")
     head_dim = head_dim or hidden_size // num_heads
     if family.heads_span_hidden and num_heads * head_dim != hidden_size:
         raise ValueError(
@@ -377,6 +402,7 @@ def layer_options(
             from them).
     """
     family = FAMILIES[name]
+    config = with_defaults(config, family)
     if family.bidirectional_flag and config.get("use_bidirectional_attention"):
         raise ValueError(
             f"use_bidirectional_attention is set: that {name} layer is not causal, and "

@@ -356,6 +356,26 @@ CASES = [
         {"num_key_value_heads": 4, "rms_norm_eps": 1e-8}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}},
     ),
+    *(
+        ModelCase(
+            f"vaultgemma-{kind}",
+            "VaultGemma",
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "attn_logit_softcapping": 5.0, "query_pre_attn_scalar": 24},
+            unpadded=True,
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # google/vaultgemma-1b: full attention on every layer, 4 heads of 256 = the
+        # scalar, softcap 50
+        "vaultgemma-1b-shaped",
+        "VaultGemma",
+        1,
+        False,
+        {"num_key_value_heads": 4, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 50.0}
+        | {"layer_types": ["full_attention", "full_attention"], "sliding_window": 512},
+    ),
     #
     # -- cases of issue 28, part B --
     #

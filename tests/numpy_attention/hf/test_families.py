@@ -134,3 +134,17 @@ def test_helium_heads_must_span_its_width_and_its_head_dim_defaults_to_128():
         sizes(config, helium)
     with pytest.raises(ValueError, match="4 \\* 16, but a helium o_proj"):
         sizes({**config, "head_dim": 16}, helium)
+
+
+def test_vaultgemma_slides_even_layers_and_reads_its_config_class_defaults():
+    config = transformers.VaultGemmaConfig(**SIZES).to_dict()
+    theirs = config.pop("layer_types")
+    bare = {key: value for key, value in SIZES.items() if key != "sliding_window"}
+    json = {"model_type": "vaultgemma", **bare}  # a config.json that leaves the rest out
+
+    ours = [layer_kind(config, FAMILIES["vaultgemma"], i) for i in range(LAYERS)]
+    options = layer_options(json, "vaultgemma", 0, {})
+
+    assert ours == theirs == [SLIDING, FULL] * (LAYERS // 2)
+    assert (options["head_dim"], options["softcap"], options["window"]) == (256, 50.0, (4095, 0))
+    assert options["scaling"] == 256**-0.5
