@@ -131,6 +131,9 @@ class Family:
             leaves the key out, read as the model reads them (Gemma: ``head_dim`` 256).
         heads_span_hidden: o_proj is built (C, C), so ``num_attention_heads * head_dim`` must
             be ``hidden_size`` (Helium; the model fails otherwise).
+        rope_default: the RoPE parameters the config class sets when a config.json has
+            neither ``rope_parameters`` nor ``rope_scaling`` (CWM: llama3; it then ignores a
+            top-level ``rope_theta``, which is refused).
     """
 
     bias: str | None = "attention_bias"
@@ -157,6 +160,7 @@ class Family:
     head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
     config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
     heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
+    rope_default: tuple[tuple[str, Any], ...] = ()  # its config class's RoPE (CWM's llama3)
     #
     # -- fields of issue 28, part B --
     #
@@ -171,6 +175,11 @@ def _cohere2_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
 # Ministral's config class: every layer slides when the config has a window
 def _every_layer_if_window(config: Mapping[str, Any], layer_idx: int) -> bool:
     return config.get("sliding_window") is not None
+
+
+# CWM's config class: every 4th layer from the first is full, the others slide
+def _cwm_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_idx % 4 != 0
 
 
 FAMILIES: dict[str, Family] = {
@@ -274,6 +283,21 @@ FAMILIES: dict[str, Family] = {
             ("query_pre_attn_scalar", 256),
             ("attn_logit_softcapping", 50.0),
             ("sliding_window", 4096),
+        ),
+    ),
+    "cwm": Family(
+        bias=None,
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_cwm_sliding,
+        config_defaults=(("head_dim", 128), ("sliding_window", 8192)),
+        rope_default=(
+            ("rope_type", "llama3"),
+            ("rope_theta", 1e6),
+            ("factor", 16.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 8192),
         ),
     ),
     #

@@ -376,6 +376,19 @@ CASES = [
         {"num_key_value_heads": 4, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 50.0}
         | {"layer_types": ["full_attention", "full_attention"], "sliding_window": 512},
     ),
+    *(  # facebook/cwm: 48 heads over 8, every 4th layer full from the first, the others
+        # sliding (8192), Llama 3's RoPE scaled 16x over 8192 positions at theta 1e6
+        ModelCase(
+            f"cwm-shaped-{kind}",
+            "Cwm",
+            layer,
+            layer == 1,
+            {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 1}
+            | {"sliding_window": WINDOW, "rope_parameters": None},  # its config class's RoPE
+            unpadded=True,
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
     #
     # -- cases of issue 28, part B --
     #

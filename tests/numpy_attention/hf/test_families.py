@@ -17,6 +17,7 @@ from numpy_attention.hf.families import (
     required,
     sizes,
 )
+from numpy_attention.hf.rope import rope_parameters
 
 transformers = pytest.importorskip("transformers")
 
@@ -148,3 +149,18 @@ def test_vaultgemma_slides_even_layers_and_reads_its_config_class_defaults():
     assert ours == theirs == [SLIDING, FULL] * (LAYERS // 2)
     assert (options["head_dim"], options["softcap"], options["window"]) == (256, 50.0, (4095, 0))
     assert options["scaling"] == 256**-0.5
+
+
+def test_cwm_reads_its_config_class_layer_pattern_window_and_rope():
+    config = transformers.CwmConfig(**(SIZES | {"num_hidden_layers": 8})).to_dict()
+    theirs = config.pop("layer_types")
+    bare = {"model_type": "cwm", "hidden_size": 32, "num_attention_heads": 4}  # a config.json
+
+    ours = [layer_kind(config, FAMILIES["cwm"], i) for i in range(8)]
+
+    assert ours == theirs == [FULL, SLIDING, SLIDING, SLIDING] * 2
+    assert layer_options(bare, "cwm", 1, {})["window"] == (8191, 0)
+    assert sizes(bare, FAMILIES["cwm"])["head_dim"] == 128
+    assert rope_parameters(bare) == transformers.CwmConfig().rope_parameters
+    with pytest.raises(ValueError, match="rope_theta but no rope_scaling: cwm's config class"):
+        rope_parameters({**bare, "rope_theta": 5e5})
