@@ -300,6 +300,16 @@ FAMILIES: dict[str, Family] = {
             ("original_max_position_embeddings", 8192),
         ),
     ),
+    # Seed-OSS: o_proj's bias has its own key; its residual dropout follows o_proj (training)
+    "seed_oss": Family(
+        out_bias="attention_out_bias",
+        config_defaults=(
+            ("attention_bias", True),
+            ("attention_out_bias", False),
+            ("head_dim", 128),
+            ("attention_dropout", 0.1),
+        ),
+    ),
     #
     # -- rows of issue 28, part B --
     #

@@ -389,6 +389,23 @@ CASES = [
         )
         for layer, kind in ((0, "full"), (1, "sliding"))
     ),
+    ModelCase(
+        "seed_oss-out-bias",
+        "SeedOss",
+        1,
+        False,
+        {"attention_bias": False, "attention_out_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # ByteDance-Seed/Seed-OSS-36B-Base: 80 heads over 8 (8 over 1 here), q/k/v
+        # biases and none on o_proj (its config class's defaults), theta 1e7
+        "seed_oss-36b-shaped",
+        "SeedOss",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -164,3 +164,14 @@ def test_cwm_reads_its_config_class_layer_pattern_window_and_rope():
     assert rope_parameters(bare) == transformers.CwmConfig().rope_parameters
     with pytest.raises(ValueError, match="rope_theta but no rope_scaling: cwm's config class"):
         rope_parameters({**bare, "rope_theta": 5e5})
+
+
+def test_seed_oss_reads_its_config_class_biases_and_dropout():
+    theirs = transformers.SeedOssConfig()
+    bare = {"model_type": "seed_oss", **SIZES}  # a config.json without the keys below
+
+    options = layer_options(bare, "seed_oss", 0, {})
+
+    assert (options["bias"], options["out_bias"]) == (theirs.attention_bias, False) == (True, False)
+    assert options["dropout"] == theirs.attention_dropout == 0.1
+    assert sizes(bare, FAMILIES["seed_oss"])["head_dim"] == theirs.head_dim == 128
