@@ -310,6 +310,18 @@ FAMILIES: dict[str, Family] = {
             ("attention_dropout", 0.1),
         ),
     ),
+    # Apertus: Qwen3's QK-norm (RMSNorm per head, before RoPE); its xIELU MLP is outside
+    "apertus": Family(
+        qk_norm=("rms", "head", 0.0),
+        rope_default=(
+            ("rope_type", "llama3"),
+            ("rope_theta", 12e6),
+            ("factor", 8.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 8192),
+        ),
+    ),
     #
     # -- rows of issue 28, part B --
     #

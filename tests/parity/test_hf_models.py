@@ -406,6 +406,22 @@ CASES = [
         {"num_attention_heads": 8, "num_key_value_heads": 1}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
     ),
+    ModelCase(
+        "apertus-qk-norm-bias",
+        "Apertus",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3},
+        unpadded=True,
+    ),
+    ModelCase(  # swiss-ai/Apertus-8B-2509: 32 heads over 8, per-head QK-norm, no biases, its
+        # config class's llama3 RoPE (theta 1.2e7, 8x over 8192)
+        "apertus-8b-shaped",
+        "Apertus",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rope_parameters": None},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -175,3 +175,11 @@ def test_seed_oss_reads_its_config_class_biases_and_dropout():
     assert (options["bias"], options["out_bias"]) == (theirs.attention_bias, False) == (True, False)
     assert options["dropout"] == theirs.attention_dropout == 0.1
     assert sizes(bare, FAMILIES["seed_oss"])["head_dim"] == theirs.head_dim == 128
+
+
+def test_apertus_without_rope_parameters_reads_its_config_class_llama3():
+    bare = {"model_type": "apertus", "hidden_size": 32, "num_attention_heads": 4}
+
+    assert rope_parameters(bare) == transformers.ApertusConfig().rope_parameters
+    with pytest.raises(ValueError, match="rope_theta but no rope_scaling: apertus's"):
+        rope_parameters({**bare, "rope_theta": 5e5})
