@@ -134,6 +134,10 @@ class Family:
         rope_default: the RoPE parameters the config class sets when a config.json has
             neither ``rope_parameters`` nor ``rope_scaling`` (CWM: llama3; it then ignores a
             top-level ``rope_theta``, which is refused).
+        key_aliases: (config.json name, the model's name) pairs, the config class's
+            ``attribute_map`` (InternLM3: ``qkv_bias`` is ``attention_bias``).
+        equal_keys: pairs of keys the config class refuses to see differ (InternLM3:
+            ``attention_bias`` and ``mlp_bias``); a ValueError naming both.
     """
 
     bias: str | None = "attention_bias"
@@ -161,6 +165,8 @@ class Family:
     config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
     heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
     rope_default: tuple[tuple[str, Any], ...] = ()  # its config class's RoPE (CWM's llama3)
+    key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
+    equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
     #
     # -- fields of issue 28, part B --
     #
@@ -322,6 +328,12 @@ FAMILIES: dict[str, Family] = {
             ("original_max_position_embeddings", 8192),
         ),
     ),
+    # InternLM3 runs on LlamaModel; one bias setting for all four projections and the MLP
+    "internlm3": Family(
+        config_defaults=(("head_dim", 128),),
+        key_aliases=(("qkv_bias", "attention_bias"), ("bias", "mlp_bias")),
+        equal_keys=(("attention_bias", "mlp_bias"),),
+    ),
     #
     # -- rows of issue 28, part B --
     #
@@ -386,11 +398,20 @@ def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str
     return str(kind)
 
 
-def with_defaults(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
-    """The config with the family's ``config_defaults`` where it leaves a key out."""
-    if not family.config_defaults:
+def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
+    """The config as the family's config class reads it: ``key_aliases`` under the model's
+    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` checked."""
+    if not (family.config_defaults or family.key_aliases or family.equal_keys):
         return config
-    return {**dict(family.config_defaults), **config}
+    renamed = {new: config[old] for old, new in family.key_aliases if old in config}
+    config = {**dict(family.config_defaults), **renamed, **config}
+    for first, second in family.equal_keys:
+        if config.get(first) != config.get(second):
+            raise ValueError(
+                f"{first} is {config.get(first)!r} but {second} is {config.get(second)!r}: the "
+                f"{config.get('model_type')} model needs them equal"
+            )
+    return config
 
 
 def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
@@ -403,7 +424,7 @@ def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
 
 def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
     """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them."""
-    config = with_defaults(config, family)
+    config = class_view(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
     if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
@@ -448,7 +469,7 @@ def layer_options(
             from them).
     """
     family = FAMILIES[name]
-    config = with_defaults(config, family)
+    config = class_view(config, family)
     if family.bidirectional_flag and config.get("use_bidirectional_attention"):
         raise ValueError(
             f"use_bidirectional_attention is set: that {name} layer is not causal, and "

@@ -123,7 +123,9 @@ class ModelCase:
         config = getattr(transformers, f"{self.model}Config")(**merged)
         config._attn_implementation = "eager"
         config._experts_implementation = "eager"  # the MoE's grouped_mm has no float64
-        model = getattr(transformers, f"{self.model}Model")(config).double().eval()
+        model_class = getattr(transformers, f"{self.model}Model", None)  # InternLM3: LlamaModel
+        model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
+        model = model.double().eval()
         with torch.no_grad():
             for layer_idx in range(config.num_hidden_layers):
                 for param in attention_of(model, layer_idx).parameters():
@@ -421,6 +423,23 @@ CASES = [
         0,
         False,
         {"num_attention_heads": 8, "num_key_value_heads": 2, "rope_parameters": None},
+    ),
+    ModelCase(  # one bias setting: its config class refuses attention_bias != mlp_bias
+        "internlm3-bias",
+        "InternLM3",
+        1,
+        False,
+        {"attention_bias": True, "mlp_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # internlm/internlm3-8b-instruct: 32 heads of 128 over 2, no biases, theta 5e7
+        # (its rope_scaling is dynamic, 6x, which the converter refuses: default here)
+        "internlm3-8b-shaped",
+        "InternLM3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e7}},
     ),
     #
     # -- cases of issue 28, part B --

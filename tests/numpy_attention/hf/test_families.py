@@ -183,3 +183,15 @@ def test_apertus_without_rope_parameters_reads_its_config_class_llama3():
     assert rope_parameters(bare) == transformers.ApertusConfig().rope_parameters
     with pytest.raises(ValueError, match="rope_theta but no rope_scaling: apertus's"):
         rope_parameters({**bare, "rope_theta": 5e5})
+
+
+def test_internlm3_reads_its_config_json_names_and_refuses_two_bias_settings():
+    json = {"model_type": "internlm3", **SIZES, "qkv_bias": True, "bias": True}  # config.json
+
+    options = layer_options(json, "internlm3", 0, {})
+
+    assert (options["bias"], options["out_bias"], options["head_dim"]) == (True, True, 128)
+    with pytest.raises(ValueError, match="mlp_bias is False: the internlm3 model needs"):
+        layer_options({**json, "bias": False}, "internlm3", 0, {})
+    with pytest.raises(Exception, match="qkv_bias"):  # its config class refuses it too
+        transformers.InternLM3Config(qkv_bias=True, bias=False)
