@@ -334,6 +334,10 @@ FAMILIES: dict[str, Family] = {
         key_aliases=(("qkv_bias", "attention_bias"), ("bias", "mlp_bias")),
         equal_keys=(("attention_bias", "mlp_bias"),),
     ),
+    # HyperCLOVA X: Granite's scale (attention_multiplier itself), 1/sqrt(D) when it is null
+    "hyperclovax": Family(
+        scaling="attention_multiplier", config_defaults=(("attention_multiplier", None),)
+    ),
     #
     # -- rows of issue 28, part B --
     #
@@ -504,8 +508,9 @@ def layer_options(
         }
     if family.scaling == "query_pre_attn_scalar":
         options["scaling"] = float(required(config, family.scaling)) ** -0.5
-    elif family.scaling == "attention_multiplier":
-        options["scaling"] = float(config.get(family.scaling, 1.0))
+    elif family.scaling == "attention_multiplier":  # None: 1/sqrt(D) (HyperCLOVA X's default)
+        multiplier = config.get(family.scaling, 1.0)
+        options["scaling"] = None if multiplier is None else float(multiplier)
     if family.softcap is not None:
         options["softcap"] = float(config.get(family.softcap) or 0.0)
     if family.sinks:

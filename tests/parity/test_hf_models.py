@@ -441,6 +441,23 @@ CASES = [
         {"num_attention_heads": 8, "num_key_value_heads": 1}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e7}},
     ),
+    ModelCase(
+        "hyperclovax-multiplier-bias",
+        "HyperCLOVAX",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # naver-hyperclovax/HyperCLOVAX-SEED-Think-14B-like: GQA, MuP's scale of
+        # 1 / head_dim rather than 1 / sqrt(head_dim), Peri-LN norms (outside the attention)
+        "hyperclovax-think-14b-shaped",
+        "HyperCLOVAX",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "attention_multiplier": 1 / 8}
+        | {"use_post_norm": True},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -195,3 +195,18 @@ def test_internlm3_reads_its_config_json_names_and_refuses_two_bias_settings():
         layer_options({**json, "bias": False}, "internlm3", 0, {})
     with pytest.raises(Exception, match="qkv_bias"):  # its config class refuses it too
         transformers.InternLM3Config(qkv_bias=True, bias=False)
+
+
+@pytest.mark.parametrize("json", [{}, {"attention_multiplier": None}])
+def test_hyperclovax_without_an_attention_multiplier_scales_by_one_over_sqrt_head_dim(json):
+    theirs = transformers.HyperCLOVAXConfig(**SIZES, **json).attention_multiplier
+    config = {"model_type": "hyperclovax", **SIZES, **json}
+
+    options = layer_options(config, "hyperclovax", 0, {})
+
+    assert options["scaling"] is None  # the layer's 1/sqrt(D)
+    assert theirs == (32 // 4) ** -0.5
+    assert (
+        layer_options({**config, "attention_multiplier": 0.3}, "hyperclovax", 0, {})["scaling"]
+        == 0.3
+    )
