@@ -138,6 +138,8 @@ class Family:
             ``attribute_map`` (InternLM3: ``qkv_bias`` is ``attention_bias``).
         equal_keys: pairs of keys the config class refuses to see differ (InternLM3:
             ``attention_bias`` and ``mlp_bias``); a ValueError naming both.
+        refused_keys: (key, reason) pairs: a config that sets the key (not null, not false)
+            is refused with the reason (IQuest-Coder's ``clip_qkv``).
     """
 
     bias: str | None = "attention_bias"
@@ -167,6 +169,7 @@ class Family:
     rope_default: tuple[tuple[str, Any], ...] = ()  # its config class's RoPE (CWM's llama3)
     key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
     equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
+    refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
     #
     # -- fields of issue 28, part B --
     #
@@ -338,6 +341,22 @@ FAMILIES: dict[str, Family] = {
     "hyperclovax": Family(
         scaling="attention_multiplier", config_defaults=(("attention_multiplier", None),)
     ),
+    # IQuest-Coder runs on LlamaModel; its config class refuses the original code's extras
+    "iquestcoder": Family(
+        config_defaults=(("head_dim", 128),),
+        refused_keys=(
+            (
+                "clip_qkv",
+                "iquestcoder's original code clamps q, k and v to [-c, c] after projection; "
+                "transformers runs it as Llama, without the clip (and so has no layer here)",
+            ),
+            (
+                "use_sliding_window",
+                "iquestcoder's original code slides; transformers runs it as Llama, with full "
+                "attention on every layer, and its config class refuses the flag",
+            ),
+        ),
+    ),
     #
     # -- rows of issue 28, part B --
     #
@@ -404,7 +423,11 @@ def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str
 
 def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
     """The config as the family's config class reads it: ``key_aliases`` under the model's
-    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` checked."""
+    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` and ``refused_keys``
+    checked."""
+    for key, reason in family.refused_keys:
+        if config.get(key) not in (None, False):
+            raise ValueError(f"{key} is set: {reason}")
     if not (family.config_defaults or family.key_aliases or family.equal_keys):
         return config
     renamed = {new: config[old] for old, new in family.key_aliases if old in config}

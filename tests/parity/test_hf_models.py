@@ -458,6 +458,15 @@ CASES = [
         {"num_attention_heads": 8, "num_key_value_heads": 2, "attention_multiplier": 1 / 8}
         | {"use_post_norm": True},
     ),
+    ModelCase("iquestcoder-bias", "IQuestCoder", 1, False, {"attention_bias": True}, True),
+    ModelCase(  # IQuestLab/IQuest-Coder-V1-40B-Instruct: 40 heads of 128 over 8 (5 over 1
+        # here, at a width of 40: its config class wants C divisible by H), no biases
+        "iquestcoder-40b-shaped",
+        "IQuestCoder",
+        0,
+        False,
+        {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1},
+    ),
     #
     # -- cases of issue 28, part B --
     #

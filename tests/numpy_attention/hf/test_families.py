@@ -210,3 +210,17 @@ def test_hyperclovax_without_an_attention_multiplier_scales_by_one_over_sqrt_hea
         layer_options({**config, "attention_multiplier": 0.3}, "hyperclovax", 0, {})["scaling"]
         == 0.3
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [("clip_qkv", 8.0, "clamps q, k and v"), ("use_sliding_window", True, "slides")],
+)
+def test_iquestcoder_refuses_what_its_config_class_refuses(key, value, reason):
+    config = {"model_type": "iquestcoder", **SIZES, key: value}
+
+    with pytest.raises(ValueError, match=f"{key} is set: iquestcoder's original code {reason}"):
+        layer_options(config, "iquestcoder", 0, {})
+    with pytest.raises(Exception, match=key):
+        transformers.IQuestCoderConfig(**{key: value})
+    assert layer_options({**config, key: None}, "iquestcoder", 0, {})["head_dim"] == 128
