@@ -357,6 +357,18 @@ FAMILIES: dict[str, Family] = {
             ),
         ),
     ),
+    # Mellum: Qwen3's attention, sliding per layer_types (all full without them), one RoPE per
+    # layer type (Gemma 3's rotary embedding)
+    "mellum": Family(
+        sliding="layer_types",
+        qk_norm=("rms", "head", 0.0),
+        rope_per_layer_type=True,
+        config_defaults=(("head_dim", 128), ("sliding_window", 1024)),
+        rope_default=(
+            ("full_attention", (("rope_type", "default"), ("rope_theta", 5e5))),
+            ("sliding_attention", (("rope_type", "default"), ("rope_theta", 1e4))),
+        ),
+    ),
     #
     # -- rows of issue 28, part B --
     #

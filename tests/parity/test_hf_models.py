@@ -467,6 +467,36 @@ CASES = [
         False,
         {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1},
     ),
+    *(  # JetBrains/Mellum2-12B-A2.5B-Base-like: 32 heads of 128 over 4 (8 over 1 here),
+        # per-head QK-norm, sliding and full layers with their config class's RoPE per type
+        # (theta 1e4 sliding, 5e5 full)
+        ModelCase(
+            f"mellum-shaped-{kind}",
+            "Mellum",
+            layer,
+            layer == 0,
+            {"num_attention_heads": 8, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": None}
+            | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+            | {"rms_norm_eps": 1e-5},
+            unpadded=True,
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # a scaled RoPE on the full layers only
+        "mellum-linear-full",
+        "Mellum",
+        1,
+        False,
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+        | {
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            }
+        },
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -224,3 +224,19 @@ def test_iquestcoder_refuses_what_its_config_class_refuses(key, value, reason):
     with pytest.raises(Exception, match=key):
         transformers.IQuestCoderConfig(**{key: value})
     assert layer_options({**config, key: None}, "iquestcoder", 0, {})["head_dim"] == 128
+
+
+def test_mellum_without_layer_types_or_rope_reads_its_config_class():
+    theirs = transformers.MellumConfig(**SIZES)
+    bare = {"model_type": "mellum", **SIZES}  # a config.json without the keys below
+
+    kinds = [layer_kind(bare, FAMILIES["mellum"], i) for i in range(LAYERS)]
+
+    assert kinds == theirs.layer_types == [FULL] * LAYERS
+    assert rope_parameters(bare, 0) == theirs.rope_parameters[FULL]
+    assert (
+        rope_parameters({**bare, "layer_types": [SLIDING] * LAYERS}, 0)
+        == (theirs.rope_parameters[SLIDING])
+    )
+    with pytest.raises(ValueError, match="rope_theta but no rope_scaling: mellum's"):
+        rope_parameters({**bare, "rope_theta": 5e5}, 0)
