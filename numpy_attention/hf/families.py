@@ -369,6 +369,7 @@ FAMILIES: dict[str, Family] = {
             ("sliding_attention", (("rope_type", "default"), ("rope_theta", 1e4))),
         ),
     ),
+    "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
     #
     # -- rows of issue 28, part B --
     #

@@ -497,6 +497,15 @@ CASES = [
             }
         },
     ),
+    ModelCase("jais2-no-bias", "Jais2", 1, False, {"attention_bias": False}, unpadded=True),
+    ModelCase(  # inceptionai/Jais-2-8B-Chat (its config class's defaults): 26 heads of 128, one
+        # key/value head each (multi-head), biases on all four projections
+        "jais2-shaped",
+        "Jais2",
+        0,
+        False,
+        {"num_key_value_heads": None},
+    ),
     #
     # -- cases of issue 28, part B --
     #

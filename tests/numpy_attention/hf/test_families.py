@@ -240,3 +240,12 @@ def test_mellum_without_layer_types_or_rope_reads_its_config_class():
     )
     with pytest.raises(ValueError, match="rope_theta but no rope_scaling: mellum's"):
         rope_parameters({**bare, "rope_theta": 5e5}, 0)
+
+
+def test_jais2_has_biases_unless_its_config_says_otherwise():
+    bare = {"model_type": "jais2", **SIZES}
+
+    options = layer_options(bare, "jais2", 0, {})
+
+    assert options["bias"] == options["out_bias"] == transformers.Jais2Config().attention_bias
+    assert options["bias"] is True
