@@ -370,6 +370,8 @@ FAMILIES: dict[str, Family] = {
         ),
     ),
     "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
+    # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
+    "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
     #
     # -- rows of issue 28, part B --
     #

@@ -506,6 +506,25 @@ CASES = [
         False,
         {"num_key_value_heads": None},
     ),
+    ModelCase(
+        "solar_open-qkv-bias",
+        "SolarOpen",
+        1,
+        False,
+        {"attention_bias": True, "n_routed_experts": 2, "num_experts_per_tok": 1}
+        | {"moe_intermediate_size": 8},
+        unpadded=True,
+    ),
+    ModelCase(  # upstage/Solar-Open-100B (its config class's defaults): 64 heads of 128 over
+        # 8, H * D = 8192 wider than C = 4096, theta 1e6, no biases
+        "solar_open-100b-shaped",
+        "SolarOpen",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "n_routed_experts": 2}
+        | {"num_experts_per_tok": 1, "moe_intermediate_size": 8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    ),
     #
     # -- cases of issue 28, part B --
     #

@@ -17,7 +17,7 @@ from numpy_attention.hf.families import (
     required,
     sizes,
 )
-from numpy_attention.hf.rope import rope_parameters
+from numpy_attention.hf.rope import rope_parameters, rotary_dim
 
 transformers = pytest.importorskip("transformers")
 
@@ -249,3 +249,14 @@ def test_jais2_has_biases_unless_its_config_says_otherwise():
 
     assert options["bias"] == options["out_bias"] == transformers.Jais2Config().attention_bias
     assert options["bias"] is True
+
+
+def test_solar_open_reads_no_out_bias_and_refuses_a_partial_rotary_factor():
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    config = {"model_type": "solar_open", **SIZES, "attention_bias": True, "rope_parameters": rope}
+
+    options = layer_options(config, "solar_open", 0, {})
+
+    assert (options["bias"], options["out_bias"], options["head_dim"]) == (True, False, 128)
+    with pytest.raises(ValueError, match="partial_rotary_factor is 0.5, but a solar_open layer"):
+        rotary_dim({**config, "rope_parameters": rope | {"partial_rotary_factor": 0.5}}, 0)
