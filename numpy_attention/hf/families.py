@@ -127,6 +127,21 @@ class Family:
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
+        head_dim_required: ``head_dim`` must be set (the model has no C // H fallback and
+            fails without it; ``config_defaults`` may give it).
+        config_defaults: (key, value) pairs the config class fills in where a config.json
+            leaves the key out, read as the model reads them (Gemma: ``head_dim`` 256).
+        heads_span_hidden: o_proj is built (C, C), so ``num_attention_heads * head_dim`` must
+            be ``hidden_size`` (Helium; the model fails otherwise).
+        rope_default: the RoPE parameters the config class sets when a config.json has
+            neither ``rope_parameters`` nor ``rope_scaling`` (CWM: llama3; it then ignores a
+            top-level ``rope_theta``, which is refused).
+        key_aliases: (config.json name, the model's name) pairs, the config class's
+            ``attribute_map`` (InternLM3: ``qkv_bias`` is ``attention_bias``).
+        equal_keys: pairs of keys the config class refuses to see differ (InternLM3:
+            ``attention_bias`` and ``mlp_bias``); a ValueError naming both.
+        refused_keys: (key, reason) pairs: a config that sets the key (not null, not false)
+            is refused with the reason (IQuest-Coder's ``clip_qkv``).
     """
 
     bias: str | None = "attention_bias"
@@ -150,6 +165,13 @@ class Family:
     attention_dropout: bool = True
     bidirectional_flag: bool = False
     # -- fields of issue 28, part A --
+    head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
+    config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
+    heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
+    rope_default: tuple[tuple[str, Any], ...] = ()  # its config class's RoPE (CWM's llama3)
+    key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
+    equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
+    refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
     #
     # -- fields of issue 28, part B --
     rope_theta_per_layer: str | None = None
@@ -159,9 +181,6 @@ class Family:
     """With ``rope_per_layer_type``, how the config class reads a transformers 4 config (no
     ``rope_parameters``): the full layers' default ``rope_theta``, the config key of the sliding
     layers' base (None: none) and that base's default (Gemma 3's; OLMo 3's differ)."""
-    head_dim_default: int | None = None
-    """``head_dim`` where the config has no such key, as the config class defaults it (ERNIE
-    4.5: 128, whatever C // H is); None: C // H."""
     rotary_dim_key: str | None = None
     """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
     head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
@@ -427,6 +446,16 @@ def _phi_refuse(config: Mapping[str, Any]) -> None:
         )
 
 
+# Ministral's config class: every layer slides when the config has a window
+def _every_layer_if_window(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return config.get("sliding_window") is not None
+
+
+# CWM's config class: every 4th layer from the first is full, the others slide
+def _cwm_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_idx % 4 != 0
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -495,6 +524,119 @@ FAMILIES: dict[str, Family] = {
         attention_dropout=False,
     ),
     # -- rows of issue 28, part A --
+    # Mixtral: Mistral's attention (no biases, one window on every layer); the experts are the MLP
+    "mixtral": Family(bias=None, out_bias=None, sliding="every_layer"),
+    "ministral": Family(
+        bias=None,
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_every_layer_if_window,
+        head_dim_required=True,
+    ),
+    "gemma": Family(
+        head_dim_required=True, config_defaults=(("head_dim", 256),), bidirectional_flag=True
+    ),
+    "arcee": Family(),  # Llama's attention; its ReLU^2 MLP is outside it
+    # Helium: o_proj is (C, C) without bias, so H * D must be C; interleaved RoPE on whole heads
+    "helium": Family(
+        out_bias=None,
+        interleaved=True,
+        head_dim_required=True,
+        config_defaults=(("head_dim", 128),),
+        heads_span_hidden=True,
+    ),
+    # VaultGemma: Gemma 2's scores (scalar, cap) and alternating layers, always causal
+    "vaultgemma": Family(
+        sliding="layer_types",
+        fallback=_even_layers,
+        scaling="query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        head_dim_required=True,
+        config_defaults=(
+            ("head_dim", 256),
+            ("query_pre_attn_scalar", 256),
+            ("attn_logit_softcapping", 50.0),
+            ("sliding_window", 4096),
+        ),
+    ),
+    "cwm": Family(
+        bias=None,
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_cwm_sliding,
+        config_defaults=(("head_dim", 128), ("sliding_window", 8192)),
+        rope_default=(
+            ("rope_type", "llama3"),
+            ("rope_theta", 1e6),
+            ("factor", 16.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 8192),
+        ),
+    ),
+    # Seed-OSS: o_proj's bias has its own key; its residual dropout follows o_proj (training)
+    "seed_oss": Family(
+        out_bias="attention_out_bias",
+        config_defaults=(
+            ("attention_bias", True),
+            ("attention_out_bias", False),
+            ("head_dim", 128),
+            ("attention_dropout", 0.1),
+        ),
+    ),
+    # Apertus: Qwen3's QK-norm (RMSNorm per head, before RoPE); its xIELU MLP is outside
+    "apertus": Family(
+        qk_norm=("rms", "head", 0.0),
+        rope_default=(
+            ("rope_type", "llama3"),
+            ("rope_theta", 12e6),
+            ("factor", 8.0),
+            ("low_freq_factor", 1.0),
+            ("high_freq_factor", 4.0),
+            ("original_max_position_embeddings", 8192),
+        ),
+    ),
+    # InternLM3 runs on LlamaModel; one bias setting for all four projections and the MLP
+    "internlm3": Family(
+        config_defaults=(("head_dim", 128),),
+        key_aliases=(("qkv_bias", "attention_bias"), ("bias", "mlp_bias")),
+        equal_keys=(("attention_bias", "mlp_bias"),),
+    ),
+    # HyperCLOVA X: Granite's scale (attention_multiplier itself), 1/sqrt(D) when it is null
+    "hyperclovax": Family(
+        scaling="attention_multiplier", config_defaults=(("attention_multiplier", None),)
+    ),
+    # IQuest-Coder runs on LlamaModel; its config class refuses the original code's extras
+    "iquestcoder": Family(
+        config_defaults=(("head_dim", 128),),
+        refused_keys=(
+            (
+                "clip_qkv",
+                "iquestcoder's original code clamps q, k and v to [-c, c] after projection; "
+                "transformers runs it as Llama, without the clip (and so has no layer here)",
+            ),
+            (
+                "use_sliding_window",
+                "iquestcoder's original code slides; transformers runs it as Llama, with full "
+                "attention on every layer, and its config class refuses the flag",
+            ),
+        ),
+    ),
+    # Mellum: Qwen3's attention, sliding per layer_types (all full without them), one RoPE per
+    # layer type (Gemma 3's rotary embedding)
+    "mellum": Family(
+        sliding="layer_types",
+        qk_norm=("rms", "head", 0.0),
+        rope_per_layer_type=True,
+        config_defaults=(("head_dim", 128), ("sliding_window", 1024)),
+        rope_default=(
+            ("full_attention", (("rope_type", "default"), ("rope_theta", 5e5))),
+            ("sliding_attention", (("rope_type", "default"), ("rope_theta", 1e4))),
+        ),
+    ),
+    "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
+    # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
+    "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
     #
     # -- rows of issue 28, part B --
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
@@ -544,7 +686,7 @@ FAMILIES: dict[str, Family] = {
         out_bias="use_bias",
         interleaved=True,
         attention_dropout=False,
-        head_dim_default=128,
+        config_defaults=(("head_dim", 128),),
     ),
     "ernie4_5_moe": Family(
         bias="use_bias", out_bias="use_bias", interleaved=True, attention_dropout=False
@@ -567,7 +709,7 @@ FAMILIES: dict[str, Family] = {
         out_bias=None,
         qk_norm=("rms", "all", 0.0),
         partial_rotary=True,
-        head_dim_default=128,
+        config_defaults=(("head_dim", 128),),
         rotary_dim_key="rotary_dim",
     ),
     # Cohere 2 MoE: Cohere 2's interleaved RoPE and NoPE full layers, but its head_dim is read
@@ -577,10 +719,10 @@ FAMILIES: dict[str, Family] = {
         fallback=_cohere2_moe_sliding,
         interleaved=True,
         rotates=_cohere2_moe_rotates,
-        head_dim_default=128,
+        config_defaults=(("head_dim", 128),),
     ),
     # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
-    "hy_v3": Family(qk_norm=("rms", "head", 0.0), head_dim_default=128),
+    "hy_v3": Family(qk_norm=("rms", "head", 0.0), config_defaults=(("head_dim", 128),)),
     #
     # -- rows of issue 28, part C --
     "stablelm": Family(
@@ -732,6 +874,26 @@ def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str
     return str(kind)
 
 
+def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
+    """The config as the family's config class reads it: ``key_aliases`` under the model's
+    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` and ``refused_keys``
+    checked."""
+    for key, reason in family.refused_keys:
+        if config.get(key) not in (None, False):
+            raise ValueError(f"{key} is set: {reason}")
+    if not (family.config_defaults or family.key_aliases or family.equal_keys):
+        return config
+    renamed = {new: config[old] for old, new in family.key_aliases if old in config}
+    config = {**dict(family.config_defaults), **renamed, **config}
+    for first, second in family.equal_keys:
+        if config.get(first) != config.get(second):
+            raise ValueError(
+                f"{first} is {config.get(first)!r} but {second} is {config.get(second)!r}: the "
+                f"{config.get('model_type')} model needs them equal"
+            )
+    return config
+
+
 def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     """Whether layer i applies RoPE (False: a NoPE layer)."""
     return True if family.rotates is None else family.rotates(config, layer_idx)
@@ -742,6 +904,7 @@ def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
 
 def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
     """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them."""
+    config = class_view(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
     if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
@@ -757,13 +920,19 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             f"{num_kv_heads} key/value heads"
         )
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
-    if family.head_dim_default is not None and "head_dim" not in config:
-        head_dim = family.head_dim_default
+    if family.head_dim_required:  # no C // H in the model
+        head_dim = required(config, "head_dim")
+    head_dim = head_dim or hidden_size // num_heads
+    if family.heads_span_hidden and num_heads * head_dim != hidden_size:
+        raise ValueError(
+            f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
+            f"{config.get('model_type')} o_proj takes hidden_size = {hidden_size} inputs"
+        )
     return {
         "hidden_size": hidden_size,
         "num_heads": num_heads,
         "num_kv_heads": num_kv_heads,
-        "head_dim": head_dim or hidden_size // num_heads,
+        "head_dim": head_dim,
     }
 
 
@@ -780,6 +949,7 @@ def layer_options(
             from them).
     """
     family = FAMILIES[name]
+    config = class_view(config, family)
     if family.bidirectional_flag and config.get("use_bidirectional_attention"):
         raise ValueError(
             f"use_bidirectional_attention is set: that {name} layer is not causal, and "
@@ -810,8 +980,9 @@ def layer_options(
         }
     if family.scaling == "query_pre_attn_scalar":
         options["scaling"] = float(required(config, family.scaling)) ** -0.5
-    elif family.scaling == "attention_multiplier":
-        options["scaling"] = float(config.get(family.scaling, 1.0))
+    elif family.scaling == "attention_multiplier":  # None: 1/sqrt(D) (HyperCLOVA X's default)
+        multiplier = config.get(family.scaling, 1.0)
+        options["scaling"] = None if multiplier is None else float(multiplier)
     if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
         multiplier = config.get(family.key_multiplier)
         multiplier = 1.0 if multiplier is None else float(multiplier)

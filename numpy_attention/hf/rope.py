@@ -88,10 +88,19 @@ def _layer_theta(
 
 
 def _transformers_4_parameters(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
-    """rope_parameters from ``rope_theta`` and ``rope_scaling`` (``"type"`` its rope_type);
-    Gemma 3's: the scaling and ``rope_theta`` (default 1e6) for its full layers,
-    ``rope_local_base_freq`` (default 1e4) unscaled for its sliding ones (OLMo 3's: no local
-    key, its sliding layers always at 5e5; ``Family.rope_type_thetas``)."""
+    """rope_parameters from ``rope_theta`` and ``rope_scaling`` (``"type"`` its rope_type), or
+    the family's ``rope_default`` where there is no ``rope_scaling`` (CWM); Gemma 3's: the
+    scaling and ``rope_theta`` (default 1e6) for its full layers, ``rope_local_base_freq``
+    (default 1e4) unscaled for its sliding ones (OLMo 3's: no local key, its sliding layers
+    always at 5e5; ``Family.rope_type_thetas``)."""
+    if family.rope_default and not config.get("rope_scaling"):
+        if config.get("rope_theta") is not None:
+            raise ValueError(
+                f"the config has rope_theta but no rope_scaling: {config.get('model_type')}'s "
+                "config class then ignores rope_theta and uses its own RoPE; give "
+                "rope_parameters (or rope_scaling)"
+            )
+        return dict(family.rope_default)
     scaling = dict(config.get("rope_scaling") or {})
     scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type", "default"))
     if not family.rope_per_layer_type:

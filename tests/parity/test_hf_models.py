@@ -123,7 +123,9 @@ class ModelCase:
         config = getattr(transformers, f"{self.model}Config")(**merged)
         config._attn_implementation = "eager"
         config._experts_implementation = "eager"  # the MoE's grouped_mm has no float64
-        model = getattr(transformers, f"{self.model}Model")(config).double().eval()
+        model_class = getattr(transformers, f"{self.model}Model", None)  # InternLM3: LlamaModel
+        model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
+        model = model.double().eval()
         with torch.no_grad():
             for layer_idx in range(len(model.h if hasattr(model, "h") else model.layers)):
                 attention = attention_of(model, layer_idx)  # None on a Mamba layer
@@ -281,6 +283,253 @@ CASES = [
         {"multi_query": True, "head_dim": ABSENT, "num_key_value_heads": ABSENT},
     ),
     # -- cases of issue 28, part A --
+    ModelCase(
+        "mixtral-sliding",
+        "Mixtral",
+        1,
+        True,
+        {"sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # mistralai/Mixtral-8x7B-v0.1: 32 heads over 8, theta 1e6, no window
+        "mixtral-8x7b-shaped",
+        "Mixtral",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+    ModelCase(  # no layer_types: its config class slides every layer under a window
+        "ministral-sliding-every-layer", "Ministral", 0, True, {"sliding_window": WINDOW}, True
+    ),
+    *(  # mistralai/Ministral-8B-Instruct-2410: 32 heads over 8, theta 1e8, one full layer
+        # then three sliding ones (here: full, sliding)
+        ModelCase(
+            f"ministral-8b-shaped-{kind}",
+            "Ministral",
+            layer,
+            layer == 1,
+            {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": WINDOW}
+            | {"layer_types": ["full_attention", "sliding_attention"]}
+            | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e8}},
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
+    ModelCase("gemma-bias", "Gemma", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # google/gemma-7b: 16 heads of 256, multi-head, H * D = 4096 wider than C = 3072
+        "gemma-7b-shaped",
+        "Gemma",
+        0,
+        False,
+        {"num_key_value_heads": 4, "head_dim": 16}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    ModelCase(  # google/gemma-2b: 8 heads of 256 over one key/value head (multi-query)
+        "gemma-2b-shaped",
+        "Gemma",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 4}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    ModelCase("arcee-bias", "Arcee", 0, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # arcee-ai/AFM-4.5B: 20 heads over 4, YaRN 20x over 4096 with mscale 1, 1
+        # (5 over 1 here, at a width of 40: its config class wants C divisible by H)
+        "arcee-afm-4.5b-shaped",
+        "Arcee",
+        1,
+        False,
+        {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1}
+        | {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 20.0,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            }
+        },
+    ),
+    ModelCase("helium-qkv-bias", "Helium", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # kyutai/helium-1-preview-2b: 20 heads of 128 = C, multi-head, theta 1e5
+        "helium-2b-shaped",
+        "Helium",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}},
+    ),
+    *(
+        ModelCase(
+            f"vaultgemma-{kind}",
+            "VaultGemma",
+            layer,
+            layer == 0,
+            {"sliding_window": WINDOW, "attn_logit_softcapping": 5.0, "query_pre_attn_scalar": 24},
+            unpadded=True,
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # google/vaultgemma-1b: full attention on every layer, 4 heads of 256 = the
+        # scalar, softcap 50
+        "vaultgemma-1b-shaped",
+        "VaultGemma",
+        1,
+        False,
+        {"num_key_value_heads": 4, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 50.0}
+        | {"layer_types": ["full_attention", "full_attention"], "sliding_window": 512},
+    ),
+    *(  # facebook/cwm: 48 heads over 8, every 4th layer full from the first, the others
+        # sliding (8192), Llama 3's RoPE scaled 16x over 8192 positions at theta 1e6
+        ModelCase(
+            f"cwm-shaped-{kind}",
+            "Cwm",
+            layer,
+            layer == 1,
+            {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 1}
+            | {"sliding_window": WINDOW, "rope_parameters": None},  # its config class's RoPE
+            unpadded=True,
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
+    ModelCase(
+        "seed_oss-out-bias",
+        "SeedOss",
+        1,
+        False,
+        {"attention_bias": False, "attention_out_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # ByteDance-Seed/Seed-OSS-36B-Base: 80 heads over 8 (8 over 1 here), q/k/v
+        # biases and none on o_proj (its config class's defaults), theta 1e7
+        "seed_oss-36b-shaped",
+        "SeedOss",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
+    ),
+    ModelCase(
+        "apertus-qk-norm-bias",
+        "Apertus",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3},
+        unpadded=True,
+    ),
+    ModelCase(  # swiss-ai/Apertus-8B-2509: 32 heads over 8, per-head QK-norm, no biases, its
+        # config class's llama3 RoPE (theta 1.2e7, 8x over 8192)
+        "apertus-8b-shaped",
+        "Apertus",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rope_parameters": None},
+    ),
+    ModelCase(  # one bias setting: its config class refuses attention_bias != mlp_bias
+        "internlm3-bias",
+        "InternLM3",
+        1,
+        False,
+        {"attention_bias": True, "mlp_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # internlm/internlm3-8b-instruct: 32 heads of 128 over 2, no biases, theta 5e7
+        # (its rope_scaling is dynamic, 6x, which the converter refuses: default here)
+        "internlm3-8b-shaped",
+        "InternLM3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e7}},
+    ),
+    ModelCase(
+        "hyperclovax-multiplier-bias",
+        "HyperCLOVAX",
+        1,
+        False,
+        {"attention_multiplier": 0.3, "attention_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # naver-hyperclovax/HyperCLOVAX-SEED-Think-14B-like: GQA, MuP's scale of
+        # 1 / head_dim rather than 1 / sqrt(head_dim), Peri-LN norms (outside the attention)
+        "hyperclovax-think-14b-shaped",
+        "HyperCLOVAX",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "attention_multiplier": 1 / 8}
+        | {"use_post_norm": True},
+    ),
+    ModelCase("iquestcoder-bias", "IQuestCoder", 1, False, {"attention_bias": True}, True),
+    ModelCase(  # IQuestLab/IQuest-Coder-V1-40B-Instruct: 40 heads of 128 over 8 (5 over 1
+        # here, at a width of 40: its config class wants C divisible by H), no biases
+        "iquestcoder-40b-shaped",
+        "IQuestCoder",
+        0,
+        False,
+        {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1},
+    ),
+    *(  # JetBrains/Mellum2-12B-A2.5B-Base-like: 32 heads of 128 over 4 (8 over 1 here),
+        # per-head QK-norm, sliding and full layers with their config class's RoPE per type
+        # (theta 1e4 sliding, 5e5 full)
+        ModelCase(
+            f"mellum-shaped-{kind}",
+            "Mellum",
+            layer,
+            layer == 0,
+            {"num_attention_heads": 8, "num_key_value_heads": 1, "sliding_window": WINDOW}
+            | {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": None}
+            | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+            | {"rms_norm_eps": 1e-5},
+            unpadded=True,
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    ModelCase(  # a scaled RoPE on the full layers only
+        "mellum-linear-full",
+        "Mellum",
+        1,
+        False,
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+        | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+        | {
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            }
+        },
+    ),
+    ModelCase("jais2-no-bias", "Jais2", 1, False, {"attention_bias": False}, unpadded=True),
+    ModelCase(  # inceptionai/Jais-2-8B-Chat (its config class's defaults): 26 heads of 128, one
+        # key/value head each (multi-head), biases on all four projections
+        "jais2-shaped",
+        "Jais2",
+        0,
+        False,
+        {"num_key_value_heads": None},
+    ),
+    ModelCase(
+        "solar_open-qkv-bias",
+        "SolarOpen",
+        1,
+        False,
+        {"attention_bias": True, "n_routed_experts": 2, "num_experts_per_tok": 1}
+        | {"moe_intermediate_size": 8},
+        unpadded=True,
+    ),
+    ModelCase(  # upstage/Solar-Open-100B (its config class's defaults): 64 heads of 128 over
+        # 8, H * D = 8192 wider than C = 4096, theta 1e6, no biases
+        "solar_open-100b-shaped",
+        "SolarOpen",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 1, "n_routed_experts": 2}
+        | {"num_experts_per_tok": 1, "moe_intermediate_size": 8}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    ),
     #
     # -- cases of issue 28, part B --
     ModelCase(
@@ -709,9 +958,9 @@ RUNS = [
 ]
 
 
-def inputs(rng, padded):
+def inputs(rng, padded, hidden_size=SIZES["hidden_size"]):
     """inputs_embeds (B, N, C), Hugging Face's attention_mask (1 = keep) and position ids."""
-    embeds = torch.from_numpy(rng.standard_normal((B, N, SIZES["hidden_size"])))
+    embeds = torch.from_numpy(rng.standard_normal((B, N, hidden_size)))
     attention_mask = torch.ones(B, N, dtype=torch.long)
     if padded:
         attention_mask[1, :PAD] = 0
@@ -836,7 +1085,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     """Output, dx and every parameter's gradient, by the model's own names (fused projections
     joined back by ``hf_attention_state_from_grouped``), for the NumPy layer and its twin."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, padded)
+    embeds, attention_mask, positions = inputs(rng, padded, config.hidden_size)
     args, kwargs, _ = record_attention_call(
         model,
         case.layer_idx,
@@ -848,7 +1097,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, SIZES["hidden_size"]))
+    x = rng.standard_normal((B, N, config.hidden_size))
     dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
 
     x_t = to_torch(x, requires_grad=True)
@@ -876,7 +1125,7 @@ def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     DynamicCache, each layer (NumPy and torch) with a KVCache fed the very input Hugging Face's
     attention got."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, padded=True)
+    embeds, attention_mask, positions = inputs(rng, True, config.hidden_size)
     layers = convert_layers(case, config, model)
     hf_cache = DynamicCache(config=config)
     caches = {package: new_cache(layer) for package, layer in layers.items()}
