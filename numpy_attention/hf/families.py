@@ -475,6 +475,12 @@ FAMILIES: dict[str, Family] = {
         scaling="query_pre_attn_scalar",
         softcap="attn_logit_softcapping",
         bidirectional_flag=True,
+        config_defaults=(
+            ("head_dim", 256),
+            ("query_pre_attn_scalar", 256),
+            ("attn_logit_softcapping", 50.0),
+            ("sliding_window", 4096),
+        ),
     ),
     # Gemma 3 keeps attn_logit_softcapping in its config but its attention never applies it
     "gemma3_text": Family(
@@ -484,6 +490,11 @@ FAMILIES: dict[str, Family] = {
         scaling="query_pre_attn_scalar",
         rope_per_layer_type=True,
         bidirectional_flag=True,
+        config_defaults=(
+            ("head_dim", 256),
+            ("query_pre_attn_scalar", 256),
+            ("sliding_window", 4096),
+        ),
     ),
     "gpt_oss": Family(bias_default=True, sliding="layer_types", fallback=_even_layers, sinks=True),
     "phi3": Family(
@@ -513,8 +524,22 @@ FAMILIES: dict[str, Family] = {
     ),
     "granite": Family(scaling="attention_multiplier"),
     "smollm3": Family(sliding="smollm3", rotates=_smollm3_rotates),
-    "glm": Family(bias_default=True, out_bias=None, interleaved=True, partial_rotary=True),
-    "glm4": Family(bias_default=True, out_bias=None, interleaved=True, partial_rotary=True),
+    "glm": Family(
+        bias_default=True,
+        out_bias=None,
+        interleaved=True,
+        partial_rotary=True,
+        partial_rotary_default=0.5,
+        config_defaults=(("head_dim", 128),),
+    ),
+    "glm4": Family(
+        bias_default=True,
+        out_bias=None,
+        interleaved=True,
+        partial_rotary=True,
+        partial_rotary_default=0.5,
+        config_defaults=(("head_dim", 128),),
+    ),
     # Falcon: the rotary layers (alibi is refused); dropout is never applied on them
     "falcon": Family(
         bias="bias",

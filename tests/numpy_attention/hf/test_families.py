@@ -481,3 +481,24 @@ def test_solar_open_reads_no_out_bias_and_refuses_a_partial_rotary_factor():
     assert (options["bias"], options["out_bias"], options["head_dim"]) == (True, False, 128)
     with pytest.raises(ValueError, match="partial_rotary_factor is 0.5, but a solar_open layer"):
         rotary_dim({**config, "rope_parameters": rope | {"partial_rotary_factor": 0.5}}, 0)
+
+
+# -- the config classes' defaults for keys a config.json leaves out (the older rows) --
+
+
+@pytest.mark.parametrize("model", ["Gemma2", "Gemma3Text", "Glm", "Glm4"])
+def test_a_config_json_without_the_keys_reads_as_its_config_class_fills_them(model):
+    # Gemma 2 and 3 default head_dim 256 (not C // H), Gemma 2 a cap of 50; GLM rotates half of
+    # a 128-wide head: read as C // H, no cap and a whole-head rotation, the layer was wrong.
+    config = getattr(transformers, f"{model}Config")(hidden_size=64, num_attention_heads=4)
+    full = config.to_dict()
+    keys = ("head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "sliding_window")
+    bare = {key: value for key, value in full.items() if key not in keys}
+    if model.startswith("Glm"):
+        bare["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+
+    for layer in (0, 1):
+        read = layer_options(bare, full["model_type"], layer, {})
+        assert read == layer_options(full, full["model_type"], layer, {})
+    assert read["head_dim"] == config.head_dim != 64 // 4
+    assert rotary_dim(bare, 0) == rotary_dim(full, 0)
