@@ -2,12 +2,13 @@
 model reads it, the attention weights found in any state dict, fused projections split on load
 and joined on save, NumPy only (transformers is never imported).
 
-Models (``config["model_type"]``): Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Gemma 2,
-Gemma 3 (text), GPT-OSS, Phi-3, OLMo 2, Cohere, Cohere 2, StarCoder 2, Granite, SmolLM 3, GLM,
-GLM 4 and Falcon. What each family's code reads is one row of ``families.FAMILIES``; RoPE is
-``rope.py``'s, the fused projections ``layouts.py``'.
+Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES``, 60 families (Llama,
+Mistral, the Qwens, the Gemmas, GPT-OSS, Phi, OLMo, Cohere, Granite, GLM, Falcon and their
+relatives; the hybrids' softmax layers). What each family's code reads is one row of
+``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
 
-- Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else
+- Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else the
+  config class's default (``Family.config_defaults``: 256 for the Gemmas, 128 for several), else
   ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
   ``num_kv_heads`` in its new decoder architecture, one with ``multi_query``).
 - Biases: the family's config key (``attention_bias``, ``qkv_bias``, ``use_bias``, ``bias``)
