@@ -456,6 +456,46 @@ def _cwm_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
     return layer_idx % 4 != 0
 
 
+# Flint's config class: layers 0, 1, the last and each i % 4 == 1 attend fully, the others slide;
+# only the sliding layers rotate
+def _flint_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    last = required(config, "num_hidden_layers") - 1
+    return not (layer_idx < 2 or layer_idx % 4 == 1 or layer_idx == last)
+
+
+def _flint_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_kind(config, FAMILIES["flint"], layer_idx) == SLIDING
+
+
+# Kolibri 1's config class: every fifth layer attends fully, and only the sliding layers rotate;
+# without a window its model fails (it builds the sliding mask on every call)
+def _kolibri1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return (layer_idx + 1) % 5 != 0
+
+
+def _kolibri1_rotates(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_kind(config, FAMILIES["kolibri1"], layer_idx) == SLIDING
+
+
+def _kolibri1_refuse(config: Mapping[str, Any]) -> None:
+    if "sliding_window" in config and config["sliding_window"] is None:
+        raise ValueError(
+            "sliding_window is null: kolibri1's model builds its sliding mask on every call and "
+            "fails without a window (its code would rotate every layer then, a model that "
+            "never runs)"
+        )
+
+
+# MiniMax: "full_attention" (softmax) and "linear_attention" (Lightning attention) layers; its
+# config class makes the even layers softmax
+def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {FULL: ATTENTION, "linear_attention": "a Lightning (linear) attention layer"}
+    if config.get("layer_types") is None:
+        count = required(config, "num_hidden_layers")
+        return [ATTENTION if i % 2 == 0 else names["linear_attention"] for i in range(count)]
+    return _kinds(config["layer_types"], "layer_types", names)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -749,6 +789,33 @@ FAMILIES: dict[str, Family] = {
     # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
     "hy_v3": Family(qk_norm=("rms", "head", 0.0), config_defaults=(("head_dim", 128),)),
     #
+    # (part E) Aria's language model: Llama's attention (its experts are outside it)
+    "aria_text": Family(),
+    # Flint: Qwen3's per-head QK-norm, GPT-OSS's sinks, sliding layers that rotate and full
+    # layers that do not (NoPE)
+    "flint": Family(
+        sliding="layer_types",
+        fallback=_flint_sliding,
+        qk_norm=("rms", "head", 0.0),
+        sinks=True,
+        rotates=_flint_rotates,
+        config_defaults=(("head_dim", 128), ("sliding_window", 513)),
+    ),
+    # Kolibri 1: no biases, per-head QK-norm, every fifth layer full and NoPE
+    "kolibri1": Family(
+        bias=None,
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_kolibri1_sliding,
+        qk_norm=("rms", "head", 0.0),
+        rotates=_kolibri1_rotates,
+        config_defaults=(("head_dim", 128), ("sliding_window", 513)),
+        refuse=_kolibri1_refuse,
+    ),
+    # MiniMax(-Text-01): Lightning (linear) attention layers beside softmax layers with Mistral's
+    # attention (no biases, one window on every softmax layer when sliding_window is set)
+    "minimax": Family(bias=None, out_bias=None, sliding="every_layer", mixers=_minimax_mixers),
+    #
     # -- rows of issue 28, part C --
     "stablelm": Family(
         bias="use_qkv_bias",
@@ -829,6 +896,91 @@ REFUSED = {
     # -- refusals of issue 28, part A --
     #
     # -- refusals of issue 28, part B --
+    # (part E) linear-attention hybrids whose softmax layers carry an output gate
+    **{
+        name: f"{name}: an output gate: q_proj gives each head 2 * head_dim outputs, the query "
+        "and a gate g, and sigmoid(g) multiplies the attention's output per element before "
+        "o_proj; the layer has no output gate (issue 28). Its linear_attention layers are gated "
+        "DeltaNet (issue 28, step 20)"
+        for name in (
+            "qwen3_next",
+            "qwen3_5_text",
+            "qwen3_5_moe_text",
+            "qwen4_exp_text",
+        )
+    },
+    **{
+        name: f"{name}: the multimodal wrapper; pass config.text_config (its language model "
+        f"is {name}_text, refused by name: its softmax layers carry an output gate)"
+        for name in ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
+    },
+    "cohere_compass_text": "cohere_compass_text: multimodal RoPE (mrope_section): each "
+    "frequency reads the temporal, height or width position from 3-D position_ids (text, H, W "
+    "rows interleaved every third frequency), and a layer whose rope_parameters entry is null "
+    "gets none; the layer rotates by one position per token",
+    "zaya": "zaya: Compressed Convolutional Attention: q and k come from a causal 1-D "
+    "convolution over the sequence (ZayaCCAProjection), v from a delayed recurrent state, then "
+    "q and k are L2-normed to sqrt(head_dim) and k scaled by a learned per-kv-head temperature "
+    "(ZayaQKNorm); the layer projects each token alone",
+    "minimax_m3_vl_text": "minimax_m3_vl_text: its 'minimax_m3_sparse' layers attend only to "
+    "the key blocks a Lightning Indexer picks per query (top-k blocks plus local ones, "
+    "MiniMaxM3VLIndexer); the layer has no indexer. Its dense layers (Gemma QK-norm, partial "
+    "RoPE) are not a row yet",
+    "minimax_m3_vl": "minimax_m3_vl: the multimodal wrapper; its language model is "
+    "minimax_m3_vl_text, whose sparse layers a Lightning Indexer selects (refused by name)",
+    # DeepSeek Sparse Attention: the text configs of latent.py's REFUSED wrappers; their
+    # attention is MLA, and its indexed layers a DSA indexer hides keys on
+    "glm5_next_text": "glm5_next_text: DeepSeek Sparse Attention: a top-k indexer hides keys "
+    "per query, shared across layers; and its attention is multi-head latent attention "
+    "(latent_from_hf refuses it for the same reason)",
+    "mistral_large4_text": "mistral_large4_text: DeepSeek Sparse Attention: a top-k indexer "
+    "hides keys per query, with NoPE layers and KV sharing across layers; and its attention is "
+    "multi-head latent attention (latent_from_hf refuses it for the same reason)",
+    "dots3_note_text": "dots3_note_text: DeepSeek Sparse Attention on its 'indexed_attention' "
+    "layers (a top-k indexer hides keys per query), an output gate sigmoid(g_proj(x)) per head "
+    "before o_proj, and a normed rope key; its attention is multi-head latent attention "
+    "(latent_from_hf refuses it for the same reason)",
+    **{
+        name: f"{name}: the multimodal wrapper of {name}_text, whose attention is DeepSeek Sparse "
+        "Attention (a top-k indexer hides keys per query) over multi-head latent attention"
+        for name in ("glm5_next", "mistral_large4", "dots3_note")
+    },
+    "gpt_bigcode": "gpt_bigcode: its attention (biased, no RoPE, multi-query by default) is "
+    "one fused c_attn whose output splits into q, then one k and v shared by all heads; that "
+    "layout is not read here (and scale_attn_weights false scores without 1/sqrt(D))",
+    "zamba": "zamba: its shared attention block reads attention_hidden_size = 2 * hidden_size "
+    "inputs (the hidden states concatenated with the original embeddings); the layer's input "
+    "width is hidden_size. The other layers are Mamba layers",
+    "zamba2": "zamba2: its shared attention blocks read 2 * hidden_size inputs (the hidden "
+    "states concatenated with the original embeddings) and add per-layer LoRA adapters to q, "
+    "k and v (use_shared_attention_adapter); the layer's input width is hidden_size. The other "
+    "layers are Mamba-2 layers",
+    "blt": "blt: the Byte Latent Transformer: a local byte encoder and decoder that "
+    "cross-attend to patches, a global transformer over patches and an entropy patcher; no "
+    "single decoder stack of self-attention layers to convert",
+    "emu3": "emu3: the multimodal wrapper (a VQ-VAE image tokenizer and a text model, "
+    "model_type 'emu3_text_model'); its text model is not a row yet",
+    "mllama": "mllama: a vision-language model whose text model's cross_attention_layers take "
+    "keys and values from the vision encoder's states (MllamaTextCrossAttention, gated by "
+    "tanh on the residual); its self-attention layers are not a row yet",
+    "modernbert-decoder": "modernbert-decoder: its attention applies attention_dropout a "
+    "second time, to Wo's output (out_drop), in training, and its heads are hidden_size // "
+    "num_attention_heads wide with no key/value grouping; not a row yet",
+    "phi4_multimodal": "phi4_multimodal: the multimodal model (vision and audio encoders "
+    "beside a Phi-3 text decoder whose LoRA adapters live outside the base weights); its "
+    "attention is not a row yet",
+    "recurrent_gemma": "recurrent_gemma: a hybrid of RG-LRU recurrent blocks and local "
+    "attention blocks (block_types); its attention (partial RoPE, o_proj always biased) is "
+    "not a row yet",
+    "falcon_mamba": "falcon_mamba: a state-space model (Mamba with RMS-normed B, C and dt) "
+    "with no softmax attention layer",
+    "mamba": "mamba: a state-space model with no softmax attention layer",
+    "mamba2": "mamba2: a state-space model (Mamba-2, structured state space duality) with no "
+    "softmax attention layer",
+    "rwkv": "rwkv: an RNN (RWKV time mixing, a decayed weighted key-value recurrence) with no "
+    "softmax attention layer",
+    "xlstm": "xlstm: a recurrent model (mLSTM matrix-memory blocks) with no softmax attention "
+    "layer",
     #
     # -- refusals of issue 28, part C --
 }

@@ -88,6 +88,8 @@ REFUSED = {
     "dots3_note": "an output gate, a normed rope key, sliding and indexed layers",
     "bailing_hybrid": "a sigmoid output gate per head (g_proj)",
 }
+# their language models' configs, passed alone (config.text_config), for the same reasons
+REFUSED |= {f"{name}_text": REFUSED[name] for name in ("glm5_next", "mistral_large4", "dots3_note")}
 _LATENT_KEY = "kv_a_proj_with_mqa.weight"
 _EXPECTED_FORM = (
     "expected keys like 'model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight' or "

@@ -146,6 +146,11 @@ def attention_of(model, layer_idx):
     return getattr(layer, "self_attn", None)
 
 
+ARIA_MOE = {"moe_num_experts": 2, "moe_topk": 1, "moe_num_shared_experts": 1}
+FLINT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+FLINT_MOE |= {"shared_expert_intermediate_size": 8}
+KOLIBRI1_MOE = FLINT_MOE
+MINIMAX_MOE = {"num_local_experts": 2, "num_experts_per_tok": 1}
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
 CASES = [
     ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
@@ -832,6 +837,88 @@ CASES = [
         | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
     ),
     #
+    # (part E)
+    ModelCase(  # Aria's language model: Llama's attention, biases on all four projections
+        "aria_text-bias",
+        "AriaText",
+        1,
+        False,
+        ARIA_MOE | {"attention_bias": True},
+        unpadded=True,
+    ),
+    ModelCase(  # after rhymes-ai/Aria's text_config (from memory, not downloaded): one kv head
+        # per query head, no biases, rope_theta 5e6
+        "aria_text-checkpoint",
+        "AriaText",
+        0,
+        False,
+        ARIA_MOE
+        | {
+            "num_key_value_heads": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e6},
+        },
+    ),
+    *(
+        ModelCase(  # the sliding layer rotates; the full one is NoPE; sinks and QK-norm on both
+            f"flint-{kind}",
+            "Flint",
+            layer,
+            layer == 1,
+            FLINT_MOE
+            | {"sliding_window": WINDOW, "attention_bias": True}
+            | {"layer_types": ["full_attention", "sliding_attention"]},
+        )
+        for layer, kind in ((0, "full-nope"), (1, "sliding-rope"))
+    ),
+    ModelCase(  # FlintConfig's own defaults (no released checkpoint to mirror): 32 query heads
+        # over 4 (here 8 over 1), no biases, theta 1e4; layers 2 and 3 of its rule slide
+        "flint-checkpoint",
+        "Flint",
+        0,
+        True,
+        FLINT_MOE
+        | {"num_attention_heads": 8, "num_key_value_heads": 1, "sliding_window": WINDOW}
+        | {"layer_types": ["sliding_attention", "sliding_attention"]},
+    ),
+    ModelCase(  # its config class's rule: layers 0-3 slide (and rotate)
+        "kolibri1-sliding-rope", "Kolibri1", 1, True, KOLIBRI1_MOE | {"sliding_window": WINDOW}
+    ),
+    ModelCase(  # the full layers are NoPE
+        "kolibri1-full-nope",
+        "Kolibri1",
+        1,
+        False,
+        KOLIBRI1_MOE
+        | {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    ModelCase(  # Kolibri1Config's own defaults (no released checkpoint to mirror): 48 query
+        # heads over 4 (here 8 over 1), window 513 (here 4), every fifth layer full
+        "kolibri1-checkpoint",
+        "Kolibri1",
+        0,
+        True,
+        KOLIBRI1_MOE
+        | {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {
+            "sliding_window": WINDOW,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+    ModelCase(  # layer 0 softmax (its class's rule), layer 1 Lightning attention; one window
+        "minimax-sliding", "MiniMax", 0, True, MINIMAX_MOE | {"sliding_window": WINDOW}
+    ),
+    ModelCase(  # after MiniMaxAI/MiniMax-Text-01 (from memory): 64 query heads over 8 (here 8
+        # over 1), no window, rope_theta 1e7 (its rotary_dim 64 of head_dim 128 is ignored by
+        # transformers' MiniMax, which rotates whole heads)
+        "minimax-checkpoint",
+        "MiniMax",
+        0,
+        False,
+        MINIMAX_MOE
+        | {"num_attention_heads": 8, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
+    ),
+    #
     # -- cases of issue 28, part C --
     ModelCase(  # the default partial_rotary_factor 0.25 (2 of 8), QK-norm: one LayerNorm per head
         "stablelm-qk-layernorm",
@@ -1128,6 +1215,10 @@ def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     embeds, attention_mask, positions = inputs(rng, True, config.hidden_size)
     layers = convert_layers(case, config, model)
     hf_cache = DynamicCache(config=config)
+    if case.model == "MiniMax":  # its model refuses any cache but its own
+        from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+        hf_cache = MiniMaxCache()
     caches = {package: new_cache(layer) for package, layer in layers.items()}
     real = attention_mask.numpy() == 1
 
