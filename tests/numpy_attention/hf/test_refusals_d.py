@@ -1,0 +1,77 @@
+"""Issue 28, part D: the decoder families whose attention the layer cannot compute are refused by
+name with their twist, never with the generic "not supported" and never converted silently wrong.
+
+Each config is built by transformers' own config class of that model_type, at tiny sizes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from numpy_attention.hf import grouped_from_hf
+
+transformers = pytest.importorskip("transformers")
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 11}
+NESTED = {"text_config": TINY}  # the multimodal wrappers
+# a drafter's text config: every layer shares the target's keys and values, no per-layer inputs
+DRAFTER = {
+    "text_config": {
+        **TINY,
+        "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+    }
+}
+# model_type -> (extra config keywords, words the refusal must contain)
+REFUSED = {
+    "afmoe": ({}, "output gate"),
+    "beam": ({"num_key_value_heads": 2}, "output gate.*temperature"),
+    "bitnet": ({}, "attn_sub_norm"),
+    "dbrx": ({"d_model": 32, "n_heads": 4, "n_layers": 2, "hidden_size": None}, "clip_qkv"),
+    "diffllama": ({}, "differential attention"),
+    "doge": ({}, "dynamic mask"),
+    "hrm_text": ({}, "output gate"),
+    "hunyuan_v1_dense": ({}, "after RoPE"),
+    "hunyuan_v1_moe": ({}, "after RoPE"),
+    "inkling_text": ({}, "short convolutions.*relative-position"),
+    "inkling2_text": ({}, "output gate.*sinks"),
+    "jetmoe": ({}, "mixture of attention heads"),
+    "laguna": ({}, "output gate"),
+    "lfm3": ({}, "output gate"),
+    "llama4": (NESTED, "llama4_text.*chunked attention"),
+    "llama4_text": ({}, "chunks.*after RoPE.*temperature"),
+    "mimo_v2_flash": ({}, "v_head_dim.*attention_value_scale"),
+    "ministral3": ({}, "temperature"),
+    "mpt": ({"d_model": 32, "n_heads": 4, "n_layers": 2, "hidden_size": None}, "ALiBi"),
+    "persimmon": ({}, "LayerNorm with a bias"),
+    "gemma3n": (NESTED, "gemma3n_text.*RMSNorm on the values"),
+    "gemma3n_text": ({}, "v_norm.*KV sharing"),
+    "gemma4": (NESTED, "gemma4_text.*RMSNorm on the values"),
+    "gemma4_text": ({}, "v_norm.*KV sharing"),
+    "gemma4_unified": (NESTED, "gemma4_unified_text.*RMSNorm on the values"),
+    "gemma4_unified_text": ({}, "v_norm.*KV sharing"),
+    "gemma4_assistant": (DRAFTER, "reuses the target model's keys and values"),
+    "gemma4_unified_assistant": (DRAFTER, "reuses the target model's keys and values"),
+}
+
+
+def tiny_config(model_type, extra):
+    """The config dict transformers' own class of that model_type makes at tiny sizes."""
+    keywords = extra if "text_config" in extra else {**TINY, **extra}
+    keywords = {key: value for key, value in keywords.items() if value is not None}
+    return transformers.AutoConfig.for_model(model_type, **keywords).to_dict()
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_the_layer_refuses_by_name_a_family_whose_attention_has_a_twist(model_type):
+    extra, words = REFUSED[model_type]
+    config = tiny_config(model_type, extra)
+    assert config["model_type"] == model_type
+    with pytest.raises(ValueError, match=f"'{model_type}' is not supported as such: ") as info:
+        grouped_from_hf(config, {}, layer_idx=0)
+    assert f"{model_type}: " in str(info.value)
+    assert re.search(words, str(info.value)), str(info.value)
+    assert "supported:" not in str(info.value)  # never the generic list
