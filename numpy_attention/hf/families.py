@@ -456,6 +456,13 @@ def _cwm_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
     return layer_idx % 4 != 0
 
 
+# OLMo, OLMoE (issue 28, part D): a config's clip_qkv clamps the projections, which the layer cannot
+_CLIP_QKV = (
+    "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
+    "(issue 28)"
+)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -662,6 +669,14 @@ FAMILIES: dict[str, Family] = {
     "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
     # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
     "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
+    # (issue 28, part D) OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
+    "olmo": Family(refused_keys=(("clip_qkv", _CLIP_QKV.format("olmo")),)),
+    # OLMoE: OLMo 2's QK-norm over the whole projection, sized C and (C // H) * H_kv, and clip_qkv
+    "olmoe": Family(
+        qk_norm=("rms", "all", 0.0),
+        heads_span_hidden=True,
+        refused_keys=(("clip_qkv", _CLIP_QKV.format("olmoe")),),
+    ),
     #
     # -- rows of issue 28, part B --
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)

@@ -530,6 +530,35 @@ CASES = [
         | {"num_experts_per_tok": 1, "moe_intermediate_size": 8}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
     ),
+    # (issue 28, part D)
+    ModelCase("olmo-bias", "Olmo", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # allenai/OLMo-1B-hf: multi-head (16 over 16), theta 1e4, no biases, no clip
+        "olmo-1b-shaped",
+        "Olmo",
+        0,
+        False,
+        {"num_key_value_heads": 4, "clip_qkv": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "olmoe-bias-qk-norm",
+        "Olmoe",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3, "num_experts": 2}
+        | {"num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # allenai/OLMoE-1B-7B-0924: multi-head (16 over 16), theta 1e4, no biases,
+        # QK-norm eps 1e-5, no clip
+        "olmoe-1b-7b-shaped",
+        "Olmoe",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "num_experts": 2}
+        | {"num_experts_per_tok": 1, "clip_qkv": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
     #
     # -- cases of issue 28, part B --
     ModelCase(

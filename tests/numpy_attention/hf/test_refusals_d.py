@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from numpy_attention.hf import grouped_from_hf
@@ -75,3 +76,30 @@ def test_the_layer_refuses_by_name_a_family_whose_attention_has_a_twist(model_ty
     assert f"{model_type}: " in str(info.value)
     assert re.search(words, str(info.value)), str(info.value)
     assert "supported:" not in str(info.value)  # never the generic list
+
+
+def zero_state(hidden=32, heads=4, head_dim=8):
+    """An attention state dict of zeros (the shapes matter only where the reading gets there)."""
+    width = heads * head_dim
+    shapes = {"q_proj": (width, hidden), "k_proj": (width, hidden), "v_proj": (width, hidden)}
+    state = {f"{name}.weight": np.zeros(shape) for name, shape in shapes.items()}
+    return state | {"o_proj.weight": np.zeros((hidden, width))}
+
+
+@pytest.mark.parametrize("model_type", ["olmo", "olmoe"])
+def test_olmo_and_olmoe_refuse_clip_qkv_and_load_without_it(model_type):
+    # OLMo-7B-0424's clip_qkv of 8: relabelled as llama/olmo2 it would convert without the clamp
+    config = tiny_config(model_type, {"clip_qkv": 8.0})
+    with pytest.raises(ValueError, match=f"clip_qkv is set: {model_type} clamps q, k and v"):
+        grouped_from_hf(config, zero_state(), layer_idx=0)
+    del config["clip_qkv"]
+    norms = {"q_norm.weight": np.ones(32), "k_norm.weight": np.ones(32)}
+    layer = grouped_from_hf(config, zero_state() | (norms if model_type == "olmoe" else {}))
+    assert layer.qk_norm == (model_type == "olmoe")
+
+
+def test_olmoe_refuses_heads_that_do_not_span_the_hidden_size():
+    # its q_norm is hidden_size wide: head_dim * num_attention_heads must be hidden_size
+    config = tiny_config("olmoe", {"head_dim": 16})
+    with pytest.raises(ValueError, match="4 \\* 16, but a olmoe o_proj takes hidden_size = 32"):
+        grouped_from_hf(config, zero_state(head_dim=16), layer_idx=0)
