@@ -172,6 +172,11 @@ class Family:
     key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
     equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
     refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
+    rope_mscale: bool = False
+    """(issue 28, part D) PhiMoE's rotary embedding: a RoPE type other than ``default`` keeps
+    its first frequencies (LongRoPE's short ones) at every length and multiplies cos and sin by
+    ``short_mscale`` or ``long_mscale`` of ``rope_parameters``, chosen by each call's longest
+    position; the two must be equal (a factor that changes between calls is refused)."""
     #
     # -- fields of issue 28, part B --
     rope_theta_per_layer: str | None = None
@@ -669,7 +674,10 @@ FAMILIES: dict[str, Family] = {
     "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
     # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
     "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
-    # (issue 28, part D) OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
+    # (issue 28, part D) PhiMoE: Mixtral's attention, attention_bias on all four projections, and
+    # its own scaled RoPE (rope_mscale)
+    "phimoe": Family(sliding="every_layer", rope_mscale=True),
+    # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
     "olmo": Family(refused_keys=(("clip_qkv", _CLIP_QKV.format("olmo")),)),
     # OLMoE: OLMo 2's QK-norm over the whole projection, sized C and (C // H) * H_kv, and clip_qkv
     "olmoe": Family(

@@ -103,3 +103,16 @@ def test_olmoe_refuses_heads_that_do_not_span_the_hidden_size():
     config = tiny_config("olmoe", {"head_dim": 16})
     with pytest.raises(ValueError, match="4 \\* 16, but a olmoe o_proj takes hidden_size = 32"):
         grouped_from_hf(config, zero_state(head_dim=16), layer_idx=0)
+
+
+def test_phimoe_refuses_a_cos_and_sin_factor_that_changes_between_calls():
+    # its rotary embedding takes short_mscale or long_mscale by each call's longest position
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 8}
+    rope |= {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4}
+    rope |= {"short_mscale": 1.1, "long_mscale": 1.3}
+    config = tiny_config("phimoe", {"max_position_embeddings": 32, "rope_parameters": rope})
+    with pytest.raises(ValueError, match="short_mscale is 1.1 but long_mscale is 1.3"):
+        grouped_from_hf(config, zero_state(), layer_idx=0)
+    config["rope_parameters"]["long_mscale"] = 1.1  # one factor, the short frequencies only
+    layer = grouped_from_hf(config, zero_state())
+    assert layer.rope_attention_factor == 1.1 and layer.long_inv_freq is None
