@@ -110,7 +110,8 @@ def test_phimoe_refuses_a_cos_and_sin_factor_that_changes_between_calls():
     rope = {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 8}
     rope |= {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4}
     rope |= {"short_mscale": 1.1, "long_mscale": 1.3}
-    config = tiny_config("phimoe", {"max_position_embeddings": 32, "rope_parameters": rope})
+    sizes = {"num_key_value_heads": 4, "max_position_embeddings": 32}
+    config = tiny_config("phimoe", sizes | {"rope_parameters": rope})
     with pytest.raises(ValueError, match="short_mscale is 1.1 but long_mscale is 1.3"):
         grouped_from_hf(config, zero_state(), layer_idx=0)
     config["rope_parameters"]["long_mscale"] = 1.1  # one factor, the short frequencies only
