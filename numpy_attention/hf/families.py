@@ -903,6 +903,9 @@ REFUSED = {
     "ministral3": "ministral3: the queries are multiplied by a position-dependent temperature, "
     "1 + llama_4_scaling_beta * log(1 + floor(p / original_max_position_embeddings)), after "
     "RoPE; the layer has no query temperature (issue 28)",
+    "nanochat": "nanochat: its QK-norm (a weightless RMSNorm per head) runs after RoPE, and its "
+    "rotate_half turns the pairs the other way (x2, -x1); the layer's QK-norm runs before RoPE "
+    "and rotates as Llama (issue 28)",
     "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE (and "
     "clip_qkv, qk_ln a LayerNorm with a bias); the layer rotates and has no ALiBi (issue 28)",
     "persimmon": "persimmon: its QK-norm (qk_layernorm, on by default and in Persimmon-8B) is a "

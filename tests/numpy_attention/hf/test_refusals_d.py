@@ -47,6 +47,7 @@ REFUSED = {
     "mimo_v2_flash": ({}, "v_head_dim.*attention_value_scale"),
     "ministral3": ({}, "temperature"),
     "mpt": ({"d_model": 32, "n_heads": 4, "n_layers": 2, "hidden_size": None}, "ALiBi"),
+    "nanochat": ({}, "after RoPE.*other way"),
     "persimmon": ({}, "LayerNorm with a bias"),
     "gemma3n": (NESTED, "gemma3n_text.*RMSNorm on the values"),
     "gemma3n_text": ({}, "v_norm.*KV sharing"),
