@@ -172,6 +172,11 @@ class Family:
     key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
     equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
     refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
+    rope_mscale: bool = False
+    """(issue 28, part D) PhiMoE's rotary embedding: a RoPE type other than ``default`` keeps
+    its first frequencies (LongRoPE's short ones) at every length and multiplies cos and sin by
+    ``short_mscale`` or ``long_mscale`` of ``rope_parameters``, chosen by each call's longest
+    position; the two must be equal (a factor that changes between calls is refused)."""
     #
     # -- fields of issue 28, part B --
     rope_theta_per_layer: str | None = None
@@ -496,6 +501,13 @@ def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
     return _kinds(config["layer_types"], "layer_types", names)
 
 
+# OLMo, OLMoE (issue 28, part D): a config's clip_qkv clamps the projections, which the layer cannot
+_CLIP_QKV = (
+    "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
+    "(issue 28)"
+)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
     "mistral": Family(bias=None, out_bias=None, sliding="every_layer"),
@@ -702,6 +714,17 @@ FAMILIES: dict[str, Family] = {
     "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
     # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
     "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
+    # (issue 28, part D) PhiMoE: Mixtral's attention, attention_bias on all four projections, and
+    # its own scaled RoPE (rope_mscale)
+    "phimoe": Family(sliding="every_layer", rope_mscale=True),
+    # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
+    "olmo": Family(refused_keys=(("clip_qkv", _CLIP_QKV.format("olmo")),)),
+    # OLMoE: OLMo 2's QK-norm over the whole projection, sized C and (C // H) * H_kv, and clip_qkv
+    "olmoe": Family(
+        qk_norm=("rms", "all", 0.0),
+        heads_span_hidden=True,
+        refused_keys=(("clip_qkv", _CLIP_QKV.format("olmoe")),),
+    ),
     #
     # -- rows of issue 28, part B --
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
@@ -894,6 +917,92 @@ REFUSED = {
     "gemma3": "the multimodal Gemma 3 config; its language model's attention is 'gemma3_text': "
     "pass config.text_config (and the language model's state dict)",
     # -- refusals of issue 28, part A --
+    # (issue 28 part D: each reason names the module behaviour the layer has no option for)
+    "afmoe": "afmoe: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
+    "attention's output before o_proj; the layer has no output gate (issue 28)",
+    "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "
+    "(gate_proj, gate_bias), multiplies the attention's output before o_proj, and its NoPE layers "
+    "multiply the queries by a position-dependent temperature (1 + (p + 1) / 2048) ** 0.1; the "
+    "layer has neither (issue 28)",
+    "bitnet": "bitnet: an RMSNorm over the concatenated heads (attn_sub_norm) sits between the "
+    "attention and o_proj; the layer has no norm there (issue 28)",
+    "dbrx": "dbrx: clip_qkv (8 in the released DBRX) clamps the fused Wqkv projection to "
+    "[-c, c] before the split, and its heads and RoPE base are read from a nested attn_config; "
+    "the layer has no clip and that nesting is not converted (issue 28)",
+    "diffllama": "diffllama: differential attention, the difference of two softmax maps "
+    "weighted by a learned lambda (lambda_q1, lambda_k1, ...), then a weightless RMSNorm "
+    "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",
+    "doge": "doge: a dynamic mask, computed from the values (dt_proj, A) and kept to the top "
+    "keep_window_size keys, is added to the scores; the layer has no such mask (issue 28)",
+    "hrm_text": "hrm_text: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
+    "attention's output before o_proj, and the model loops its layers over recurrent cycles; "
+    "the layer has no output gate (issue 28)",
+    "hunyuan_v1_dense": "hunyuan_v1_dense: its QK-norm (query_layernorm, key_layernorm, "
+    "RMSNorm per head with a weight) runs after RoPE; the layer's QK-norm runs before RoPE "
+    "(issue 28)",
+    "hunyuan_v1_moe": "hunyuan_v1_moe: its QK-norm (query_layernorm, key_layernorm, RMSNorm per "
+    "head with a weight) runs after RoPE; the layer's QK-norm runs before RoPE (issue 28)",
+    "inkling_text": "inkling_text: short convolutions over time on the keys and values "
+    "(k_sconv, v_sconv) and learned relative-position logits (r_proj) added to the scores, "
+    "instead of RoPE; the layer has neither (issue 28)",
+    "inkling2_text": "inkling2_text: an output gate, sigmoid(x W_g) per element (gate_proj), "
+    "sinks computed from the input (sink_proj) and L2 clips of q and k; the layer has no output "
+    "gate, and its sinks are learned constants (issue 28)",
+    "jetmoe": "jetmoe: a mixture of attention heads, each token's queries (and outputs) come "
+    "from its top-k routed experts (experts.map, experts.reduce); the layer has one q_proj and "
+    "one o_proj (issue 28)",
+    "laguna": "laguna: an output gate, softplus(x W_g) per head or per element (g_proj, always "
+    "on), multiplies the attention's output before o_proj; the layer has no output gate "
+    "(issue 28)",
+    "lfm3": "lfm3: an output gate, sigmoid(x W_g) per head (g_proj, under use_attention_gate, on "
+    "by default and in the released LFM3), multiplies each head's output before o_proj, and its "
+    "full layers rotate with 'proportional' RoPE; the layer has no output gate (issue 28)",
+    "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
+    "itself refused: chunked attention, an L2 QK-norm after RoPE and a query temperature on its "
+    "NoPE layers (issue 28)",
+    "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size) and "
+    "L2-normalise q and k after RoPE (use_qk_norm), its NoPE layers scale the queries by a "
+    "position-dependent temperature (attn_temperature_tuning); the layer has none of these "
+    "(issue 28)",
+    "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
+    "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
+    "layer has one head width and no value scale (issue 28)",
+    "ministral3": "ministral3: the queries are multiplied by a position-dependent temperature, "
+    "1 + llama_4_scaling_beta * log(1 + floor(p / original_max_position_embeddings)), after "
+    "RoPE; the layer has no query temperature (issue 28)",
+    "nanochat": "nanochat: its QK-norm (a weightless RMSNorm per head) runs after RoPE, and its "
+    "rotate_half turns the pairs the other way (x2, -x1); the layer's QK-norm runs before RoPE "
+    "and rotates as Llama (issue 28)",
+    "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE (and "
+    "clip_qkv, qk_ln a LayerNorm with a bias); the layer rotates and has no ALiBi (issue 28)",
+    "persimmon": "persimmon: its QK-norm (qk_layernorm, on by default and in Persimmon-8B) is a "
+    "LayerNorm with a bias over each head of q and k, and its fused query_key_value interleaves "
+    "q, k and v per head; the layer's QK-norm has no bias (issue 28)",
+    "gemma3n": "gemma3n: the multimodal Gemma 3n config; its language model 'gemma3n_text' is "
+    "itself refused: a weightless RMSNorm on the values and keys and values shared across "
+    "layers (issue 28)",
+    "gemma3n_text": "gemma3n_text: a weightless RMSNorm on the values (v_norm) before attention, "
+    "and its last num_kv_shared_layers layers reuse an earlier layer's keys and values (KV "
+    "sharing); the layer has neither (issue 28)",
+    **{
+        name: f"{name}: a weightless RMSNorm on the values (v_norm) before attention, KV sharing "
+        "(its last num_kv_shared_layers layers reuse an earlier layer's keys and values) and, "
+        "under attention_k_eq_v, values equal to the keys on the full layers; the layer has no "
+        "value norm (issue 28)"
+        for name in ("gemma4_text", "gemma4_unified_text")
+    },
+    **{
+        name: f"{name}: the multimodal Gemma 4 config; its language model "
+        f"'{text}' is itself refused: a weightless RMSNorm on the values and keys and values "
+        "shared across layers (issue 28)"
+        for name, text in (("gemma4", "gemma4_text"), ("gemma4_unified", "gemma4_unified_text"))
+    },
+    **{
+        name: f"{name}: a drafter whose every layer reuses the target model's keys and values "
+        "(KV sharing, num_kv_shared_layers = num_hidden_layers) under a bidirectional mask; the "
+        "layer has no KV sharing (issue 28)"
+        for name in ("gemma4_assistant", "gemma4_unified_assistant")
+    },
     #
     # -- refusals of issue 28, part B --
     # (part E) linear-attention hybrids whose softmax layers carry an output gate

@@ -175,7 +175,8 @@ def grouped_from_hf(
             ``rotary_emb.inv_freq`` (Gemma 3: the layer type's,
             ``rotary_emb.sliding_attention_inv_freq``); None computes them from the config
             (``hf_inv_freq``). Ignored on a NoPE layer.
-        long_inv_freq: LongRoPE's long frequencies, used as given; None computes them.
+        long_inv_freq: LongRoPE's long frequencies, used as given; None computes them (PhiMoE,
+            which keeps its short frequencies at every length, never uses them).
 
     Returns:
         a ``GroupedQueryAttention`` holding the weights, in eval mode.

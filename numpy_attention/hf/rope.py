@@ -159,6 +159,8 @@ def hf_rope_attention_factor(
     """
     config = as_mapping(config)
     params = rope_parameters(config, layer_idx)
+    if _family(config).rope_mscale and params["rope_type"] != "default":
+        return _mscale(params)
     if params["rope_type"] not in ("yarn", "longrope"):
         return 1.0
     if params.get("attention_factor") is not None:
@@ -189,9 +191,30 @@ def _original_length(config: Mapping[str, Any], params: Mapping[str, Any]) -> fl
     return float(length if length is not None else required(config, "max_position_embeddings"))
 
 
+def _mscale(params: Mapping[str, Any]) -> float:
+    """PhiMoE's factor on cos and sin (``Family.rope_mscale``): its short and long mscale, which
+    must agree (the model picks one per call, by the call's longest position)."""
+    short, long = params.get("short_mscale"), params.get("long_mscale")
+    if short is None or long is None:
+        raise ValueError(
+            f"rope_type {params['rope_type']!r} needs short_mscale and long_mscale in "
+            "rope_parameters (the model scales cos and sin by them)"
+        )
+    if float(short) != float(long):
+        raise ValueError(
+            f"short_mscale is {short} but long_mscale is {long}: the model scales cos and sin by "
+            "one or the other depending on each call's longest position, a factor the layer "
+            "cannot change between calls"
+        )
+    return float(short)
+
+
 def long_rope_switch(config: Mapping[str, Any], layer_idx: int | None = None) -> int | None:
     """LongRoPE's ``original_max_position_embeddings`` (a call past it uses the long
-    frequencies), or None for the other RoPE types."""
+    frequencies), or None for the other RoPE types (and for PhiMoE, which keeps its short
+    frequencies at every length)."""
+    if _family(config).rope_mscale:
+        return None
     params = rope_parameters(config, layer_idx)
     return int(_original_length(config, params)) if params["rope_type"] == "longrope" else None
 

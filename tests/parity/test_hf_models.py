@@ -535,6 +535,84 @@ CASES = [
         | {"num_experts_per_tok": 1, "moe_intermediate_size": 8}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
     ),
+    # (issue 28, part D)
+    ModelCase(
+        "phimoe-bias-sliding",
+        "Phimoe",
+        1,
+        True,
+        {"attention_bias": True, "sliding_window": WINDOW, "num_local_experts": 2}
+        | {"num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # LongRoPE past its original length of 8: PhiMoE keeps the short factors and
+        # scales cos and sin by its mscale
+        "phimoe-longrope-past-original",
+        "Phimoe",
+        0,
+        False,
+        {"num_local_experts": 2, "num_experts_per_tok": 1, "max_position_embeddings": 32}
+        | {
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 8,
+                "short_factor": [1.0, 1.5, 2.0, 3.0],
+                "long_factor": [3.0, 7.0, 11.0, 13.0],
+                "short_mscale": 1.2,
+                "long_mscale": 1.2,
+            }
+        },
+    ),
+    ModelCase(  # microsoft/Phi-3.5-MoE-instruct: 32 heads of 128 over 8 (4 over 1 here), q, k, v
+        # and o biased, a window on every layer (its 131072, past any length here: WINDOW),
+        # LongRoPE from 4096 to 131072 with both mscales 1.243163121016122
+        "phimoe-3.5-shaped",
+        "Phimoe",
+        1,
+        True,
+        {"num_key_value_heads": 1, "attention_bias": True, "sliding_window": WINDOW}
+        | {"num_local_experts": 2, "num_experts_per_tok": 1, "max_position_embeddings": 131072}
+        | {
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 4096,
+                "short_factor": [1.0, 1.0399, 1.2396, 1.8004],
+                "long_factor": [1.0, 1.3, 7.5, 41.3],
+                "short_mscale": 1.243163121016122,
+                "long_mscale": 1.243163121016122,
+            }
+        },
+    ),
+    ModelCase("olmo-bias", "Olmo", 1, False, {"attention_bias": True}, unpadded=True),
+    ModelCase(  # allenai/OLMo-1B-hf: multi-head (16 over 16), theta 1e4, no biases, no clip
+        "olmo-1b-shaped",
+        "Olmo",
+        0,
+        False,
+        {"num_key_value_heads": 4, "clip_qkv": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "olmoe-bias-qk-norm",
+        "Olmoe",
+        1,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 1e-3, "num_experts": 2}
+        | {"num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # allenai/OLMoE-1B-7B-0924: multi-head (16 over 16), theta 1e4, no biases,
+        # QK-norm eps 1e-5, no clip
+        "olmoe-1b-7b-shaped",
+        "Olmoe",
+        0,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "num_experts": 2}
+        | {"num_experts_per_tok": 1, "clip_qkv": None}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
     #
     # -- cases of issue 28, part B --
     ModelCase(
@@ -1111,6 +1189,10 @@ def model_frequencies(case, config, model):
         rotary = next(
             r for r in model.rotary_embs if r.config.rope_parameters["rope_theta"] == theta
         )
+    if type(rotary).__name__ == "PhimoeRotaryEmbedding":  # recomputes them on every call, so
+        with Float64Math():  # in float64 here (it never swaps in LongRoPE's long set)
+            inv_freq, _ = rotary.rope_init_fn(config)
+        return {"inv_freq": inv_freq}
     if hasattr(rotary, "layer_types"):  # one rotary embedding per layer type
         kind = config.layer_types[case.layer_idx]
         return {"inv_freq": getattr(rotary, f"{kind}_original_inv_freq")}
