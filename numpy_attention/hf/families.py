@@ -1005,6 +1005,10 @@ REFUSED = {
     },
     #
     # -- refusals of issue 28, part B --
+    "deepseek_v4": "deepseek_v4: shared-KV multi-query attention (one kv_proj read as both key "
+    "and value), a low-rank query with a weightless RMSNorm, RoPE applied again at position -i "
+    "to the output's rotary slice, a grouped low-rank output projection, per-head sinks, and "
+    "compressed sparse attention layers (CSA/HCA); neither the grouped nor the latent layer",
     # (part E) linear-attention hybrids whose softmax layers carry an output gate
     **{
         name: f"{name}: an output gate: q_proj gives each head 2 * head_dim outputs, the query "

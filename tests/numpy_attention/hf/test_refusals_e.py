@@ -65,6 +65,7 @@ CASES = {
     "mamba2": ("mamba2", "Mamba2Config", ("state-space model", "no softmax")),
     "rwkv": ("rwkv", "RwkvConfig", ("RNN", "no softmax")),
     "xlstm": ("xlstm", "xLSTMConfig", ("mLSTM", "no softmax")),
+    "deepseek_v4": ("deepseek_v4", "DeepseekV4Config", ("shared-KV", "position -i", "CSA/HCA")),
 }
 
 
