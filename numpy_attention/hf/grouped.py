@@ -50,7 +50,8 @@ import numpy as np
 from .. import validation
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
-from .families import FAMILIES, Family, as_mapping, check_layer, layer_options, model_type, sizes
+from .families import FAMILIES, check_layer, layer_options, model_type
+from .family import Family, as_mapping, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
 

@@ -61,7 +61,7 @@ import numpy as np
 from .. import validation
 from ..latent import MultiHeadLatentAttention
 from ..module import _to_numpy
-from .families import as_mapping
+from .family import as_mapping
 from .rope import hf_inv_freq, hf_rope_attention_factor, rope_parameters
 
 SUPPORTED_MODEL_TYPES = (

@@ -19,16 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .families import (
-    FAMILIES,
-    Family,
-    as_mapping,
-    layer_kind,
-    layer_rope_theta,
-    required,
-    rotates,
-    sizes,
-)
+from .families import FAMILIES
+from .family import Family, as_mapping, layer_kind, layer_rope_theta, required, rotates, sizes
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _SCALED = ("llama3", "yarn", "longrope")  # the types that read original_max_position_embeddings

@@ -9,17 +9,8 @@ import numpy as np
 import pytest
 
 from numpy_attention.hf import grouped_from_hf
-from numpy_attention.hf.families import (
-    ATTENTION,
-    FAMILIES,
-    FULL,
-    SLIDING,
-    layer_kind,
-    layer_options,
-    model_type,
-    required,
-    sizes,
-)
+from numpy_attention.hf.families import FAMILIES, layer_options, model_type
+from numpy_attention.hf.family import ATTENTION, FULL, SLIDING, layer_kind, required, sizes
 from numpy_attention.hf.rope import hf_inv_freq, rope_parameters, rotary_dim
 
 transformers = pytest.importorskip("transformers")

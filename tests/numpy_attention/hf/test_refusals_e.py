@@ -11,7 +11,7 @@ import pytest
 
 from numpy_attention import convert
 from numpy_attention.hf import latent
-from numpy_attention.hf.families import REFUSED
+from numpy_attention.hf.refused import REFUSED
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,0 +1,372 @@
+"""How a Hugging Face decoder family's attention reads its config, the machinery every row of
+``families.FAMILIES`` shares: the ``Family`` dataclass (what a row can say), the config as its
+config class reads it (``class_view``), which layers slide and rotate (``layer_kind``,
+``rotates``), which layers are attention at all (``check_kind``), the sizes and the layer
+options (RoPE aside, ``rope.py``) a row gives ``GroupedQueryAttention``. NumPy only; transformers
+is never imported. The rows are ``families.py``, the rules they name ``rules.py``.
+
+Tests: tests/numpy_attention/hf/test_families.py; against transformers in
+tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import validation
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+ATTENTION = "attention"  # a mixers entry: the layer is softmax attention
+
+# -- reading a config ---------------------------------------------------------------------------
+
+
+def as_mapping(config: Any) -> Mapping[str, Any]:
+    """``config.to_dict()`` for a config object, the mapping itself otherwise."""
+    if hasattr(config, "to_dict") and not isinstance(config, Mapping):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping (config.to_dict()), got {type(config).__name__}")
+    return config
+
+
+def required(config: Mapping[str, Any], key: str) -> Any:
+    """``config[key]``, which must be there and not None."""
+    if config.get(key) is None:
+        model = config.get("model_type", "this")
+        raise ValueError(f"the config has no {key!r}, which a {model} layer needs")
+    return config[key]
+
+
+def flag(config: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = config.get(key)
+    return default if value is None else bool(value)
+
+
+# -- the families -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model_type's attention reads its config. The defaults are Llama's.
+
+    Attributes:
+        bias: config key of the q/k/v biases (None: never; ``"<state>"``: whether the state
+            dict has them, Qwen2; ``"<always>"``: always, whatever the config says, Phi), with
+            ``bias_default`` where the key is missing.
+        out_bias: config key of o_proj's bias (None: never; ``"<always>"``: always), default
+            ``bias_default``.
+        sliding: which layers slide: ``"never"``, ``"every_layer"`` (when ``sliding_window``
+            is set), ``"use_sliding_window"`` (every layer when that flag and the window are
+            set), ``"layer_types"`` (``layer_types[i]``, else ``fallback``), ``"smollm3"``.
+        fallback: for ``"layer_types"``, the config class's rule when the list is missing.
+        qk_norm: (type, shape, weight offset) of the QK-norm, or None;
+            ``qk_norm_flag`` the config key that switches it on (None: always);
+            ``norm_eps`` the config key of its eps.
+        scaling: None (1/sqrt(D)), ``"query_pre_attn_scalar"`` (its ** -0.5) or
+            ``"attention_multiplier"`` (the scale itself).
+        softcap: config key of the score cap, or None.
+        sinks: one learned sink per head.
+        interleaved: RoPE pairs (x_2i, x_2i+1).
+        partial_rotary: the model honours ``partial_rotary_factor`` (else it must be 1).
+        rope_per_layer_type: ``rope_parameters`` may hold one dict per layer type.
+        rope_renames: rope types the config class renames (Phi-3: ``su`` and ``yarn`` are its
+            old names of ``longrope``).
+        rotates: whether layer i uses RoPE, called with the config, the family and i
+            (None: every layer).
+        layout: ``"separate"``, ``"qkv_proj"`` (Phi-3) or ``"falcon"``.
+        head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
+        attention_dropout: the model applies ``attention_dropout`` to the weights in training.
+        bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
+        head_dim_required: ``head_dim`` must be set (the model has no C // H fallback and
+            fails without it; ``config_defaults`` may give it).
+        config_defaults: (key, value) pairs the config class fills in where a config.json
+            leaves the key out, read as the model reads them (Gemma: ``head_dim`` 256).
+        heads_span_hidden: o_proj is built (C, C), so ``num_attention_heads * head_dim`` must
+            be ``hidden_size`` (Helium; the model fails otherwise).
+        rope_default: the RoPE parameters the config class sets when a config.json has
+            neither ``rope_parameters`` nor ``rope_scaling`` (CWM: llama3; it then ignores a
+            top-level ``rope_theta``, which is refused).
+        key_aliases: (config.json name, the model's name) pairs, the config class's
+            ``attribute_map`` (InternLM3: ``qkv_bias`` is ``attention_bias``).
+        equal_keys: pairs of keys the config class refuses to see differ (InternLM3:
+            ``attention_bias`` and ``mlp_bias``); a ValueError naming both.
+        refused_keys: (key, reason) pairs: a config that sets the key (not null, not false)
+            is refused with the reason (IQuest-Coder's ``clip_qkv``).
+    """
+
+    bias: str | None = "attention_bias"
+    bias_default: bool = False
+    out_bias: str | None = "attention_bias"
+    sliding: str = "never"
+    fallback: Callable[[Mapping[str, Any], int], bool] | None = None
+    qk_norm: tuple[str, str, float] | None = None
+    qk_norm_flag: str | None = None
+    norm_eps: str = "rms_norm_eps"
+    scaling: str | None = None
+    softcap: str | None = None
+    sinks: bool = False
+    interleaved: bool = False
+    partial_rotary: bool = False
+    rope_per_layer_type: bool = False
+    rope_renames: tuple[tuple[str, str], ...] = ()
+    rotates: Callable[[Mapping[str, Any], Family, int], bool] | None = None
+    layout: str = "separate"
+    head_dim_from_config: bool = True
+    attention_dropout: bool = True
+    bidirectional_flag: bool = False
+    # -- fields of issue 28, part A --
+    head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
+    config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
+    heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
+    rope_default: tuple[tuple[str, Any], ...] = ()  # its config class's RoPE (CWM's llama3)
+    key_aliases: tuple[tuple[str, str], ...] = ()  # config.json name -> the model's name
+    equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
+    refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
+    rope_mscale: bool = False
+    """(issue 28, part D) PhiMoE's rotary embedding: a RoPE type other than ``default`` keeps
+    its first frequencies (LongRoPE's short ones) at every length and multiplies cos and sin by
+    ``short_mscale`` or ``long_mscale`` of ``rope_parameters``, chosen by each call's longest
+    position; the two must be equal (a factor that changes between calls is refused)."""
+    #
+    # -- fields of issue 28, part B --
+    rope_theta_per_layer: str | None = None
+    """Config key of a list of RoPE bases, one per layer (Granite SWA's ``layer_rope_theta``),
+    which replaces ``rope_theta`` for that layer; 0 makes the layer a NoPE layer."""
+    rope_type_thetas: tuple[float, str | None, float] = (1e6, "rope_local_base_freq", 1e4)
+    """With ``rope_per_layer_type``, how the config class reads a transformers 4 config (no
+    ``rope_parameters``): the full layers' default ``rope_theta``, the config key of the sliding
+    layers' base (None: none) and that base's default (Gemma 3's; OLMo 3's differ)."""
+    rotary_dim_key: str | None = None
+    """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
+    head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
+    #
+    # -- fields of issue 28, part C --
+    mixers: Callable[[Mapping[str, Any]], list[str]] | None = None
+    """Hybrids: what each layer is, ``ATTENTION`` or its kind in words ("a Mamba layer"), from
+    the config as the model's code decides it; None: every layer is attention."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """(the model's module name, the layer's) where they differ: LFM2's ``out_proj``, Phi's
+    ``dense``, the ``q_layernorm`` of LFM2 and StableLM."""
+    norms_per_head_modules: bool = False
+    """StableLM: the per-head QK-norm is one module per head, ``q_layernorm.norms.{h}.weight``
+    (D,), stacked into the layer's (H, D) ``q_norm.weight``."""
+    partial_rotary_default: float = 1.0
+    """The config class's ``partial_rotary_factor`` where the config has none (StableLM 0.25,
+    Phi, Nemotron, Bamba and GLM-4 MoE 0.5)."""
+    partial_rotary_top_level: bool = True
+    """A top-level ``partial_rotary_factor`` counts (Bamba's config class overwrites it)."""
+    key_multiplier: str | None = None
+    """Config key of a factor the model multiplies the keys by (Falcon-H1), folded into the
+    score scale: ``multiplier / sqrt(D)``."""
+    refuse: Callable[[Mapping[str, Any]], None] | None = None
+    """Raises ValueError for a config the family's code cannot mean (a key it ignores, a twist
+    only some configs switch on)."""
+
+
+# -- reading a row -------------------------------------------------------------------------------
+
+
+def layer_rope_theta(config: Mapping[str, Any], family: Family, layer_idx: int) -> float | None:
+    """Layer i's RoPE base from the family's per-layer list (0: NoPE), None without a list."""
+    key = family.rope_theta_per_layer
+    thetas = None if key is None else config.get(key)
+    if thetas is None:
+        return None
+    if layer_idx >= len(thetas):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's {key} has {len(thetas)} entries"
+        )
+    return float(thetas[layer_idx])
+
+
+def check_kind(config: Mapping[str, Any], family: Family, name: str, layer_idx: int) -> None:
+    """Refuses, by name, a layer that is not softmax attention (a hybrid's Mamba, convolution
+    or recurrent layer, naming the attention layers) and a config the family refuses."""
+    if family.refuse is not None:
+        family.refuse(config)
+    if family.mixers is None:
+        return
+    kinds = family.mixers(config)
+    if layer_idx >= len(kinds):
+        raise ValueError(f"layer_idx is {layer_idx} but this {name} model has {len(kinds)} layers")
+    if kinds[layer_idx] != ATTENTION:
+        attention = [i for i, kind in enumerate(kinds) if kind == ATTENTION]
+        raise ValueError(
+            f"layer {layer_idx} of this {name} model is {kinds[layer_idx]}, not attention; "
+            f"its attention layers are {attention}"
+        )
+
+
+def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str:
+    """``"sliding_attention"`` or ``"full_attention"``: the mask the model gives layer i."""
+    if family.sliding == "never":
+        return FULL
+    if family.sliding == "every_layer":
+        return SLIDING if config.get("sliding_window") is not None else FULL
+    if family.sliding == "use_sliding_window":  # Qwen3-MoE: the flag, on every layer
+        window = config.get("sliding_window") is not None
+        return SLIDING if flag(config, "use_sliding_window") and window else FULL
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        if family.sliding == "smollm3":  # its config class: sliding NoPE layers under the flag
+            window = flag(config, "use_sliding_window") and config.get("sliding_window") is not None
+            return SLIDING if window and not rotates(config, family, layer_idx) else FULL
+        fallback = family.fallback or (lambda config, layer_idx: False)
+        return SLIDING if fallback(config, layer_idx) else FULL
+    if layer_idx >= len(layer_types):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's layer_types has {len(layer_types)} entries"
+        )
+    kind = layer_types[layer_idx]
+    if kind not in (FULL, SLIDING):
+        raise ValueError(f"layer_types[{layer_idx}] is {kind!r}; supported: {FULL!r}, {SLIDING!r}")
+    if family.sliding == "smollm3" and kind == SLIDING and not flag(config, "use_sliding_window"):
+        raise ValueError(
+            f"layer_types[{layer_idx}] is 'sliding_attention' but use_sliding_window is false: "
+            "SmolLM 3's eager attention would slide (its mask follows layer_types) and its flash "
+            "attention would not (its window follows the flag)"
+        )
+    return str(kind)
+
+
+def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
+    """The config as the family's config class reads it: ``key_aliases`` under the model's
+    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` and ``refused_keys``
+    checked."""
+    for key, reason in family.refused_keys:
+        if config.get(key) not in (None, False):
+            raise ValueError(f"{key} is set: {reason}")
+    if not (family.config_defaults or family.key_aliases or family.equal_keys):
+        return config
+    renamed = {new: config[old] for old, new in family.key_aliases if old in config}
+    config = {**dict(family.config_defaults), **renamed, **config}
+    for first, second in family.equal_keys:
+        if config.get(first) != config.get(second):
+            raise ValueError(
+                f"{first} is {config.get(first)!r} but {second} is {config.get(second)!r}: the "
+                f"{config.get('model_type')} model needs them equal"
+            )
+    return config
+
+
+def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Whether layer i applies RoPE (False: a NoPE layer)."""
+    return True if family.rotates is None else family.rotates(config, family, layer_idx)
+
+
+# -- the options --------------------------------------------------------------------------------
+
+
+def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
+    """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them."""
+    config = class_view(config, family)
+    hidden_size = required(config, "hidden_size")
+    num_heads = required(config, "num_attention_heads")
+    if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
+        if flag(config, "new_decoder_architecture"):
+            num_kv_heads = config.get("num_kv_heads") or num_heads
+        else:
+            num_kv_heads = 1 if flag(config, "multi_query", True) else num_heads
+    else:
+        num_kv_heads = config.get("num_key_value_heads") or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"the config's {num_heads} attention heads are not a multiple of its "
+            f"{num_kv_heads} key/value heads"
+        )
+    head_dim = config.get("head_dim") if family.head_dim_from_config else None
+    if family.head_dim_required:  # no C // H in the model
+        head_dim = required(config, "head_dim")
+    head_dim = head_dim or hidden_size // num_heads
+    if family.heads_span_hidden and num_heads * head_dim != hidden_size:
+        raise ValueError(
+            f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
+            f"{config.get('model_type')} o_proj takes hidden_size = {hidden_size} inputs"
+        )
+    return {
+        "hidden_size": hidden_size,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+    }
+
+
+def options(
+    config: Mapping[str, Any],
+    family: Family,
+    name: str,
+    layer_idx: int,
+    attention: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The constructor keywords of the layer, RoPE's aside (``rope.rope_options``).
+
+    Args:
+        config: the config mapping.
+        family: its row (families.py's ``FAMILIES[name]``).
+        name: its model_type (``model_type(config)``).
+        layer_idx: the layer.
+        attention: the layer's attention entries in the layer's names (Qwen2's biases are read
+            from them).
+    """
+    config = class_view(config, family)
+    if family.bidirectional_flag and config.get("use_bidirectional_attention"):
+        raise ValueError(
+            f"use_bidirectional_attention is set: that {name} layer is not causal, and "
+            "GroupedQueryAttention always is"
+        )
+    if family.layout == "falcon" and config.get("alibi"):
+        raise ValueError(
+            "alibi is set: this Falcon adds ALiBi to its scores instead of rotating q and k "
+            "(and scales after the bias); GroupedQueryAttention rotates"
+        )
+    options: dict[str, Any] = sizes(config, family)
+    if family.bias == "<state>":  # q, k and v always carry a bias in Qwen2's code; no config key
+        options["bias"] = "q_proj.bias" in attention
+    else:
+        options["bias"] = _bias(config, family.bias, family.bias_default)
+    options["out_bias"] = _bias(config, family.out_bias, family.bias_default)
+    options["window"] = _window(config, family, layer_idx)
+    if family.attention_dropout:
+        options["dropout"] = float(config.get("attention_dropout") or 0.0)
+    if family.qk_norm is not None and (
+        family.qk_norm_flag is None or flag(config, family.qk_norm_flag)
+    ):
+        norm_type, shape, offset = family.qk_norm
+        options |= {"qk_norm": True, "qk_norm_type": norm_type, "qk_norm_shape": shape}
+        options |= {
+            "norm_weight_offset": offset,
+            "norm_eps": float(required(config, family.norm_eps)),
+        }
+    if family.scaling == "query_pre_attn_scalar":
+        options["scaling"] = float(required(config, family.scaling)) ** -0.5
+    elif family.scaling == "attention_multiplier":  # None: 1/sqrt(D) (HyperCLOVA X's default)
+        multiplier = config.get(family.scaling, 1.0)
+        options["scaling"] = None if multiplier is None else float(multiplier)
+    if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
+        multiplier = config.get(family.key_multiplier)
+        multiplier = 1.0 if multiplier is None else float(multiplier)
+        options["scaling"] = multiplier * options["head_dim"] ** -0.5
+    if family.softcap is not None:
+        options["softcap"] = float(config.get(family.softcap) or 0.0)
+    if family.sinks:
+        options["sinks"] = True
+    return options
+
+
+def _bias(config: Mapping[str, Any], key: str | None, default: bool) -> bool:
+    """Whether a projection has a bias: never (None), always (``"<always>"``), or as the config
+    key says (``default`` where it is missing)."""
+    if key is None or key == "<always>":
+        return key is not None
+    return flag(config, key, default)
+
+
+def _window(config: Mapping[str, Any], family: Family, layer_idx: int) -> tuple[int, int] | None:
+    """(W - 1, 0) on a sliding layer (Hugging Face's W counts the query itself), else None."""
+    if layer_kind(config, family, layer_idx) == FULL:
+        return None
+    width = validation.positive_int("config['sliding_window']", required(config, "sliding_window"))
+    return (width - 1, 0)

@@ -1,0 +1,340 @@
+"""The rules the rows of ``families.FAMILIES`` name, each its config class's or its model's: which
+layers slide when a config has no ``layer_types``, which rotate, which are attention in a hybrid,
+and which configs a family refuses. Each rule takes the config mapping (and the layer; a
+``rotates`` rule also its family). NumPy only.
+
+Tests: tests/numpy_attention/hf/test_families.py; against transformers in
+tests/parity/test_hf_models.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .family import ATTENTION, FULL, SLIDING, Family, flag, layer_kind, layer_rope_theta, required
+
+# -- which layers slide, which rotate, when the config has no list ------------------------------
+
+
+def _qwen_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Qwen2/3's config class: from ``max_window_layers`` on, under ``use_sliding_window``."""
+    return (
+        flag(config, "use_sliding_window")
+        and config.get("sliding_window") is not None
+        and layer_idx >= config.get("max_window_layers", 0)
+    )
+
+
+def _qwen2_moe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Qwen2-MoE's config class: even layers below ``max_window_layers``, under
+    ``use_sliding_window`` (the opposite end from Qwen2's)."""
+    below = layer_idx < config.get("max_window_layers", 28)
+    return flag(config, "use_sliding_window") and layer_idx % 2 == 0 and below
+
+
+def _even_layers(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Gemma 2's and GPT-OSS's: every other layer, from the first."""
+    return layer_idx % 2 == 0
+
+
+def _pattern(default: int) -> Callable[[Mapping[str, Any], int], bool]:
+    """Gemma 3's and Cohere 2's: every layer but each ``sliding_window_pattern``-th slides."""
+
+    def sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+        return bool((layer_idx + 1) % (config.get("sliding_window_pattern") or default))
+
+    return sliding
+
+
+def _smollm3_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """SmolLM 3: ``no_rope_layers[i]`` is 1 where layer i uses RoPE; without the list, every
+    ``no_rope_layer_interval``-th layer (4 by default) is a NoPE layer."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        return bool((layer_idx + 1) % (config.get("no_rope_layer_interval") or 4))
+    if layer_idx >= len(flags):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's no_rope_layers has {len(flags)} entries"
+        )
+    return bool(flags[layer_idx])
+
+
+def _cohere2_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Cohere 2 rotates only on its sliding layers; the full layers are NoPE."""
+    return layer_kind(config, family, layer_idx) == SLIDING
+
+
+# Granite SWA, Granite MoE SWA: layer 0 and every fourth layer after it attend fully, the others
+# slide; ``layer_rope_theta`` gives each layer its own RoPE base, 0 for none
+
+
+def _granite_swa_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Granite SWA's config class: every layer slides but layers 0, 4, 8, ..."""
+    return layer_idx % 4 != 0
+
+
+def _granite_swa_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Granite SWA: a layer whose ``layer_rope_theta`` is 0 gets no position embeddings."""
+    return layer_rope_theta(config, family, layer_idx) != 0
+
+
+# OLMo 3: every fourth layer attends fully, the others slide
+
+
+def _olmo3_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """OLMo 3's config class: layers 3, 7, 11, ... full, the others sliding."""
+    return (layer_idx + 1) % 4 != 0
+
+
+# EXAONE 4, EXAONE MoE: every layer slides but each sliding_window_pattern-th; with a window, the
+# full layers are NoPE
+
+
+def _exaone4_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """EXAONE 4's config class without ``layer_types``: every layer but each
+    ``sliding_window_pattern``-th (4) slides; without a window or with a pattern string
+    (``"LLLG"``) the class fails (a modulo by 0, by a string), so that config is refused."""
+    pattern = config.get("sliding_window_pattern", 4)
+    if config.get("sliding_window") is None or not isinstance(pattern, int) or pattern <= 0:
+        raise ValueError(
+            f"the config has no layer_types, and sliding_window {config.get('sliding_window')!r} "
+            f"with sliding_window_pattern {pattern!r} gives none: EXAONE 4's config class fails "
+            "on them; give layer_types"
+        )
+    return (layer_idx + 1) % pattern != 0
+
+
+def _exaone4_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """EXAONE 4 rotates on every layer without a window, else on its sliding layers only."""
+    if config.get("sliding_window") is None:
+        return True
+    return layer_kind(config, family, layer_idx) == SLIDING
+
+
+# dots.llm1: from max_window_layers on, the layers slide when there is a window (no flag)
+
+
+def _dots1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """dots.llm1's config class: layers ``i >= max_window_layers`` (62) slide when
+    ``sliding_window`` is set (4096 by default); Qwen2's ``use_sliding_window`` is not read."""
+    below = layer_idx < config.get("max_window_layers", 62)
+    return config.get("sliding_window") is not None and not below
+
+
+# Cohere 2 MoE: its first first_k_dense_replace layers (dense MLPs) follow their own pattern and,
+# with that pattern 1, rotate although they attend fully; the others rotate where they slide
+
+
+def _cohere2_moe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    """Cohere 2 MoE's config class: the first ``first_k_dense_replace`` layers slide but each
+    ``prefix_dense_sliding_window_pattern``-th (1: none), the rest, counted afresh, but each
+    ``sliding_window_pattern``-th (4)."""
+    prefix = config.get("first_k_dense_replace") or 0
+    if layer_idx < prefix:
+        return bool((layer_idx + 1) % (config.get("prefix_dense_sliding_window_pattern") or 1))
+    return bool((layer_idx - prefix + 1) % (config.get("sliding_window_pattern") or 4))
+
+
+def _cohere2_moe_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Cohere 2 MoE rotates on its sliding layers, and on its dense-MLP layers when their
+    pattern is 1 (``force_rope``); its other full layers are NoPE."""
+    if layer_kind(config, family, layer_idx) == SLIDING:
+        return True
+    mlp_types = config.get("mlp_layer_types")
+    if mlp_types is None:
+        dense = layer_idx < (config.get("first_k_dense_replace") or 0)
+    elif layer_idx >= len(mlp_types):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's mlp_layer_types has {len(mlp_types)} "
+            "entries"
+        )
+    else:
+        dense = mlp_types[layer_idx] == "dense"
+    return dense and config.get("prefix_dense_sliding_window_pattern", 1) == 1
+
+
+# -- helpers of issue 28, part C: which layers are attention, and their twists --
+
+
+def _kinds(types: Any, key: str, names: Mapping[str, str]) -> list[str]:
+    """A list of layer types (read from ``key``) in words (``names``); a type the model's code
+    has no layer for is refused by name."""
+    kinds = []
+    for i, kind in enumerate(types):
+        if kind not in names:
+            raise ValueError(f"{key}[{i}] is {kind!r}; this model knows {sorted(names)}")
+        kinds.append(names[kind])
+    return kinds
+
+
+# LFM2: "conv" layers and "full_attention" ones; without layer_types its config class reads
+# full_attn_idxs (every layer by default); LFM2-MoE's has no rule (the model needs the list)
+def _lfm2_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {FULL: ATTENTION, "conv": "a short-convolution layer"}
+    if config.get("layer_types") is None and config.get("model_type") == "lfm2":
+        indices = config.get("full_attn_idxs")
+        layers = range(required(config, "num_hidden_layers"))
+        full = layers if indices is None else indices
+        return [names[FULL] if i in full else names["conv"] for i in layers]
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+# Jamba: layer i is attention when i % attn_layer_period == attn_layer_offset (8 and 4)
+def _jamba_mixers(config: Mapping[str, Any]) -> list[str]:
+    period = config.get("attn_layer_period")
+    offset = config.get("attn_layer_offset")
+    period, offset = (8 if period is None else period), (4 if offset is None else offset)
+    layers = range(required(config, "num_hidden_layers"))
+    return [ATTENTION if i % period == offset else "a Mamba layer" for i in layers]
+
+
+# Bamba: the layers listed in attn_layer_indices (none without it)
+def _bamba_mixers(config: Mapping[str, Any]) -> list[str]:
+    indices = config.get("attn_layer_indices") or ()
+    layers = range(required(config, "num_hidden_layers"))
+    return [ATTENTION if i in indices else "a Mamba-2 layer" for i in layers]
+
+
+# Nemotron-H: layers_block_type, else a config.json's hybrid_override_pattern ("M*-E": Mamba-2,
+# attention, MLP, mixture of experts), else its config class's four layers
+_NEMOTRON_H = {
+    "linear_attention": "a Mamba-2 layer",
+    FULL: ATTENTION,
+    "mlp": "an MLP layer",
+    "moe": "a mixture-of-experts layer",
+}
+
+
+def _nemotron_h_mixers(config: Mapping[str, Any]) -> list[str]:
+    if config.get("layers_block_type") is not None:
+        return _kinds(config["layers_block_type"], "layers_block_type", _NEMOTRON_H)
+    pattern = config.get("hybrid_override_pattern")
+    if pattern is None:
+        return [_NEMOTRON_H[kind] for kind in ("linear_attention", "moe", FULL, "mlp")]
+    letters = dict(zip("M*-E", _NEMOTRON_H.values(), strict=True))
+    return _kinds(pattern, "hybrid_override_pattern", letters)
+
+
+def _nemotron_h_refuse(config: Mapping[str, Any]) -> None:
+    if config.get("sliding_window") is not None:
+        raise ValueError(
+            "sliding_window is set, but nemotron_h's attention never slides (its code ignores "
+            "the key): a config that means a window is not this model's"
+        )
+
+
+# GraniteMoeHybrid: "linear_attention" (Mamba-2) and "full_attention" layers, all Mamba-2
+# without the list; RoPE only where position_embedding_type is "rope" (its default is none)
+def _granitemoehybrid_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"linear_attention": "a Mamba-2 layer", FULL: ATTENTION}
+    if config.get("layer_types") is None:
+        return [names["linear_attention"]] * required(config, "num_hidden_layers")
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+def _granitemoehybrid_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    return config.get("position_embedding_type") == "rope"
+
+
+# OLMo Hybrid: "linear_attention" (gated DeltaNet) and "full_attention" layers, without the list
+# every fourth layer is attention (the last one at least); RoPE only when rope_theta is set
+def _olmo_hybrid_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"linear_attention": "a gated DeltaNet (linear attention) layer", FULL: ATTENTION}
+    if config.get("layer_types") is None:
+        count = required(config, "num_hidden_layers")
+        kinds = [names[FULL] if i % 4 == 3 else names["linear_attention"] for i in range(count)]
+        if ATTENTION not in kinds:
+            kinds[-1] = ATTENTION
+        return kinds
+    return _kinds(required(config, "layer_types"), "layer_types", names)
+
+
+def _olmo_hybrid_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping):
+        return params.get("rope_theta") is not None
+    return config.get("rope_theta", 10000.0) is not None  # the config class's default theta
+
+
+def _never(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Jamba's and Nemotron-H's attention: no RoPE at all (the Mamba layers carry position)."""
+    return False
+
+
+# StableLM: its attention's head width is hidden_size // num_attention_heads whatever head_dim
+# says, and its rotary embedding reads head_dim: the two must agree
+def _stablelm_refuse(config: Mapping[str, Any]) -> None:
+    head_dim = config.get("head_dim")
+    width = required(config, "hidden_size") // required(config, "num_attention_heads")
+    if head_dim is not None and head_dim != width:
+        raise ValueError(
+            f"head_dim is {head_dim}, but stablelm's attention heads are hidden_size // "
+            f"num_attention_heads = {width} wide (its rotary embedding would read {head_dim})"
+        )
+
+
+# Phi: qk_layernorm is a LayerNorm with a bias (nn.LayerNorm's default) on q and k
+def _phi_refuse(config: Mapping[str, Any]) -> None:
+    if config.get("qk_layernorm"):
+        raise ValueError(
+            "qk_layernorm is set: phi's QK-norm is a LayerNorm with a bias over each head of q "
+            "and k; the layer's QK-norm has no bias"
+        )
+
+
+# Ministral's config class: every layer slides when the config has a window
+def _every_layer_if_window(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return config.get("sliding_window") is not None
+
+
+# CWM's config class: every 4th layer from the first is full, the others slide
+def _cwm_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_idx % 4 != 0
+
+
+# Flint's config class: layers 0, 1, the last and each i % 4 == 1 attend fully, the others slide;
+# only the sliding layers rotate
+def _flint_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    last = required(config, "num_hidden_layers") - 1
+    return not (layer_idx < 2 or layer_idx % 4 == 1 or layer_idx == last)
+
+
+def _flint_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    return layer_kind(config, family, layer_idx) == SLIDING
+
+
+# Kolibri 1's config class: every fifth layer attends fully, and only the sliding layers rotate;
+# without a window its model fails (it builds the sliding mask on every call)
+def _kolibri1_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return (layer_idx + 1) % 5 != 0
+
+
+def _kolibri1_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    return layer_kind(config, family, layer_idx) == SLIDING
+
+
+def _kolibri1_refuse(config: Mapping[str, Any]) -> None:
+    if "sliding_window" in config and config["sliding_window"] is None:
+        raise ValueError(
+            "sliding_window is null: kolibri1's model builds its sliding mask on every call and "
+            "fails without a window (its code would rotate every layer then, a model that "
+            "never runs)"
+        )
+
+
+# MiniMax: "full_attention" (softmax) and "linear_attention" (Lightning attention) layers; its
+# config class makes the even layers softmax
+def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {FULL: ATTENTION, "linear_attention": "a Lightning (linear) attention layer"}
+    if config.get("layer_types") is None:
+        count = required(config, "num_hidden_layers")
+        return [ATTENTION if i % 2 == 0 else names["linear_attention"] for i in range(count)]
+    return _kinds(config["layer_types"], "layer_types", names)
+
+
+# OLMo, OLMoE (issue 28, part D): a config's clip_qkv clamps the projections, which the layer cannot
+_CLIP_QKV = (
+    "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
+    "(issue 28)"
+)
