@@ -119,7 +119,6 @@ FAMILIES: dict[str, Family] = {
         head_dim_from_config=False,
         attention_dropout=False,
     ),
-    # -- rows of issue 28, part A --
     # Mixtral: Mistral's attention (no biases, one window on every layer); the experts are the MLP
     "mixtral": Family(bias=None, out_bias=None, sliding="every_layer"),
     "ministral": Family(
@@ -233,7 +232,7 @@ FAMILIES: dict[str, Family] = {
     "jais2": Family(bias_default=True),  # Llama's attention, biases on by default
     # Solar Open: Llama's attention with o_proj always bias-free; GLM-4-MoE's experts outside
     "solar_open": Family(out_bias=None, config_defaults=(("head_dim", 128),)),
-    # (issue 28, part D) PhiMoE: Mixtral's attention, attention_bias on all four projections, and
+    # PhiMoE: Mixtral's attention, attention_bias on all four projections, and
     # its own scaled RoPE (rope_mscale)
     "phimoe": Family(sliding="every_layer", rope_mscale=True),
     # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
@@ -244,8 +243,6 @@ FAMILIES: dict[str, Family] = {
         heads_span_hidden=True,
         refused_keys=(("clip_qkv", rules._CLIP_QKV.format("olmoe")),),
     ),
-    #
-    # -- rows of issue 28, part B --
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
     "granitemoe": Family(scaling="attention_multiplier"),
     "granitemoeshared": Family(scaling="attention_multiplier"),
@@ -332,8 +329,7 @@ FAMILIES: dict[str, Family] = {
     ),
     # Hy3 (HY V3): Qwen3's attention (per-head QK-norm, attention_bias), head_dim 128 by default
     "hy_v3": Family(qk_norm=("rms", "head", 0.0), config_defaults=(("head_dim", 128),)),
-    #
-    # (part E) Aria's language model: Llama's attention (its experts are outside it)
+    # Aria's language model: Llama's attention (its experts are outside it)
     "aria_text": Family(),
     # Flint: Qwen3's per-head QK-norm, GPT-OSS's sinks, sliding layers that rotate and full
     # layers that do not (NoPE)
@@ -361,8 +357,6 @@ FAMILIES: dict[str, Family] = {
     "minimax": Family(
         bias=None, out_bias=None, sliding="every_layer", mixers=rules._minimax_mixers
     ),
-    #
-    # -- rows of issue 28, part C --
     "stablelm": Family(
         bias="use_qkv_bias",
         out_bias=None,

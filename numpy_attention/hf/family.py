@@ -117,7 +117,6 @@ class Family:
     head_dim_from_config: bool = True
     attention_dropout: bool = True
     bidirectional_flag: bool = False
-    # -- fields of issue 28, part A --
     head_dim_required: bool = False  # the model reads head_dim with no fallback (Ministral)
     config_defaults: tuple[tuple[str, Any], ...] = ()  # its config class's, for missing keys
     heads_span_hidden: bool = False  # o_proj is (C, C): H * D must be C (Helium)
@@ -126,12 +125,10 @@ class Family:
     equal_keys: tuple[tuple[str, str], ...] = ()  # keys its config class requires equal
     refused_keys: tuple[tuple[str, str], ...] = ()  # (key, why): set, the config is refused
     rope_mscale: bool = False
-    """(issue 28, part D) PhiMoE's rotary embedding: a RoPE type other than ``default`` keeps
+    """PhiMoE's rotary embedding: a RoPE type other than ``default`` keeps
     its first frequencies (LongRoPE's short ones) at every length and multiplies cos and sin by
     ``short_mscale`` or ``long_mscale`` of ``rope_parameters``, chosen by each call's longest
     position; the two must be equal (a factor that changes between calls is refused)."""
-    #
-    # -- fields of issue 28, part B --
     rope_theta_per_layer: str | None = None
     """Config key of a list of RoPE bases, one per layer (Granite SWA's ``layer_rope_theta``),
     which replaces ``rope_theta`` for that layer; 0 makes the layer a NoPE layer."""
@@ -142,8 +139,6 @@ class Family:
     rotary_dim_key: str | None = None
     """Config key of a rotated width that stands for ``partial_rotary_factor`` (as width /
     head_dim) where the config has no factor (MiniMax-M2's legacy ``rotary_dim``)."""
-    #
-    # -- fields of issue 28, part C --
     mixers: Callable[[Mapping[str, Any]], list[str]] | None = None
     """Hybrids: what each layer is, ``ATTENTION`` or its kind in words ("a Mamba layer"), from
     the config as the model's code decides it; None: every layer is attention."""

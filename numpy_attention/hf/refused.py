@@ -12,8 +12,6 @@ from __future__ import annotations
 REFUSED = {
     "gemma3": "the multimodal Gemma 3 config; its language model's attention is 'gemma3_text': "
     "pass config.text_config (and the language model's state dict)",
-    # -- refusals of issue 28, part A --
-    # (issue 28 part D: each reason names the module behaviour the layer has no option for)
     "afmoe": "afmoe: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
     "attention's output before o_proj; the layer has no output gate (issue 28)",
     "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "
@@ -99,13 +97,11 @@ REFUSED = {
         "layer has no KV sharing (issue 28)"
         for name in ("gemma4_assistant", "gemma4_unified_assistant")
     },
-    #
-    # -- refusals of issue 28, part B --
     "deepseek_v4": "deepseek_v4: shared-KV multi-query attention (one kv_proj read as both key "
     "and value), a low-rank query with a weightless RMSNorm, RoPE applied again at position -i "
     "to the output's rotary slice, a grouped low-rank output projection, per-head sinks, and "
     "compressed sparse attention layers (CSA/HCA); neither the grouped nor the latent layer",
-    # (part E) linear-attention hybrids whose softmax layers carry an output gate
+    # linear-attention hybrids whose softmax layers carry an output gate
     **{
         name: f"{name}: an output gate: q_proj gives each head 2 * head_dim outputs, the query "
         "and a gate g, and sigmoid(g) multiplies the attention's output per element before "
@@ -190,6 +186,4 @@ REFUSED = {
     "softmax attention layer",
     "xlstm": "xlstm: a recurrent model (mLSTM matrix-memory blocks) with no softmax attention "
     "layer",
-    #
-    # -- refusals of issue 28, part C --
 }

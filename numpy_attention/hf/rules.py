@@ -154,7 +154,7 @@ def _cohere2_moe_rotates(config: Mapping[str, Any], family: Family, layer_idx: i
     return dense and config.get("prefix_dense_sliding_window_pattern", 1) == 1
 
 
-# -- helpers of issue 28, part C: which layers are attention, and their twists --
+# -- hybrids: which layers are attention; and the configs some families refuse --
 
 
 def _kinds(types: Any, key: str, names: Mapping[str, str]) -> list[str]:
@@ -333,7 +333,7 @@ def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
     return _kinds(config["layer_types"], "layer_types", names)
 
 
-# OLMo, OLMoE (issue 28, part D): a config's clip_qkv clamps the projections, which the layer cannot
+# OLMo, OLMoE: a config's clip_qkv clamps the projections, which the layer cannot
 _CLIP_QKV = (
     "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
     "(issue 28)"

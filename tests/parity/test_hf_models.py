@@ -287,7 +287,6 @@ CASES = [
         False,
         {"multi_query": True, "head_dim": ABSENT, "num_key_value_heads": ABSENT},
     ),
-    # -- cases of issue 28, part A --
     ModelCase(
         "mixtral-sliding",
         "Mixtral",
@@ -535,7 +534,6 @@ CASES = [
         | {"num_experts_per_tok": 1, "moe_intermediate_size": 8}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
     ),
-    # (issue 28, part D)
     ModelCase(
         "phimoe-bias-sliding",
         "Phimoe",
@@ -613,8 +611,6 @@ CASES = [
         | {"num_experts_per_tok": 1, "clip_qkv": None}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
     ),
-    #
-    # -- cases of issue 28, part B --
     ModelCase(
         "granitemoe-multiplier-bias",
         "GraniteMoe",
@@ -914,8 +910,6 @@ CASES = [
         {"num_attention_heads": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-5}
         | {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8},
     ),
-    #
-    # (part E)
     ModelCase(  # Aria's language model: Llama's attention, biases on all four projections
         "aria_text-bias",
         "AriaText",
@@ -996,8 +990,6 @@ CASES = [
         | {"num_attention_heads": 8, "num_key_value_heads": 1}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
     ),
-    #
-    # -- cases of issue 28, part C --
     ModelCase(  # the default partial_rotary_factor 0.25 (2 of 8), QK-norm: one LayerNorm per head
         "stablelm-qk-layernorm",
         "StableLm",

@@ -82,7 +82,7 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
         required({"model_type": "llama", "hidden_size": None}, "hidden_size")
 
 
-# -- issue 28, part B --
+# -- per-layer bases, NoPE rules, head_dim defaults (Granite SWA to Hy3) --
 
 
 def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
@@ -185,7 +185,7 @@ def test_cohere2_moe_rotates_its_dense_prefix_when_its_pattern_is_one():
     assert [rotary_dim(config, i) for i in range(LAYERS)] == [8, 8, 8, 8, 8, 0]
 
 
-# -- issue 28, part C --
+# -- hybrids: which layers are attention --
 
 
 HYBRIDS = {  # model_type -> its config class's keywords, the model's own list of layer kinds
@@ -300,7 +300,7 @@ def test_the_rotated_width_is_the_one_the_config_class_gives(name, keywords, rot
         assert theirs == rotated
 
 
-# -- issue 28, part A --
+# -- the families read from their config classes (Mixtral to Solar Open) --
 
 
 @pytest.mark.parametrize("window", [8, None])
