@@ -6,7 +6,10 @@ Each model is built from a tiny random config in code (no download): 2 layers, h
 heads over 2 key/value heads of width 8, a sliding window of 4 keys against sequences of 11
 tokens, eager attention, float64 weights, the attention's parameters redrawn at a scale where
 softmax is neither flat nor one-hot (the models' own init of std 0.02 would make it flat). Layer
-0 and layer 1 of each model cover its full and sliding layers as its config assigns them.
+0 and layer 1 of each model cover its full and sliding layers as its config assigns them. A case
+may change those sizes: the "-shaped" / "-checkpoint" cases mirror a released checkpoint's
+attention settings (its RoPE scaling, its ratio of query to key/value heads, its layer pattern)
+in tiny sizes; a hybrid's case names one of its attention layers.
 
 Hugging Face's side is the model's own code: ``model(inputs_embeds=..., attention_mask=...,
 position_ids=...)`` runs, and hooks on ``model.layers[i].self_attn`` record the attention's input,
