@@ -1,6 +1,6 @@
 """Today's decoder attention: grouped-query attention with RoPE, optional QK-norm, a sliding window,
-softcap and sinks, and a KV cache for decoding, named like Hugging Face's Llama family so that
-its attention state dicts load without renaming.
+softcap, sinks and an output gate, and a KV cache for decoding, named like Hugging Face's Llama
+family so that its attention state dicts load without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
@@ -12,15 +12,18 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
-    out = o_proj(merge_heads(o))                       (B, N, C)
+    a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
+    out = o_proj(a)                                    (B, N, C)
 
 The QK-norm reads the projection (B, N, H*D): per head (each head's D coordinates, Qwen3, Gemma 3,
 Cohere) or over the whole projection (OLMo 2), an RMSNorm or a LayerNorm, scale (offset + w).
 RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by default; fewer for
 partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
-past ``original_max_positions``). x feeds the query, key and value paths, so
-dx = dxq + dxk + dxv. ``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on
-the layers floor (``rope.py``, ``norms.py``).
+past ``original_max_positions``). The output gate (``gate.py``) scales each coordinate, or each
+head, of the merged heads by act(x W_g), act a sigmoid or a softplus. x feeds the query, key and
+value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg). ``rope_forward``,
+``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor (``rope.py``,
+``norms.py``).
 
 Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
 everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
@@ -28,7 +31,7 @@ everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
 
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
-docs/derivations/rmsnorm.md, docs/derivations/layernorm.md.
+docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -52,6 +55,7 @@ from .functional import (
     split_heads_backward,
     split_heads_forward,
 )
+from .gate import GateCtx, check_gate, gate_width, output_gate_backward, output_gate_forward
 from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
@@ -71,6 +75,7 @@ class _GroupedCtx(NamedTuple):
     k_rope: RopeCtx
     attn: Any  # attention_forward's ctx (dense or tiled)
     out_heads: HeadsCtx
+    gate: GateCtx | None  # with an output gate
 
 
 class _CachedForward(NamedTuple):
@@ -86,7 +91,8 @@ class GroupedQueryAttention(Module):
     ``qk_norm``, ``q_norm`` and ``k_norm`` (an RMSNorm or LayerNorm, weight by
     ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,)); with ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
-    trained or loaded values replace it).
+    trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
+    per element or Linear(C, H) per head, bias by ``gate_bias``.
 
     Args:
         hidden_size: C.
@@ -123,6 +129,12 @@ class GroupedQueryAttention(Module):
             ``sliding_window = W`` is (W - 1, 0).
         softcap: > 0 caps the scores, ``softcap * tanh(S / softcap)`` (Gemma 2); 0 = off.
         sinks: one learned sink logit per query head (GPT-OSS).
+        output_gate: None, or ``"element"`` (the merged heads times act(x W_g), W_g giving H*D
+            gates: Qwen3-Next, Qwen3.5, whose checkpoints fuse W_g into q_proj: the converter
+            splits it) or ``"head"`` (each head's D coordinates times one gate, W_g giving H:
+            LFM3, Laguna's per-head layers), before o_proj.
+        gate_activation: the gate's act, ``"sigmoid"`` or ``"softplus"`` (Laguna).
+        gate_bias: whether g_proj has a bias.
         scaling: the score scale; None for 1 / sqrt(D) (Gemma 2: query_pre_attn_scalar^-0.5).
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
@@ -153,6 +165,9 @@ class GroupedQueryAttention(Module):
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
+        output_gate: str | None = None,
+        gate_activation: str = "sigmoid",
+        gate_bias: bool = False,
         scaling: float | None = None,
         dropout: float = 0.0,
         rng: np.random.Generator | int | None = None,
@@ -194,6 +209,9 @@ class GroupedQueryAttention(Module):
         if self.softcap < 0:
             raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
         self.has_sinks = validation.flag("sinks", sinks)
+        gate_bias = validation.flag("gate_bias", gate_bias)
+        self.output_gate = check_gate(output_gate, gate_activation, gate_bias)
+        self.gate_activation = str(gate_activation)
         self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
         self.dropout = validation.dropout_p(dropout, "dropout")
         self.rng = np.random.default_rng(rng)
@@ -216,6 +234,9 @@ class GroupedQueryAttention(Module):
             )
         if self.has_sinks:
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
+        if self.output_gate is not None:
+            gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
+            self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias, rng=self.rng)
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
@@ -328,8 +349,11 @@ class GroupedQueryAttention(Module):
             dropout_mask=keep,
         )  # (B, H, N, D)
         merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
+        gate = None
+        if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
+            merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
         out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
-        ctx = _GroupedCtx(q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads)
+        ctx = _GroupedCtx(q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate)
         return out, ctx
 
     def _frequencies(self, positions: np.ndarray) -> np.ndarray:
@@ -359,11 +383,13 @@ class GroupedQueryAttention(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
-        dO = split(o_proj^T(dY));  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
+        dA = o_proj^T(dY);  with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
+        o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
+        dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
         summed over each group of H / H_kv query heads);  dQh = rope^T(dQr) (rotate by -angle,
         the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn);
-        dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv.
-        Derivation: docs/derivations/grouped.md.
+        dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
+        Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -379,6 +405,10 @@ class GroupedQueryAttention(Module):
             )
         dout, ctx = self._pop_ctx(dout)
         dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*D)
+        dxg = None
+        if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
+            dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
+            dxg = self.g_proj.backward(dpre)  # (B, N, H*D) or (B, N, H) -> (B, N, C)
         dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, D)
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
         if grads.dsinks is not None:  # with sinks
@@ -393,7 +423,8 @@ class GroupedQueryAttention(Module):
         dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
         dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
         dxv = self.v_proj.backward(split_heads_backward(grads.dv, ctx.v_heads))
-        return dxq + dxk + dxv
+        dx = dxq + dxk + dxv
+        return dx if dxg is None else dx + dxg
 
 
 QK_NORM_TYPES = ("rms", "layer")

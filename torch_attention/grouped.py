@@ -1,7 +1,8 @@
 """Today's decoder attention in torch, the twin of ``numpy_attention.grouped`` (and of the RoPE and
 RMSNorm it uses, ``numpy_attention.rope`` and ``numpy_attention.norms``): grouped-query attention
-with RoPE, optional QK-norm, a sliding window, softcap and sinks, and a KV cache for decoding,
-named like Hugging Face's Llama family so that its attention state dicts load without renaming.
+with RoPE, optional QK-norm, a sliding window, softcap, sinks and an output gate, and a KV cache
+for decoding, named like Hugging Face's Llama family so that its attention state dicts load
+without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
@@ -13,10 +14,12 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
-    out = o_proj(merge_heads(o))                       (B, N, C)
+    a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
+    out = o_proj(a)                                    (B, N, C)
 
 The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w)),
-partial rotary and NoPE (``rotary_dim``) and LongRoPE's frequency switch are the NumPy twin's.
+partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch and the output gate (per
+element or per head, sigmoid or softplus, ``gate.py``) are the NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -28,7 +31,7 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 ``PagedKVCache``, both in ``decode/cache.py`` (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
-docs/derivations/layernorm.md.
+docs/derivations/layernorm.md, docs/derivations/output-gate.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -45,6 +48,7 @@ from torch import nn
 from . import validation
 from .decode.cache import KVCache, PagedKVCache
 from .functional import attention, check_backend, merge_heads, split_heads
+from .gate import check_gate, gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm
@@ -63,10 +67,11 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
-    ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros. RoPE's frequencies are no
-    parameter or buffer (Hugging Face's attention state dicts have none): ``inv_freq`` and
-    ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so ``.to(dtype)`` never
-    rounds them.
+    ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros; with ``output_gate``, ``g_proj`` =
+    Linear(C, H*D) per element or Linear(C, H) per head, bias by ``gate_bias``. RoPE's
+    frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
+    ``inv_freq`` and ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so
+    ``.to(dtype)`` never rounds them.
 
     Args: those of the NumPy twin (``rng`` aside: torch's generator draws the weights), and
         backend: the attention backend, ``functional.attention``'s ``backend``.
@@ -96,6 +101,9 @@ class GroupedQueryAttention(Module):
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
+        output_gate: str | None = None,
+        gate_activation: str = "sigmoid",
+        gate_bias: bool = False,
         scaling: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
@@ -138,6 +146,9 @@ class GroupedQueryAttention(Module):
         if self.softcap < 0:
             raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
         self.has_sinks = validation.flag("sinks", sinks)
+        gate_bias = validation.flag("gate_bias", gate_bias)
+        self.output_gate = check_gate(output_gate, gate_activation, gate_bias)
+        self.gate_activation = str(gate_activation)
         self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
         self.dropout = validation.dropout_p(dropout, "dropout")
         self.backend = check_backend(backend)
@@ -157,6 +168,9 @@ class GroupedQueryAttention(Module):
             self.k_norm = norm(k_dim, self.norm_eps, weight_offset=norm_weight_offset)
         if self.has_sinks:
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
+        if self.output_gate is not None:
+            gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
+            self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias)
 
     def forward(
         self,
@@ -253,7 +267,10 @@ class GroupedQueryAttention(Module):
             dropout_mask=keep,
             backend=self.backend,
         )  # (B, H, N, D)
-        return self.o_proj(merge_heads(heads))  # (B, H, N, D) -> (B, N, H*D) -> (B, N, C)
+        merged = merge_heads(heads)  # (B, H, N, D) -> (B, N, H*D)
+        if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
+            merged = output_gate(merged, self.g_proj(x), self.gate_activation)
+        return self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
 
     def _frequencies(self, positions: torch.Tensor) -> torch.Tensor:
         """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
@@ -291,6 +308,8 @@ class GroupedQueryAttention(Module):
             options.append(f"softcap={self.softcap}")
         if self.has_sinks:
             options.append("sinks=True")
+        if self.output_gate is not None:
+            options.append(f"output_gate={self.output_gate!r} ({self.gate_activation})")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:

@@ -59,6 +59,14 @@ OPTIONS = {
         "qk_norm_shape": "per_head",
         "norm_eps": 0.1,
     },
+    "gate_element": {"output_gate": "element"},  # Qwen3-Next, Qwen3.5
+    "gate_head_softplus": {"output_gate": "head", "gate_activation": "softplus"},  # Laguna
+    "gate_element_softplus_bias": {
+        "output_gate": "element",
+        "gate_activation": "softplus",
+        "gate_bias": True,
+    },
+    "gate_head_bias": {"output_gate": "head", "gate_bias": True},  # LFM3 (without the bias)
     "everything": {
         "qk_norm": True,
         "norm_eps": 0.1,
@@ -75,6 +83,9 @@ OPTIONS = {
         "rope_interleaved": True,
         "rope_attention_factor": 1.2,
         "rotary_dim": 2,
+        "output_gate": "head",
+        "gate_activation": "softplus",
+        "gate_bias": True,
     },
 }
 
@@ -171,6 +182,12 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
             visible = visible & ~padding[:, None, None, :]  # (B, 1, N, N)
         out = attention(q, k, v, visible, args["scaling"])
     out = out.transpose(1, 2).reshape(b, n, heads * d)  # (B, H, N, D) -> (B, N, H*D)
+    if args["output_gate"] is not None:  # act(x W_g + b_g): (B, N, H*D) or (B, N, H)
+        pre = F.linear(x, params["g_proj.weight"], params.get("g_proj.bias"))
+        gate = torch.sigmoid(pre) if args["gate_activation"] == "sigmoid" else F.softplus(pre)
+        if args["output_gate"] == "head":
+            gate = gate.repeat_interleave(d, dim=-1)  # one gate for each head's D coordinates
+        out = out * gate
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
 
@@ -234,7 +251,9 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
     )
 
 
-@pytest.mark.parametrize("option", ["plain", "everything", "qk_norm_all"])
+@pytest.mark.parametrize(
+    "option", ["plain", "everything", "qk_norm_all", "gate_element", "gate_element_softplus_bias"]
+)
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
 def test_gradcheck(rng, option, kv_heads):
     layer = make_layer(rng, kv_heads, **OPTIONS[option])
@@ -330,6 +349,11 @@ DECODE = {
         2,
     ),
     "nope_full_width_norm": ({"rotary_dim": 0, "qk_norm": True, "qk_norm_shape": "all"}, 2),
+    "gate_element": ({"output_gate": "element", "qk_norm": True, "rotary_dim": 2}, 2),
+    "gate_head_softplus_bias": (
+        {"output_gate": "head", "gate_activation": "softplus", "gate_bias": True},
+        1,
+    ),
 }
 
 
@@ -507,6 +531,11 @@ def test_parameters_are_named_like_hugging_face(rng):
     assert list(plain.state_dict()) == [
         f"{proj}.weight" for proj in ("q_proj", "k_proj", "v_proj", "o_proj")
     ]
+    for kind, rows in [("element", 8), ("head", 4)]:  # Qwen3-Next split / Laguna, LFM3
+        gated = GroupedQueryAttention(8, 4, 2, output_gate=kind, gate_bias=True, rng=rng)
+        shapes = {name: value.shape for name, value in gated.state_dict().items()}
+        assert list(shapes)[-2:] == ["g_proj.weight", "g_proj.bias"]
+        assert shapes["g_proj.weight"] == (rows, 8) and shapes["g_proj.bias"] == (rows,)
     assert layer.dtype == np.float32 and np.all(layer.sinks == 0)
 
 
@@ -566,11 +595,42 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
         ((8, 4, 2), {"qk_norm": True, "qk_norm_shape": "x"}, ValueError, "qk_norm_shape must be"),
         ((8, 4, 2), {"qk_norm_shape": "all"}, ValueError, "but qk_norm is False"),
         ((8, 4, 2), {"norm_weight_offset": 1.0}, ValueError, "but qk_norm is False"),
+        ((8, 4, 2), {"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
+        ((8, 4, 2), {"output_gate": True}, ValueError, "output_gate must be None or one of"),
+        (
+            (8, 4, 2),
+            {"output_gate": "head", "gate_activation": "silu"},
+            ValueError,
+            "gate_activation must be one of .*'silu'",
+        ),
+        ((8, 4, 2), {"gate_activation": "softplus"}, ValueError, "but output_gate is None"),
+        ((8, 4, 2), {"gate_bias": True}, ValueError, "but output_gate is None"),
+        ((8, 4, 2), {"output_gate": "head", "gate_bias": 1}, TypeError, "gate_bias must be a bool"),
     ],
 )
 def test_bad_construction_is_refused(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         GroupedQueryAttention(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("saved", "expected"), [("head", "element"), ("element", "head")])
+def test_a_gate_of_the_other_kind_is_refused_on_load(rng, saved, expected):
+    """A per-head g_proj (H, C) loaded into a per-element layer (H*D, C), and back: the error
+    names the key and both shapes."""
+    state = GroupedQueryAttention(8, 4, 2, output_gate=saved, rng=rng).state_dict()
+    rows = {"head": 4, "element": 8}
+
+    with pytest.raises(
+        ValueError, match=rf"g_proj\.weight.*\({rows[saved]}, 8\).*\({rows[expected]}, 8\)"
+    ):
+        GroupedQueryAttention(8, 4, 2, output_gate=expected, rng=rng).load_state_dict(state)
+
+
+def test_a_gate_missing_from_the_state_dict_is_named(rng):
+    state = GroupedQueryAttention(8, 4, 2, rng=rng).state_dict()
+
+    with pytest.raises(KeyError, match=r"g_proj\.weight"):
+        GroupedQueryAttention(8, 4, 2, output_gate="head", rng=rng).load_state_dict(state)
 
 
 def test_weights_of_another_head_dim_are_refused(rng):

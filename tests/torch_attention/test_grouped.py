@@ -32,6 +32,7 @@ OPTIONS = {
     "scaling": {"scaling": 0.7},
     "yarn-factor": {"rope_attention_factor": 1.3},
     "interleaved": {"rope_interleaved": True},
+    "gate": {"output_gate": "element"},
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -40,6 +41,7 @@ OPTIONS = {
         "sinks": True,
         "scaling": 0.5,
         "rope_attention_factor": 1.2,
+        "output_gate": "element",
     },
 }
 # The options of the projections, norms and RoPE that later families need (they never reach the
@@ -55,6 +57,13 @@ FAMILY_OPTIONS = {
         "qk_norm_shape": "per_head",
         "norm_weight_offset": 1.0,
     },
+    "gate_head_softplus_bias": {
+        "output_gate": "head",
+        "gate_activation": "softplus",
+        "gate_bias": True,
+    },
+    "gate_element_softplus": {"output_gate": "element", "gate_activation": "softplus"},
+    "gate_head": {"output_gate": "head"},
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -393,6 +402,9 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"long_inv_freq": np.ones(3)}, ValueError, "go together"),
         ({"qk_norm": True, "qk_norm_type": "l2"}, ValueError, "qk_norm_type must be one of"),
         ({"qk_norm_shape": "all"}, ValueError, "but qk_norm is False"),
+        ({"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
+        ({"output_gate": "head", "gate_activation": "silu"}, ValueError, "gate_activation must"),
+        ({"gate_bias": True}, ValueError, "but output_gate is None"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -421,6 +433,16 @@ def test_bad_forward_arguments_are_refused(rng, kwargs, error, message):
         layer(to_torch(rng.standard_normal((2, 5, C))), **kwargs)
 
 
+def test_a_gate_of_the_other_kind_is_refused_on_load():
+    """A per-head g_proj (H, C) into a per-element layer (H*D, C): torch's own size mismatch,
+    naming the key and both shapes."""
+    state = GroupedQueryAttention(C, H, H_KV, head_dim=D, output_gate="head").state_dict()
+    layer = GroupedQueryAttention(C, H, H_KV, head_dim=D, output_gate="element")
+
+    with pytest.raises(RuntimeError, match=r"g_proj\.weight.*\[4, 16\].*\[24, 16\]"):
+        layer.load_state_dict(state)
+
+
 def test_an_input_of_another_dtype_names_both(rng):
     layer = GroupedQueryAttention(C, H, H_KV, head_dim=D)
 
@@ -429,9 +451,12 @@ def test_an_input_of_another_dtype_names_both(rng):
 
 
 def test_repr_names_the_options():
-    layer = GroupedQueryAttention(C, H, H_KV, head_dim=D, window=(3, 0), sinks=True)
+    layer = GroupedQueryAttention(
+        C, H, H_KV, head_dim=D, window=(3, 0), sinks=True, output_gate="head"
+    )
 
     text = repr(layer)
 
     assert "window=(3, 0)" in text and "sinks=True" in text and "(q_proj): Linear" in text
+    assert "output_gate='head' (sigmoid)" in text
     assert to_numpy(layer.sinks).tolist() == [0.0] * H

@@ -1,0 +1,62 @@
+"""The output gate in torch, the twin of ``numpy_attention.gate``: the attention's merged heads
+scaled by a gate computed from the layer's input, before the output projection.
+
+    element:  y = a * act(z)                  a, z (..., H*D): one gate per coordinate
+    head:     y_h = a_h * act(z_h)            a (..., H*D) seen as (..., H, D), z (..., H)
+
+act is ``torch.sigmoid`` or ``F.softplus`` (which returns z itself past z = 20, where
+log(1 + exp(z)) differs from z by less than 2e-9: the NumPy twin's logaddexp keeps that term).
+
+Shape legend: "..." leading axes (B, N), H heads, D head width.
+
+Derivation: docs/derivations/output-gate.md (the NumPy twin's backward; autograd here).
+Tests: tests/torch_attention/test_grouped.py (in the layer, against the NumPy twin).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["GATE_ACTIVATIONS", "GATE_KINDS", "check_gate", "gate_width", "output_gate"]
+
+GATE_KINDS = ("element", "head")
+GATE_ACTIVATIONS = ("sigmoid", "softplus")
+
+
+def check_gate(kind: object, activation: object, bias: bool) -> str | None:
+    """The gate's options checked (the NumPy twin's rules); its kind (None: no gate) returned."""
+    if kind is not None and kind not in GATE_KINDS:
+        raise ValueError(f"output_gate must be None or one of {list(GATE_KINDS)}, got {kind!r}")
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(
+            f"gate_activation must be one of {list(GATE_ACTIVATIONS)}, got {activation!r}"
+        )
+    if kind is None and (activation != "sigmoid" or bias):
+        raise ValueError(
+            f"gate_activation={activation!r} and gate_bias={bias} describe an output gate, but "
+            "output_gate is None"
+        )
+    return None if kind is None else str(kind)
+
+
+def gate_width(kind: str, heads: int, head_dim: int) -> int:
+    """The gate projection's output width: H*D per element, H per head."""
+    return heads * head_dim if kind == "element" else heads
+
+
+def output_gate(attn: torch.Tensor, pre: torch.Tensor, activation: str) -> torch.Tensor:
+    """y = attn * act(pre), per element (pre (..., H*D)) or per head (pre (..., H)).
+
+    Args:
+        attn: (..., H*D), the merged heads.
+        pre: (..., H*D) or (..., H), the gate's pre-activation x W_g (+ b_g).
+        activation: ``"sigmoid"`` or ``"softplus"``.
+
+    Returns:
+        (..., H*D).
+    """
+    gate = torch.sigmoid(pre) if activation == "sigmoid" else F.softplus(pre)
+    width, heads = attn.shape[-1], pre.shape[-1]
+    per_head = attn.reshape(*attn.shape[:-1], heads, width // heads)  # (..., H, D) or (..., H*D, 1)
+    return (per_head * gate[..., None]).reshape(attn.shape)  # -> (..., H*D)
