@@ -130,6 +130,20 @@ def test_a_pool_past_16_bit_ids_draws_only_the_pages_its_table_names():
     assert not np.any(inputs.k_cache[spare])
 
 
+@pytest.mark.parametrize("seed", [0, 42])
+def test_a_page_id_past_16_bits_is_on_a_page_the_kernel_reads(seed):
+    # the page of the longest sequence's last token; sequence 0 of this case is empty, so its
+    # first page (where the wide id was) is never read, and on seed 42 no other id was past 16
+    # bits: a kernel truncating ids passed
+    case = next(c for c in KVCACHE if c.pool_pages > 65536)
+
+    inputs = make_decode_inputs(case, seed)
+
+    totals = inputs.cache_seqlens + case.s_new
+    seq = int(np.argmax(totals))
+    assert inputs.block_table[seq, (totals[seq] - 1) // case.page_size] >= 65536
+
+
 def test_a_pool_too_large_for_memory_is_refused_before_it_is_drawn():
     case = next(c for c in KVCACHE if c.pool_pages > 65536)
     huge = dataclasses.replace(case, pool_pages=2**40)
