@@ -14,6 +14,7 @@ tests/parity/test_hf_models.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,20 +140,6 @@ FAMILIES: dict[str, Family] = {
         head_dim_required=True,
         config_defaults=(("head_dim", 128),),
         heads_span_hidden=True,
-    ),
-    # VaultGemma: Gemma 2's scores (scalar, cap) and alternating layers, always causal
-    "vaultgemma": Family(
-        sliding="layer_types",
-        fallback=rules._even_layers,
-        scaling="query_pre_attn_scalar",
-        softcap="attn_logit_softcapping",
-        head_dim_required=True,
-        config_defaults=(
-            ("head_dim", 256),
-            ("query_pre_attn_scalar", 256),
-            ("attn_logit_softcapping", 50.0),
-            ("sliding_window", 4096),
-        ),
     ),
     "cwm": Family(
         bias=None,
@@ -428,6 +415,10 @@ FAMILIES: dict[str, Family] = {
         mixers=rules._olmo_hybrid_mixers,
     ),
 }
+# VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
+FAMILIES["vaultgemma"] = dataclasses.replace(
+    FAMILIES["gemma2"], bidirectional_flag=False, head_dim_required=True
+)
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 
 
