@@ -10,7 +10,8 @@ log(1 + exp(z)) differs from z by less than 2e-9: the NumPy twin's logaddexp kee
 Shape legend: "..." leading axes (B, N), H heads, D head width.
 
 Derivation: docs/derivations/output-gate.md (the NumPy twin's backward; autograd here).
-Tests: tests/torch_attention/test_grouped.py (in the layer, against the NumPy twin).
+Tests: tests/torch_attention/test_gate.py (against the NumPy pair); in the layer,
+tests/torch_attention/test_grouped.py.
 """
 
 from __future__ import annotations
