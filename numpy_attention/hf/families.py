@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import rules
-from .family import Family, check_kind, options
+from .family import Family, as_mapping, check_kind, options
 from .refused import REFUSED
 
 FAMILIES: dict[str, Family] = {
@@ -420,6 +420,43 @@ FAMILIES["vaultgemma"] = dataclasses.replace(
     FAMILIES["gemma2"], bidirectional_flag=False, head_dim_required=True
 )
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+# Multimodal wrappers whose language model is a row: the wrapper's config is read through its
+# ``text_config`` (whose model_type must be one of these), and from a state dict that holds the
+# vision tower too, the language model's entries (under ``language_model.``) are taken.
+WRAPPERS: dict[str, tuple[str, ...]] = {
+    "gemma3": ("gemma3_text",),
+}
+
+
+def language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal wrapper's language model config (its ``text_config``, checked); any other
+    config as given."""
+    name = config.get("model_type")
+    if name not in WRAPPERS:
+        return config
+    if config.get("text_config") is None:
+        raise ValueError(f"the {name} config has no text_config, which holds its language model")
+    text = as_mapping(config["text_config"])
+    if text.get("model_type") not in WRAPPERS[name]:
+        raise ValueError(
+            f"the {name} config's text_config has model_type {text.get('model_type')!r}; its "
+            f"language model is {' or '.join(map(repr, WRAPPERS[name]))}"
+        )
+    return text
+
+
+def language_model_entries(config: Mapping[str, Any], state_dict: Any) -> Any:
+    """For a multimodal wrapper's config, the state dict's entries under ``language_model.``
+    (the whole model's, beside its vision tower's), or all of it when none are there (the
+    language model's own state dict); any other state dict as given."""
+    if config.get("model_type") not in WRAPPERS or not isinstance(state_dict, Mapping):
+        return state_dict
+    inside = {
+        key: value
+        for key, value in state_dict.items()
+        if key.startswith("language_model.") or ".language_model." in key
+    }
+    return inside or state_dict
 
 
 def model_type(config: Mapping[str, Any]) -> str:
@@ -427,6 +464,11 @@ def model_type(config: Mapping[str, Any]) -> str:
     name = config.get("model_type")
     if name in REFUSED:
         raise ValueError(f"model_type {name!r} is not supported as such: {REFUSED[name]}")
+    if name in WRAPPERS:  # the converters read them through language_model first
+        raise ValueError(
+            f"model_type {name!r} is a multimodal wrapper: its attention is its text_config's "
+            f"({' or '.join(WRAPPERS[name])}), read through language_model(config)"
+        )
     if name not in FAMILIES:
         raise ValueError(
             f"model_type {name!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"

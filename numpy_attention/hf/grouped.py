@@ -30,6 +30,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   (the layer switches to the long frequencies per call, as the model does). For exactly the
   model's frequencies pass them as ``inv_freq=`` (and ``long_inv_freq=``): used as given.
 
+A multimodal wrapper's config (Gemma 3's) is read through its ``text_config``, and its state
+dict through the entries under ``language_model.`` (``families.WRAPPERS``).
+
 The padding convention differs too, at call time: Hugging Face's ``attention_mask`` is 1 = keep,
 the layer's ``key_padding_mask`` is True = padding; with left padding each row's positions start
 at its first real token. ``padding_from_hf`` turns one into the other.
@@ -50,7 +53,14 @@ import numpy as np
 from .. import validation
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
-from .families import FAMILIES, check_layer, layer_options, model_type
+from .families import (
+    FAMILIES,
+    check_layer,
+    language_model,
+    language_model_entries,
+    layer_options,
+    model_type,
+)
 from .family import Family, as_mapping, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
@@ -190,6 +200,8 @@ def grouped_from_hf(
     """
     fn = "grouped_from_hf"
     config = as_mapping(config)
+    state_dict = language_model_entries(config, state_dict)
+    config = language_model(config)
     name = model_type(config)
     family = FAMILIES[name]
     layout = family.layout
@@ -247,7 +259,7 @@ def hf_attention_state_from_grouped(
         ValueError: projections of other shapes than the config's.
     """
     fn = "hf_attention_state_from_grouped"
-    config = as_mapping(config)
+    config = language_model(as_mapping(config))
     name = model_type(config)
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")

@@ -10,8 +10,6 @@ Tests: tests/numpy_attention/hf/test_refusals_d.py, test_refusals_e.py.
 from __future__ import annotations
 
 REFUSED = {
-    "gemma3": "the multimodal Gemma 3 config; its language model's attention is 'gemma3_text': "
-    "pass config.text_config (and the language model's state dict)",
     "afmoe": "afmoe: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
     "attention's output before o_proj; the layer has no output gate (issue 28)",
     "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "

@@ -118,19 +118,25 @@ class ModelCase:
     sliding: bool  # what the model's code makes of this layer (checked against its module)
     config: dict[str, Any] = field(default_factory=dict)
     unpadded: bool = False  # also a batch without padding (Hugging Face may skip its mask)
+    wrapper: dict[str, Any] | None = None  # a multimodal wrapper's keywords; config: its text's
 
     def build(self) -> tuple[Any, Any]:
         """The config and the base model in float64, eager, attention weights redrawn."""
         torch.manual_seed(sum(map(ord, self.name)))
         merged = {key: value for key, value in (SIZES | self.config).items() if value is not ABSENT}
-        config = getattr(transformers, f"{self.model}Config")(**merged)
+        config_class = getattr(transformers, f"{self.model}Config")
+        if self.wrapper is None:
+            config = config_class(**merged)
+        else:  # the converter is given the wrapper's config and whole state dict
+            config = config_class(text_config=merged, **self.wrapper)
         config._attn_implementation = "eager"
         config._experts_implementation = "eager"  # the MoE's grouped_mm has no float64
         model_class = getattr(transformers, f"{self.model}Model", None)  # InternLM3: LlamaModel
         model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
         model = model.double().eval()
         with torch.no_grad():
-            for layer_idx in range(len(model.h if hasattr(model, "h") else model.layers)):
+            layers = language(model)
+            for layer_idx in range(len(layers.h if hasattr(layers, "h") else layers.layers)):
                 attention = attention_of(model, layer_idx)  # None on a Mamba layer
                 for param in () if attention is None else attention.parameters():
                     scale = 1.5 / param.shape[-1] ** 0.5 if param.ndim == 2 else 0.5
@@ -138,9 +144,16 @@ class ModelCase:
         return config, model
 
 
+def language(model):
+    """A multimodal wrapper's language model; any other model itself."""
+    return getattr(model, "language_model", model)
+
+
 def attention_of(model, layer_idx):
     """The attention module of a decoder layer (Falcon's names differ; Nemotron-H's is its
-    ``mixer``), None on a hybrid's layer without attention (Mamba, convolution, ...)."""
+    ``mixer``; a multimodal wrapper's is its language model's), None on a hybrid's layer without
+    attention (Mamba, convolution, ...)."""
+    model = language(model)
     if hasattr(model, "h"):
         return model.h[layer_idx].self_attention
     layer = model.layers[layer_idx]
@@ -209,6 +222,34 @@ CASES = [
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                     "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                 },
+            },
+        )
+        for layer, kind in ((0, "sliding"), (1, "full"))
+    ),
+    *(  # google/gemma-3-4b-it: the multimodal model (a SigLIP tower beside the language model),
+        # converted from its own config and whole state dict; its text: 8 heads over 4 kv heads,
+        # 5 sliding layers to 1 full, full layers at theta 1e6 with linear RoPE x 8
+        ModelCase(
+            f"gemma3-multimodal-4b-shaped-{kind}",
+            "Gemma3",
+            layer,
+            layer == 0,
+            {
+                "sliding_window": WINDOW,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "query_pre_attn_scalar": 8,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": 300,  # past the image token's id
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                },
+            },
+            wrapper={
+                "vision_config": {"hidden_size": 16, "intermediate_size": 16}
+                | {"num_attention_heads": 2, "num_hidden_layers": 1}
+                | {"image_size": 28, "patch_size": 14},
+                "mm_tokens_per_image": 4,
             },
         )
         for layer, kind in ((0, "sliding"), (1, "full"))
@@ -1175,6 +1216,7 @@ def model_frequencies(case, config, model):
     computes it on its first long call, here inside the float64 mode (and copied into its
     buffer, float64 since ``model.double()``); Granite SWA's: the rotary embedding of the
     layer's own base."""
+    config, model = config.get_text_config(), language(model)
     rotary = getattr(model, "rotary_emb", None)
     if rotary is None:  # no RoPE in the model (Jamba, Nemotron-H, a NoPE GraniteMoeHybrid)
         return {}
@@ -1249,7 +1291,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     """Output, dx and every parameter's gradient, by the model's own names (fused projections
     joined back by ``hf_attention_state_from_grouped``), for the NumPy layer and its twin."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, padded, config.hidden_size)
+    embeds, attention_mask, positions = inputs(rng, padded, config.get_text_config().hidden_size)
     args, kwargs, _ = record_attention_call(
         model,
         case.layer_idx,
@@ -1261,7 +1303,7 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, config.hidden_size))
+    x = rng.standard_normal((B, N, config.get_text_config().hidden_size))
     dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
 
     x_t = to_torch(x, requires_grad=True)
@@ -1289,7 +1331,7 @@ def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     DynamicCache, each layer (NumPy and torch) with a KVCache fed the very input Hugging Face's
     attention got."""
     config, model = case.build()
-    embeds, attention_mask, positions = inputs(rng, True, config.hidden_size)
+    embeds, attention_mask, positions = inputs(rng, True, config.get_text_config().hidden_size)
     layers = convert_layers(case, config, model)
     hf_cache = DynamicCache(config=config)
     if case.model == "MiniMax":  # its model refuses any cache but its own

@@ -76,7 +76,7 @@ def test_unknown_and_refused_model_types_and_missing_keys_are_named():
     assert model_type({"model_type": "qwen2"}) == "qwen2"
     with pytest.raises(ValueError, match="'bert' is not supported; supported:"):
         model_type({"model_type": "bert"})
-    with pytest.raises(ValueError, match="pass config.text_config"):
+    with pytest.raises(ValueError, match="'gemma3' is a multimodal wrapper: .*gemma3_text"):
         model_type({"model_type": "gemma3"})
     with pytest.raises(ValueError, match="no 'hidden_size', which a llama layer needs"):
         required({"model_type": "llama", "hidden_size": None}, "hidden_size")

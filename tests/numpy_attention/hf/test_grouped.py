@@ -829,7 +829,7 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
         (
             {**BASE, "model_type": "gemma3"},
             ValueError,
-            "'gemma3' is not supported as such: .* pass config.text_config",
+            "the gemma3 config has no text_config, which holds its language model",
         ),
         (config("falcon", alibi=True), ValueError, "alibi is set: .* adds ALiBi"),
         (config("gemma3_text", use_bidirectional_attention=True), ValueError, "not causal"),
@@ -922,3 +922,53 @@ def test_padding_from_hf_gives_the_positions_of_a_decode_steps_tokens():
 def test_padding_from_hf_refuses_what_is_no_attention_mask(attention_mask, n, message):
     with pytest.raises(ValueError, match=message):
         padding_from_hf(attention_mask, n)
+
+
+# -- multimodal wrappers: the language model's config and entries -------------------------------
+
+
+def wrapper_state(rng):
+    """A whole multimodal model's state dict: a vision tower's attention (other shapes) beside
+    the language model's layers, as Gemma3Model names them."""
+    text = attention_state(rng, qk_norm="head")
+    projections = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+    vision = {
+        f"vision_tower.encoder.layers.0.self_attn.{key}": rng.standard_normal((6, 6))
+        for key in projections
+    }
+    layers = {
+        f"language_model.layers.{i}.self_attn.{k}": v for i in (0, 1) for k, v in text.items()
+    }
+    return text, vision | layers
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])  # layer 0: the vision tower's has that number too
+def test_a_wrapper_reads_its_text_config_and_its_language_models_entries(rng, layer_idx):
+    text, whole = wrapper_state(rng)
+    wrapper = {"model_type": "gemma3", "text_config": config("gemma3_text")}
+
+    from_whole = grouped_from_hf(wrapper, whole, layer_idx=layer_idx)
+    from_text = grouped_from_hf(config("gemma3_text"), text, layer_idx=layer_idx)
+
+    assert from_whole.constructor_args() == from_text.constructor_args()
+    for key, value in from_text.state_dict().items():
+        np.testing.assert_array_equal(from_whole.state_dict()[key], value)
+    back = hf_attention_state_from_grouped(wrapper, from_whole.state_dict())
+    assert back.keys() == text.keys()
+
+
+def test_a_wrapper_reads_the_language_models_own_state_dict_too(rng):
+    text, _ = wrapper_state(rng)
+    wrapper = {"model_type": "gemma3", "text_config": config("gemma3_text")}
+
+    layer = grouped_from_hf(wrapper, text)
+
+    np.testing.assert_array_equal(layer.state_dict()["q_proj.weight"], text["q_proj.weight"])
+
+
+def test_a_wrappers_text_config_of_another_model_type_is_refused(rng):
+    text, whole = wrapper_state(rng)
+    wrapper = {"model_type": "gemma3", "text_config": config("llama")}
+
+    with pytest.raises(ValueError, match="text_config has model_type 'llama'.*'gemma3_text'"):
+        grouped_from_hf(wrapper, whole)
