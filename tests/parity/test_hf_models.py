@@ -1210,14 +1210,14 @@ CASES = [
         | {"cross_attention_layers": [3], "head_dim": ABSENT}
         | {"rope_parameters": LLAMA3_ROPE | {"original_max_position_embeddings": 8192}},
     ),
-    ModelCase(  # LongRoPE past its original length of 8 on three quarters of each head, sliding
-        "phi4_multimodal-longrope-partial-sliding",
+    ModelCase(  # LongRoPE past its original length of 8 on three quarters of each head, no window
+        "phi4_multimodal-longrope-partial",
         "Phi4Multimodal",
         1,
-        True,
+        False,
         PHI4_MM_ENCODERS
         | {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2}
-        | {"head_dim": ABSENT, "sliding_window": WINDOW, "max_position_embeddings": 32}
+        | {"head_dim": ABSENT, "sliding_window": None, "max_position_embeddings": 32}
         | {"original_max_position_embeddings": 8}
         | {
             "rope_parameters": {
@@ -1229,15 +1229,16 @@ CASES = [
             }
         },
     ),
-    ModelCase(  # microsoft/Phi-4-multimodal-instruct: 24 heads of 128 over 8, 3/4 of each head
-        # rotates, LongRoPE from 4096 to 131072, a window of 262144 (past any length here)
+    ModelCase(  # microsoft/Phi-4-multimodal-instruct: 24 heads of 128 over 8 (here 6 of 8 over
+        # 2), 3/4 of each head rotates, LongRoPE from 4096 to 131072, a window on every layer (its
+        # 262144, past any length here: WINDOW)
         "phi4_multimodal-instruct-shaped",
         "Phi4Multimodal",
         0,
-        False,
+        True,
         PHI4_MM_ENCODERS
         | {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2}
-        | {"head_dim": ABSENT, "sliding_window": None, "max_position_embeddings": 131072}
+        | {"head_dim": ABSENT, "sliding_window": WINDOW, "max_position_embeddings": 131072}
         | {"original_max_position_embeddings": 4096}
         | {
             "rope_parameters": {
