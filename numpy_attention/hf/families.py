@@ -414,17 +414,90 @@ FAMILIES: dict[str, Family] = {
         rotates=rules._olmo_hybrid_rotates,
         mixers=rules._olmo_hybrid_mixers,
     ),
+    # RecurrentGemma: local attention blocks beside RG-LRU ones; half of each head rotates (by
+    # default), o_proj always biased, a window of attention_window_size on every one
+    "recurrent_gemma": Family(
+        out_bias="<always>",
+        sliding="every_layer",
+        partial_rotary=True,
+        key_aliases=(("attention_window_size", "sliding_window"),),
+        config_defaults=(("sliding_window", 2048),),
+        mixers=rules._recurrent_gemma_mixers,
+        partial_rotary_default=0.5,
+        refuse=rules._recurrent_gemma_refuse,
+    ),
+    # GPT-BigCode (StarCoder, SantaCoder): one fused c_attn, biased, multi-query by default, no
+    # RoPE (learned positions outside the attention), 1/sqrt(D) only under scale_attn_weights;
+    # c_proj's output is dropped at resid_pdrop in training
+    "gpt_bigcode": Family(
+        bias="<always>",
+        out_bias="<always>",
+        rotates=rules._never,
+        layout="gpt_bigcode",
+        head_dim_from_config=False,
+        heads_span_hidden=True,
+        scaling="scale_attn_weights",
+        config_defaults=(("attention_dropout", 0.1),),
+        key_aliases=(
+            ("n_embd", "hidden_size"),
+            ("n_head", "num_attention_heads"),
+            ("n_layer", "num_hidden_layers"),
+            ("attn_pdrop", "attention_dropout"),
+        ),
+        refused_keys=(
+            (
+                "add_cross_attention",
+                "gpt_bigcode's blocks then carry a second attention (crossattention) reading an "
+                "encoder's states, under the same c_attn names; its self-attention layer is not "
+                "told apart from it here",
+            ),
+        ),
+        multi_query=True,
+    ),
+    # Emu3's text model: Llama's attention, attention_dropout 0.1 in training by default
+    "emu3_text_model": Family(config_defaults=(("attention_dropout", 0.1),)),
+    # Mllama's text model: Llama's attention, no biases, heads C // H wide, on the layers that
+    # are not cross_attention_layers; its dropout key is ``dropout``
+    "mllama_text_model": Family(
+        bias=None,
+        out_bias=None,
+        head_dim_from_config=False,
+        key_aliases=(("dropout", "attention_dropout"),),
+        mixers=rules._mllama_text_mixers,
+        refuse=rules._stablelm_refuse,  # its rotary embedding reads head_dim, its heads C // H
+    ),
+    # ModernBERT decoder: multi-head (no grouping), heads C // H wide, Wo its o_proj, sliding
+    # layers with a window of local_attention // 2 and RoPE per layer type; Wo's output is dropped
+    # at attention_dropout in training
+    "modernbert-decoder": Family(
+        sliding="layer_types",
+        fallback=rules._modernbert_decoder_sliding,
+        rope_per_layer_type=True,
+        head_dim_from_config=False,
+        heads_span_hidden=True,
+        config_defaults=(("local_attention", 128),),
+        renames=(("Wo", "o_proj"),),
+        refuse=rules._modernbert_decoder_refuse,
+        derived=rules._modernbert_decoder_window,
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(
     FAMILIES["gemma2"], bidirectional_flag=False, head_dim_required=True
 )
+# Phi-4-multimodal's text decoder: Phi-3's attention (fused qkv_proj, partial rotary, LongRoPE,
+# a window on every layer when set); its LoRA adapters are PEFT's, outside the base weights
+FAMILIES["phi4_multimodal"] = dataclasses.replace(
+    FAMILIES["phi3"], refuse=rules._phi4_multimodal_refuse
+)
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 # Multimodal wrappers whose language model is a row: the wrapper's config is read through its
-# ``text_config`` (whose model_type must be one of these), and from a state dict that holds the
-# vision tower too, the language model's entries (under ``language_model.``) are taken.
-WRAPPERS: dict[str, tuple[str, ...]] = {
-    "gemma3": ("gemma3_text",),
+# ``text_config`` (whose model_type must be one of the types named), and from a state dict that
+# holds the vision tower (or image tokenizer) too, the entries under the language model's module.
+WRAPPERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "gemma3": (("gemma3_text",), "language_model"),
+    "emu3": (("emu3_text_model",), "text_model"),
+    "mllama": (("mllama_text_model",), "language_model"),
 }
 
 
@@ -437,24 +510,27 @@ def language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
     if config.get("text_config") is None:
         raise ValueError(f"the {name} config has no text_config, which holds its language model")
     text = as_mapping(config["text_config"])
-    if text.get("model_type") not in WRAPPERS[name]:
+    if text.get("model_type") not in WRAPPERS[name][0]:
         raise ValueError(
             f"the {name} config's text_config has model_type {text.get('model_type')!r}; its "
-            f"language model is {' or '.join(map(repr, WRAPPERS[name]))}"
+            f"language model is {' or '.join(map(repr, WRAPPERS[name][0]))}"
         )
     return text
 
 
 def language_model_entries(config: Mapping[str, Any], state_dict: Any) -> Any:
-    """For a multimodal wrapper's config, the state dict's entries under ``language_model.``
-    (the whole model's, beside its vision tower's), or all of it when none are there (the
-    language model's own state dict); any other state dict as given."""
-    if config.get("model_type") not in WRAPPERS or not isinstance(state_dict, Mapping):
+    """For a multimodal wrapper's config, the state dict's entries under its language model's
+    module (``language_model.``, Emu3's ``text_model.``: the whole model's, beside its vision
+    tower's), or all of it when none are there (the language model's own state dict); any other
+    state dict as given."""
+    name = config.get("model_type")
+    if name not in WRAPPERS or not isinstance(state_dict, Mapping):
         return state_dict
+    module = WRAPPERS[name][1] + "."
     inside = {
         key: value
         for key, value in state_dict.items()
-        if key.startswith("language_model.") or ".language_model." in key
+        if key.startswith(module) or "." + module in key
     }
     return inside or state_dict
 
@@ -467,7 +543,7 @@ def model_type(config: Mapping[str, Any]) -> str:
     if name in WRAPPERS:  # the converters read them through language_model first
         raise ValueError(
             f"model_type {name!r} is a multimodal wrapper: its attention is its text_config's "
-            f"({' or '.join(WRAPPERS[name])}), read through language_model(config)"
+            f"({' or '.join(WRAPPERS[name][0])}), read through language_model(config)"
         )
     if name not in FAMILIES:
         raise ValueError(

@@ -65,8 +65,9 @@ class Family:
         qk_norm: (type, shape, weight offset) of the QK-norm, or None;
             ``qk_norm_flag`` the config key that switches it on (None: always);
             ``norm_eps`` the config key of its eps.
-        scaling: None (1/sqrt(D)), ``"query_pre_attn_scalar"`` (its ** -0.5) or
-            ``"attention_multiplier"`` (the scale itself).
+        scaling: None (1/sqrt(D)), ``"query_pre_attn_scalar"`` (its ** -0.5),
+            ``"attention_multiplier"`` (the scale itself) or ``"scale_attn_weights"`` (1/sqrt(D)
+            under that flag, true by default, else 1: GPT-BigCode).
         softcap: config key of the score cap, or None.
         sinks: one learned sink per head.
         interleaved: RoPE pairs (x_2i, x_2i+1).
@@ -159,6 +160,12 @@ class Family:
     refuse: Callable[[Mapping[str, Any]], None] | None = None
     """Raises ValueError for a config the family's code cannot mean (a key it ignores, a twist
     only some configs switch on)."""
+    multi_query: bool = False
+    """The key/value heads are one under ``multi_query`` (true by default), else one per query
+    head, whatever ``num_key_value_heads`` says (GPT-BigCode's attention)."""
+    derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    """Keys the config class computes from others, as it computes them, over the config's own
+    (ModernBERT decoder: ``sliding_window = local_attention // 2``)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -229,15 +236,17 @@ def layer_kind(config: Mapping[str, Any], family: Family, layer_idx: int) -> str
 
 def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
     """The config as the family's config class reads it: ``key_aliases`` under the model's
-    names, ``config_defaults`` where it leaves a key out, ``equal_keys`` and ``refused_keys``
-    checked."""
+    names, ``config_defaults`` where it leaves a key out, ``derived`` keys computed,
+    ``equal_keys`` and ``refused_keys`` checked."""
     for key, reason in family.refused_keys:
         if config.get(key) not in (None, False):
             raise ValueError(f"{key} is set: {reason}")
-    if not (family.config_defaults or family.key_aliases or family.equal_keys):
+    if not (family.config_defaults or family.key_aliases or family.equal_keys or family.derived):
         return config
     renamed = {new: config[old] for old, new in family.key_aliases if old in config}
     config = {**dict(family.config_defaults), **renamed, **config}
+    if family.derived is not None:
+        config = {**config, **family.derived(config)}
     for first, second in family.equal_keys:
         if config.get(first) != config.get(second):
             raise ValueError(
@@ -265,6 +274,8 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
             num_kv_heads = config.get("num_kv_heads") or num_heads
         else:
             num_kv_heads = 1 if flag(config, "multi_query", True) else num_heads
+    elif family.multi_query:  # GPT-BigCode: its config class ignores num_key_value_heads
+        num_kv_heads = 1 if flag(config, "multi_query", True) else num_heads
     else:
         num_kv_heads = config.get("num_key_value_heads") or num_heads
     if num_heads % num_kv_heads:
@@ -340,6 +351,8 @@ def options(
     elif family.scaling == "attention_multiplier":  # None: 1/sqrt(D) (HyperCLOVA X's default)
         multiplier = config.get(family.scaling, 1.0)
         options["scaling"] = None if multiplier is None else float(multiplier)
+    elif family.scaling == "scale_attn_weights":  # false: scores q . k, without 1/sqrt(D)
+        options["scaling"] = None if flag(config, family.scaling, True) else 1.0
     if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
         multiplier = config.get(family.key_multiplier)
         multiplier = 1.0 if multiplier is None else float(multiplier)

@@ -61,7 +61,7 @@ from .families import (
     layer_options,
     model_type,
 )
-from .family import Family, as_mapping, sizes
+from .family import Family, as_mapping, class_view, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
 
@@ -124,6 +124,7 @@ def _attention_entries(
         if key == anchor or key.endswith("." + anchor)
     )
     if not prefixes:
+        _check_adapters(fn, state_dict)
         raise KeyError(f"{fn}: the state dict has no '{anchor}'; {form}")
     numbered = {prefix: _layer_number(prefix) for prefix in prefixes}
     if len(prefixes) == 1:
@@ -147,7 +148,23 @@ def _attention_entries(
         for key, value in state_dict.items()
         if key.startswith(prefix)
     }
+    _check_adapters(fn, {prefix + key: value for key, value in entries.items()})
     return prefix, entries
+
+
+def _check_adapters(fn: str, state_dict: Mapping[str, Any]) -> None:
+    """PEFT's unmerged LoRA adapters (``qkv_proj.base_layer.weight``, ``qkv_proj.lora_A.<name>.
+    weight``: Phi-4-multimodal's speech and vision adapters) change the projections by
+    ``scaling * B A``, whose scaling lives in the adapter's own config, not in the state dict:
+    refused by name rather than read as the base weights alone."""
+    pattern = re.compile(r"(?:^|\.)(?:base_layer|lora_[AB]|lora_embedding_[AB])\.")
+    found = sorted(key for key in state_dict if pattern.search(key))
+    if found:
+        raise ValueError(
+            f"{fn}: the state dict holds unmerged LoRA adapters ('{found[0]}', {len(found)} "
+            "entries): the layer has no adapters; merge them into the base weights (PEFT's "
+            "merge_and_unload, with the adapter meant) or pass the base model's state dict"
+        )
 
 
 def _layer_number(prefix: str) -> int | None:
@@ -207,7 +224,7 @@ def grouped_from_hf(
     layout = family.layout
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
     check_layer(config, name, layer_idx)
-    num_layers = config.get("num_hidden_layers")
+    num_layers = class_view(config, family).get("num_hidden_layers")  # GPT-BigCode: n_layer
     if num_layers is not None and layer_idx >= num_layers:
         raise ValueError(
             f"{fn}: layer_idx is {layer_idx} but the config has num_hidden_layers = {num_layers}"

@@ -9,6 +9,11 @@ fused, split on load and joined on save.
   ``_split_heads`` views it as (H_kv, g + 2, D)); an optional ``query_key_value.bias`` alike;
   ``dense`` is o_proj. Multi-query (one kv head) and multi-head (g = 1) Falcons are the same
   layout.
+- ``"gpt_bigcode"`` (GPT-BigCode, StarCoder): ``c_attn.weight`` and ``c_attn.bias`` (an
+  ``nn.Linear``, not GPT-2's transposed ``Conv1D``), then ``c_proj`` as o_proj. Multi-query,
+  its rows are [all query heads; k; v] (the output split at H D and H D + D); multi-head, the
+  output is viewed as (H, 3 D), per head [q_h; k_h; v_h]. Both are Falcon's grouping, with
+  H_kv = 1 and with g = 1.
 
 Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
 weights. NumPy only.
@@ -27,14 +32,16 @@ ANCHORS = {  # the one key every layout's attention has, after which nothing is 
     "separate": "q_proj.weight",
     "qkv_proj": "qkv_proj.weight",
     "falcon": "query_key_value.weight",
+    "gpt_bigcode": "c_attn.weight",
 }
 EXAMPLES = {  # how a whole model's state dict names it
     "separate": "model.layers.{i}.self_attn.q_proj.weight",
     "qkv_proj": "model.layers.{i}.self_attn.qkv_proj.weight",
     "falcon": "transformer.h.{i}.self_attention.query_key_value.weight",
+    "gpt_bigcode": "transformer.h.{i}.attn.c_attn.weight",
 }
-_FUSED = {"qkv_proj": "qkv_proj", "falcon": "query_key_value"}
-_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense"}
+_FUSED = {"qkv_proj": "qkv_proj", "falcon": "query_key_value", "gpt_bigcode": "c_attn"}
+_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense", "gpt_bigcode": "c_proj"}
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
@@ -112,7 +119,7 @@ def _split_rows(
         q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
         q, k, v = np.split(fused, [q_rows, q_rows + kv_rows])
         return q.copy(), k.copy(), v.copy()
-    group = num_heads // num_kv_heads  # Falcon: per kv head, its g query heads, k, v
+    group = num_heads // num_kv_heads  # Falcon, GPT-BigCode: per kv head, its g query heads, k, v
     blocks = fused.reshape(num_kv_heads, group + 2, -1, *rest)  # (H_kv, g + 2, D, ...)
     q = blocks[:, :group].reshape(-1, *rest)  # (H_kv, g, D, ...) -> (H D, ...)
     k = blocks[:, group].reshape(-1, *rest)  # (H_kv, D, ...) -> (H_kv D, ...)

@@ -148,9 +148,6 @@ REFUSED = {
         "Attention (a top-k indexer hides keys per query) over multi-head latent attention"
         for name in ("glm5_next", "mistral_large4", "dots3_note")
     },
-    "gpt_bigcode": "gpt_bigcode: its attention (biased, no RoPE, multi-query by default) is "
-    "one fused c_attn whose output splits into q, then one k and v shared by all heads; that "
-    "layout is not read here (and scale_attn_weights false scores without 1/sqrt(D))",
     "zamba": "zamba: its shared attention block reads attention_hidden_size = 2 * hidden_size "
     "inputs (the hidden states concatenated with the original embeddings); the layer's input "
     "width is hidden_size. The other layers are Mamba layers",
@@ -161,20 +158,6 @@ REFUSED = {
     "blt": "blt: the Byte Latent Transformer: a local byte encoder and decoder that "
     "cross-attend to patches, a global transformer over patches and an entropy patcher; no "
     "single decoder stack of self-attention layers to convert",
-    "emu3": "emu3: the multimodal wrapper (a VQ-VAE image tokenizer and a text model, "
-    "model_type 'emu3_text_model'); its text model is not a row yet",
-    "mllama": "mllama: a vision-language model whose text model's cross_attention_layers take "
-    "keys and values from the vision encoder's states (MllamaTextCrossAttention, gated by "
-    "tanh on the residual); its self-attention layers are not a row yet",
-    "modernbert-decoder": "modernbert-decoder: its attention applies attention_dropout a "
-    "second time, to Wo's output (out_drop), in training, and its heads are hidden_size // "
-    "num_attention_heads wide with no key/value grouping; not a row yet",
-    "phi4_multimodal": "phi4_multimodal: the multimodal model (vision and audio encoders "
-    "beside a Phi-3 text decoder whose LoRA adapters live outside the base weights); its "
-    "attention is not a row yet",
-    "recurrent_gemma": "recurrent_gemma: a hybrid of RG-LRU recurrent blocks and local "
-    "attention blocks (block_types); its attention (partial RoPE, o_proj always biased) is "
-    "not a row yet",
     "falcon_mamba": "falcon_mamba: a state-space model (Mamba with RMS-normed B, C and dt) "
     "with no softmax attention layer",
     "mamba": "mamba: a state-space model with no softmax attention layer",

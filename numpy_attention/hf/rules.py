@@ -258,19 +258,22 @@ def _olmo_hybrid_rotates(config: Mapping[str, Any], family: Family, layer_idx: i
 
 
 def _never(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
-    """Jamba's and Nemotron-H's attention: no RoPE at all (the Mamba layers carry position)."""
+    """Jamba's and Nemotron-H's attention: no RoPE at all (the Mamba layers carry position);
+    GPT-BigCode's (its learned position embeddings are added to the input, outside it)."""
     return False
 
 
-# StableLM: its attention's head width is hidden_size // num_attention_heads whatever head_dim
-# says, and its rotary embedding reads head_dim: the two must agree
+# StableLM (and Mllama's text model, ModernBERT decoder): its attention's head width is
+# hidden_size // num_attention_heads whatever head_dim says, and its rotary embedding reads
+# head_dim: the two must agree
 def _stablelm_refuse(config: Mapping[str, Any]) -> None:
     head_dim = config.get("head_dim")
     width = required(config, "hidden_size") // required(config, "num_attention_heads")
     if head_dim is not None and head_dim != width:
         raise ValueError(
-            f"head_dim is {head_dim}, but stablelm's attention heads are hidden_size // "
-            f"num_attention_heads = {width} wide (its rotary embedding would read {head_dim})"
+            f"head_dim is {head_dim}, but {config.get('model_type', 'stablelm')}'s attention "
+            f"heads are hidden_size // num_attention_heads = {width} wide (its rotary embedding "
+            f"would read {head_dim})"
         )
 
 
@@ -338,3 +341,78 @@ _CLIP_QKV = (
     "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
     "(issue 28)"
 )
+
+
+# RecurrentGemma: block_types repeated over the layers, "recurrent" an RG-LRU block, "attention"
+# a local attention block; its rotary embedding takes no RoPE type but the default
+def _recurrent_gemma_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"recurrent": "an RG-LRU recurrent block", "attention": ATTENTION}
+    types = list(config.get("block_types") or ("recurrent", "recurrent", "attention"))
+    count = required(config, "num_hidden_layers")
+    return _kinds((types * count)[:count], "block_types", names)
+
+
+def _recurrent_gemma_refuse(config: Mapping[str, Any]) -> None:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_parameters' rope_type is {rope_type!r}: recurrent_gemma's rotary embedding "
+            "takes only 'default' (its model raises on any other)"
+        )
+
+
+# Phi-4-multimodal's config class: RoPE 'default' or 'longrope' ('su' and 'yarn' its old names)
+def _phi4_multimodal_refuse(config: Mapping[str, Any]) -> None:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", "longrope", "su", "yarn"):
+        raise ValueError(
+            f"rope_parameters' rope_type is {rope_type!r}: phi4_multimodal's config class takes "
+            "only 'default' and 'longrope'"
+        )
+
+
+# Mllama's text model: the layers in cross_attention_layers attend to the vision encoder's states
+# (MllamaTextCrossAttention); the others are Llama's self-attention
+def _mllama_text_mixers(config: Mapping[str, Any]) -> list[str]:
+    cross = config.get("cross_attention_layers")
+    cross = [3, 8, 13, 18, 23, 28, 33, 38] if cross is None else cross  # its config class's
+    kind = (
+        "a cross-attention layer (keys and values from the vision encoder's states, "
+        "MllamaTextCrossAttention)"
+    )
+    layers = range(required(config, "num_hidden_layers"))
+    return [kind if i in cross else ATTENTION for i in layers]
+
+
+# ModernBERT decoder's config class: without layer_types, every global_attn_every_n_layers-th
+# layer (3) from the first attends fully, the others slide; its window is half local_attention
+def _modernbert_decoder_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return layer_idx % (config.get("global_attn_every_n_layers") or 3) != 0
+
+
+def _modernbert_decoder_window(config: Mapping[str, Any]) -> dict[str, Any]:
+    local = config.get("local_attention")
+    return {"sliding_window": local // 2 if local else None}
+
+
+def _modernbert_decoder_refuse(config: Mapping[str, Any]) -> None:
+    _stablelm_refuse(config)
+    if "local_attention" in config and not config["local_attention"]:
+        raise ValueError(
+            f"local_attention is {config['local_attention']!r}: modernbert-decoder's config class "
+            "then sets sliding_window to -1, a window its sliding layers cannot mean"
+        )
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != heads:
+        raise ValueError(
+            f"num_key_value_heads is {kv_heads}, but modernbert-decoder's attention has no "
+            f"key/value grouping: it projects keys and values for all {heads} heads"
+        )
+    if config.get("rope_parameters") is None:
+        raise ValueError(
+            "the config has no rope_parameters: modernbert-decoder's config class builds them "
+            "per layer type from global_rope_theta, local_rope_theta and rope_scaling (applied to "
+            "both); pass its config.to_dict()"
+        )

@@ -145,21 +145,25 @@ class ModelCase:
 
 
 def language(model):
-    """A multimodal wrapper's language model; any other model itself."""
-    return getattr(model, "language_model", model)
+    """A multimodal wrapper's language model (Emu3's ``text_model``); any other model itself."""
+    return getattr(model, "language_model", getattr(model, "text_model", model))
 
 
 def attention_of(model, layer_idx):
-    """The attention module of a decoder layer (Falcon's names differ; Nemotron-H's is its
-    ``mixer``; a multimodal wrapper's is its language model's), None on a hybrid's layer without
-    attention (Mamba, convolution, ...)."""
+    """The attention module of a decoder layer (Falcon's and GPT-BigCode's names differ;
+    Nemotron-H's is its ``mixer``, RecurrentGemma's its ``temporal_block``, ModernBERT
+    decoder's its ``attn``; a multimodal wrapper's is its language model's), None on a hybrid's
+    layer without attention (Mamba, convolution, recurrent, cross-attention, ...)."""
     model = language(model)
     if hasattr(model, "h"):
-        return model.h[layer_idx].self_attention
+        block = model.h[layer_idx]
+        return block.self_attention if hasattr(block, "self_attention") else block.attn
     layer = model.layers[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
-    return getattr(layer, "self_attn", None)
+    if hasattr(layer, "temporal_block"):  # RecurrentGemma: an RG-LRU block or attention
+        return layer.temporal_block if hasattr(layer.temporal_block, "q_proj") else None
+    return getattr(layer, "self_attn", getattr(layer, "attn", None))
 
 
 ARIA_MOE = {"moe_num_experts": 2, "moe_topk": 1, "moe_num_shared_experts": 1}
@@ -168,6 +172,21 @@ FLINT_MOE |= {"shared_expert_intermediate_size": 8}
 KOLIBRI1_MOE = FLINT_MOE
 MINIMAX_MOE = {"num_local_experts": 2, "num_experts_per_tok": 1}
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
+PHI4_MM_ENCODERS = {  # Phi-4-multimodal's vision and audio encoders, tiny (embeddings are given)
+    "vision_config": {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1}
+    | {"num_attention_heads": 2, "image_size": 28, "patch_size": 14, "crop_size": 28},
+    "audio_config": {"hidden_size": 16, "intermediate_size": 16, "num_blocks": 1}
+    | {"num_attention_heads": 2, "ext_pw_out_channel": 16, "nemo_conv_channels": 16}
+    | {"depthwise_separable_out_channel": 16},
+    "bos_token_id": None,
+}
+MODERNBERT_DECODER = {  # no key/value grouping; Hugging Face's window is local_attention // 2
+    "num_key_value_heads": ABSENT,
+    "head_dim": ABSENT,
+    "local_attention": 2 * WINDOW,
+    "norm_eps": 1e-5,
+    "pad_token_id": 0,  # its config wants an int
+}
 CASES = [
     ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
     ModelCase("llama-llama3-rope", "Llama", 1, False, {"rope_parameters": LLAMA3_ROPE}, True),
@@ -1149,6 +1168,185 @@ CASES = [
         {"layer_types": ["full_attention", "linear_attention"], "rms_norm_eps": 1e-5}
         | {"head_dim": ABSENT},
     ),
+    # -- rows that need no new layer option: RecurrentGemma, GPT-BigCode, Emu3's and Mllama's text
+    # models, Phi-4-multimodal, ModernBERT decoder -------------------------------------------------
+    ModelCase(  # an RG-LRU block then a local attention block; q/k/v biases, o_proj's always;
+        # a head_dim given (16, not C // H) is kept by its config class
+        "recurrent_gemma-local-bias",
+        "RecurrentGemma",
+        1,
+        True,
+        {"block_types": ["recurrent", "attention"], "attention_window_size": WINDOW}
+        | {"attention_bias": True, "head_dim": 16},
+        unpadded=True,
+    ),
+    ModelCase(  # google/recurrentgemma-2b: 10 heads of 256 over one (multi-query), C = 2560,
+        # window 2048 (here 4), two recurrent blocks then one attention block, half of each head
+        # rotates at theta 1e4 (its config class's defaults)
+        "recurrent_gemma-2b-shaped",
+        "RecurrentGemma",
+        2,
+        True,
+        {"hidden_size": 40, "num_attention_heads": 5, "num_key_value_heads": 1}
+        | {"num_hidden_layers": 3, "attention_window_size": WINDOW, "head_dim": ABSENT},
+    ),
+    ModelCase(  # per-head [q_h; k_h; v_h] rows, scores without 1/sqrt(D)
+        "gpt_bigcode-multi-head-unscaled",
+        "GPTBigCode",
+        1,
+        False,
+        {"multi_query": False, "scale_attn_weights": False, "head_dim": ABSENT}
+        | {"num_key_value_heads": ABSENT, "intermediate_size": ABSENT},
+        unpadded=True,
+    ),
+    ModelCase(
+        "gpt_bigcode-multi-query",
+        "GPTBigCode",
+        0,
+        False,
+        {"head_dim": ABSENT, "num_key_value_heads": ABSENT, "intermediate_size": ABSENT},
+    ),
+    ModelCase(  # bigcode/starcoder: 48 heads of 128 over one (multi-query), C = 6144, biases,
+        # 1/sqrt(D), learned positions (here 8 heads of 4 over one)
+        "gpt_bigcode-starcoder-shaped",
+        "GPTBigCode",
+        1,
+        False,
+        {"num_attention_heads": 8, "multi_query": True, "n_positions": 8192, "head_dim": ABSENT}
+        | {"num_key_value_heads": ABSENT, "intermediate_size": ABSENT},
+    ),
+    ModelCase(
+        "emu3_text-bias",
+        "Emu3Text",
+        1,
+        False,
+        {"attention_bias": True, "pad_token_id": 0},  # its config wants an int
+        unpadded=True,
+    ),
+    ModelCase(  # BAAI/Emu3-Chat-hf's text model: 32 heads of 128 over 8, theta 1e6, no biases,
+        # 9216 positions
+        "emu3_text-chat-shaped",
+        "Emu3Text",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 9216}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "pad_token_id": 0},
+    ),
+    ModelCase(  # a self-attention layer before a cross-attention one
+        "mllama_text-self-attention",
+        "MllamaText",
+        0,
+        False,
+        {"cross_attention_layers": [1], "head_dim": ABSENT},
+        unpadded=True,
+    ),
+    ModelCase(  # meta-llama/Llama-3.2-11B-Vision: 32 heads over 8, Llama 3's RoPE (8x over 8192,
+        # theta 5e5), every fifth layer from the fourth cross-attends (here 8 over 2, layer 3)
+        "mllama_text-11b-vision-shaped",
+        "MllamaText",
+        2,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4}
+        | {"cross_attention_layers": [3], "head_dim": ABSENT}
+        | {"rope_parameters": LLAMA3_ROPE | {"original_max_position_embeddings": 8192}},
+    ),
+    ModelCase(  # BAAI/Emu3-Chat-hf whole: its VQ-VAE image tokenizer (whose own attention has
+        # q_proj too) beside the text model, converted from the wrapper's config and state dict
+        "emu3-wrapper-chat-shaped",
+        "Emu3",
+        1,
+        False,
+        {"num_key_value_heads": 1, "pad_token_id": 0}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+        wrapper={
+            "vq_config": {"codebook_size": 16, "embed_dim": 4, "latent_channels": 4}
+            | {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1},
+            "vocabulary_map": {"<image>": 3},
+        },
+    ),
+    ModelCase(  # meta-llama/Llama-3.2-11B-Vision whole: the vision model's layers numbered from 0
+        # beside the language model's self-attention layer 0 (its layer 1 cross-attends)
+        "mllama-wrapper-11b-vision-shaped",
+        "Mllama",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "cross_attention_layers": [1]}
+        | {
+            "head_dim": ABSENT,
+            "rope_parameters": LLAMA3_ROPE | {"original_max_position_embeddings": 8192},
+        },
+        wrapper={
+            "vision_config": {"hidden_size": 16, "attention_heads": 2, "num_hidden_layers": 1}
+            | {"num_global_layers": 1, "intermediate_size": 16, "image_size": 28}
+            | {"patch_size": 14, "vision_output_dim": 32, "intermediate_layers_indices": [0]},
+        },
+    ),
+    ModelCase(  # LongRoPE past its original length of 8 on three quarters of each head, no window
+        "phi4_multimodal-longrope-partial",
+        "Phi4Multimodal",
+        1,
+        False,
+        PHI4_MM_ENCODERS
+        | {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2}
+        | {"head_dim": ABSENT, "sliding_window": None, "max_position_embeddings": 32}
+        | {"original_max_position_embeddings": 8}
+        | {
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.5, 2.0],
+                "long_factor": [3.0, 7.0, 11.0],
+            }
+        },
+    ),
+    ModelCase(  # microsoft/Phi-4-multimodal-instruct: 24 heads of 128 over 8 (here 6 of 8 over
+        # 2), 3/4 of each head rotates, LongRoPE from 4096 to 131072, a window on every layer (its
+        # 262144, past any length here: WINDOW)
+        "phi4_multimodal-instruct-shaped",
+        "Phi4Multimodal",
+        0,
+        True,
+        PHI4_MM_ENCODERS
+        | {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2}
+        | {"head_dim": ABSENT, "sliding_window": WINDOW, "max_position_embeddings": 131072}
+        | {"original_max_position_embeddings": 4096}
+        | {
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.05, 1.6],
+                "long_factor": [1.0, 3.9, 38.1],
+            }
+        },
+    ),
+    *(
+        ModelCase(  # RoPE per layer type: the full layer's scaled, the sliding one's own base
+            f"modernbert_decoder-{kind}",
+            "ModernBertDecoder",
+            layer,
+            layer == 1,
+            MODERNBERT_DECODER
+            | {"layer_types": ["full_attention", "sliding_attention"], "attention_bias": True}
+            | {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+        )
+        for layer, kind in ((0, "full"), (1, "sliding"))
+    ),
+    ModelCase(  # jhu-clsp/ettin-decoder-150m-like (its config class's defaults): 12 heads of 64,
+        # multi-head, every third layer full from the first, window 64, theta 1.6e5 full and
+        # 1e4 sliding; here layer 2 of 3 (sliding)
+        "modernbert_decoder-ettin-shaped",
+        "ModernBertDecoder",
+        2,
+        True,
+        MODERNBERT_DECODER | {"num_hidden_layers": 3},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1218,6 +1416,8 @@ def model_frequencies(case, config, model):
     layer's own base."""
     config, model = config.get_text_config(), language(model)
     rotary = getattr(model, "rotary_emb", None)
+    if rotary is None:  # RecurrentGemma: one rotary embedding in each attention block
+        rotary = getattr(attention_of(model, case.layer_idx), "rotary_emb", None)
     if rotary is None:  # no RoPE in the model (Jamba, Nemotron-H, a NoPE GraniteMoeHybrid)
         return {}
     thetas = getattr(config, "layer_rope_theta", None)

@@ -493,3 +493,163 @@ def test_a_config_json_without_the_keys_reads_as_its_config_class_fills_them(mod
         assert read == layer_options(full, full["model_type"], layer, {})
     assert read["head_dim"] == config.head_dim != 64 // 4
     assert rotary_dim(bare, 0) == rotary_dim(full, 0)
+
+
+# -- rows that need no new layer option (RecurrentGemma to ModernBERT decoder) --
+
+
+def test_recurrent_gemma_config_json_reads_as_its_config_class():
+    # google/recurrentgemma-2b's config.json (transformers 4): no rope_parameters; its class
+    # rotates half of each head, slides over attention_window_size, and keeps a head_dim given
+    # (C // H without one)
+    as_json = {"model_type": "recurrent_gemma", "hidden_size": 40, "num_attention_heads": 5,
+               "num_key_value_heads": 1, "num_hidden_layers": 3, "attention_window_size": 6,
+               "rope_theta": 10000.0}  # fmt: skip
+    for head_dim in (None, 16):
+        given = {} if head_dim is None else {"head_dim": head_dim}
+        config = transformers.RecurrentGemmaConfig(
+            **{k: v for k, v in as_json.items() if k not in ("model_type", "rope_theta")}, **given
+        )
+
+        read = layer_options(as_json | given, "recurrent_gemma", 2, {})
+
+        assert read["head_dim"] == config.head_dim == (head_dim or 8)
+        assert read["window"] == (config.sliding_window - 1, 0) == (5, 0)
+        assert read["out_bias"] and not read["bias"]
+        half = int(config.head_dim * config.rope_parameters["partial_rotary_factor"])
+        assert rotary_dim(as_json | given, 2) == half == config.head_dim // 2
+        assert rotary_dim(config.to_dict(), 2) == half
+
+
+def test_recurrent_gemma_s_recurrent_blocks_and_other_rope_types_are_refused():
+    config = transformers.RecurrentGemmaConfig(num_hidden_layers=5).to_dict()
+    theirs = [kind == "sliding_attention" for kind in transformers.RecurrentGemmaConfig(
+        num_hidden_layers=5).layers_block_type]  # fmt: skip
+
+    ours = [kind == ATTENTION for kind in FAMILIES["recurrent_gemma"].mixers(config)]
+
+    assert ours == theirs == [False, False, True, False, False]
+    with pytest.raises(ValueError, match=r"layer 1 .* an RG-LRU recurrent block, .* are \[2\]"):
+        grouped_from_hf(config, {}, layer_idx=1)
+    with pytest.raises(ValueError, match=r"block_types\[1\] is 'mlp'"):
+        grouped_from_hf({**config, "block_types": ["attention", "mlp"]}, {})
+    linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    with pytest.raises(ValueError, match="rotary embedding takes only 'default'"):
+        grouped_from_hf({**config, "rope_parameters": linear}, {}, layer_idx=2)
+
+
+def test_gpt_bigcode_config_json_reads_its_names_and_multi_query():
+    # bigcode/starcoder's config.json: n_embd, n_head, n_layer, attn_pdrop; multi_query decides
+    # the key/value heads, whatever num_key_value_heads says; no RoPE at all
+    as_json = {"model_type": "gpt_bigcode", "n_embd": 64, "n_head": 8, "n_layer": 2,
+               "attn_pdrop": 0.2, "num_key_value_heads": 4}  # fmt: skip
+    for multi_query, kv_heads in ((None, 1), (True, 1), (False, 8)):
+        config = {**as_json, "multi_query": multi_query}
+        theirs = transformers.GPTBigCodeConfig(
+            n_embd=64, n_head=8, **({} if multi_query is None else {"multi_query": multi_query})
+        )
+
+        read = layer_options(config, "gpt_bigcode", 1, {})
+
+        assert read["num_kv_heads"] == kv_heads == theirs.num_key_value_heads
+        assert read["head_dim"] == 8 and read["bias"] and read["out_bias"]
+        assert read["dropout"] == 0.2 and read.get("scaling") is None
+        assert rotary_dim(config, 1) == 0
+    unscaled = layer_options({**as_json, "scale_attn_weights": False}, "gpt_bigcode", 0, {})
+    assert unscaled["scaling"] == 1.0
+    with pytest.raises(ValueError, match="num_hidden_layers = 2"):
+        grouped_from_hf(as_json, {"c_attn.weight": np.zeros((80, 64))}, layer_idx=2)
+    with pytest.raises(ValueError, match="add_cross_attention is set"):
+        grouped_from_hf({**as_json, "add_cross_attention": True}, {})
+    with pytest.raises(ValueError, match="num_attention_heads \\* head_dim is 6 \\* 10"):
+        layer_options({**as_json, "n_head": 6}, "gpt_bigcode", 0, {})
+
+
+def test_emu3_text_reads_its_config_class_dropout():
+    config = transformers.Emu3TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0
+    )
+    bare = {key: value for key, value in config.to_dict().items() if key != "attention_dropout"}
+
+    assert layer_options(bare, "emu3_text_model", 0, {})["dropout"] == config.attention_dropout
+    assert config.attention_dropout == 0.1
+
+
+def test_mllama_text_cross_attention_layers_are_refused_by_name():
+    config = transformers.MllamaTextConfig(num_hidden_layers=10)
+    kinds = FAMILIES["mllama_text_model"].mixers(
+        {key: value for key, value in config.to_dict().items() if key != "cross_attention_layers"}
+    )
+
+    assert [i for i, kind in enumerate(kinds) if kind != ATTENTION] == [3, 8]
+    assert config.cross_attention_layers[:2] == [3, 8]
+    with pytest.raises(ValueError, match=r"layer 3 .* a cross-attention layer \(keys and values"):
+        grouped_from_hf(config.to_dict(), {}, layer_idx=3)
+    read = layer_options({**config.to_dict(), "dropout": 0.3}, "mllama_text_model", 0, {})
+    assert read["dropout"] == 0.3 and read["head_dim"] == 4096 // 32
+    with pytest.raises(ValueError, match="head_dim is 64, but mllama_text_model's attention"):
+        grouped_from_hf({**config.to_dict(), "head_dim": 64}, {})
+
+
+def test_modernbert_decoder_reads_its_config_class_layers_and_window():
+    config = transformers.ModernBertDecoderConfig(
+        num_hidden_layers=LAYERS, local_attention=10, global_attn_every_n_layers=2
+    )
+    as_json = {key: value for key, value in config.to_dict().items()
+               if key not in ("layer_types", "sliding_window")}  # fmt: skip
+    as_json["global_attn_every_n_layers"] = 2
+
+    ours = [layer_kind(as_json, FAMILIES["modernbert-decoder"], i) for i in range(LAYERS)]
+
+    assert ours == config.layer_types and SLIDING in ours and FULL in ours
+    assert layer_options(as_json, "modernbert-decoder", 1, {})["window"] == (4, 0)
+    assert config.sliding_window == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"local_attention": None}, "local_attention is None"),
+        ({"num_key_value_heads": 4}, "num_key_value_heads is 4, .* no key/value grouping"),
+        ({"rope_parameters": None}, "global_rope_theta, local_rope_theta"),
+        ({"head_dim": 32}, "head_dim is 32, but modernbert-decoder's attention heads are .* 64"),
+    ],
+)
+def test_modernbert_decoder_configs_it_cannot_mean_are_refused_by_the_key(change, message):
+    config = transformers.ModernBertDecoderConfig(num_attention_heads=12).to_dict() | change
+    with pytest.raises(ValueError, match=message):
+        grouped_from_hf(config, {})
+
+
+def test_phi4_multimodal_reads_phi3_s_attention_and_refuses_other_rope_types():
+    config = transformers.Phi4MultimodalConfig(
+        hidden_size=48, num_attention_heads=6, num_key_value_heads=2, partial_rotary_factor=0.75
+    ).to_dict()
+
+    assert rotary_dim(config, 0) == 6
+    assert layer_options(config, "phi4_multimodal", 0, {}) == layer_options(
+        {**config, "model_type": "phi3"}, "phi3", 0, {}
+    )
+    llama3 = {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}
+    with pytest.raises(ValueError, match="takes only 'default' and 'longrope'"):
+        grouped_from_hf({**config, "rope_parameters": llama3}, {})
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["qkv_proj.base_layer.weight", "qkv_proj.lora_A.vision.weight", "o_proj.weight"],
+        ["qkv_proj.weight", "o_proj.base_layer.weight", "o_proj.lora_B.speech.weight"],
+    ],
+)
+def test_unmerged_lora_adapters_are_refused_by_name(keys):
+    """PEFT's adapters (Phi-4-multimodal's vision and speech LoRA) are not part of the base
+    weights: their scale lives in the adapter's config, so a state dict holding them unmerged is
+    refused, never read as its base weights."""
+    config = {"model_type": "phi4_multimodal", "hidden_size": 32, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "rope_parameters": {"rope_type": "default",
+              "rope_theta": 1e4}}  # fmt: skip
+    state = {f"model.layers.0.self_attn.{key}": np.zeros((2, 2)) for key in keys}
+
+    with pytest.raises(ValueError, match="unmerged LoRA adapters .* merge_and_unload"):
+        grouped_from_hf(config, state)

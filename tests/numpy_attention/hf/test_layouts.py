@@ -57,18 +57,47 @@ def test_qkv_proj_rows_are_all_queries_then_keys_then_values():
     assert layer["v_proj.weight"][:, 0].tolist() == list(range((H + H_KV) * D, (H + 2 * H_KV) * D))
 
 
-@pytest.mark.parametrize("layout", ["separate", "qkv_proj", "falcon"])
-def test_join_is_the_inverse_of_split_for_weights_and_biases(layout):
+def test_gpt_bigcode_multi_query_rows_are_all_queries_then_one_key_then_one_value():
+    """GPT-BigCode's multi-query split: the output at H D, then D for k and D for v."""
+    fused = np.arange((H + 2) * D, dtype=float)[:, None] * np.ones(C)
+
+    layer = layouts.split("gpt_bigcode", {"c_attn.weight": fused}, H, 1)
+
+    assert layer["q_proj.weight"][:, 0].tolist() == list(range(H * D))
+    assert layer["k_proj.weight"][:, 0].tolist() == list(range(H * D, (H + 1) * D))
+    assert layer["v_proj.weight"][:, 0].tolist() == list(range((H + 1) * D, (H + 2) * D))
+
+
+def test_gpt_bigcode_multi_head_rows_are_q_k_v_per_head():
+    """GPT-BigCode without multi_query views its output as (H, 3 D): head h's q, k, v in turn;
+    row r of c_attn holds 100 h + 10 slot + d (slot 0 q, 1 k, 2 v)."""
+    rows = [100 * h + 10 * slot + d for h in range(H) for slot in range(3) for d in range(D)]
+    state = {"c_attn.bias": np.array(rows, dtype=float), "c_proj.weight": np.eye(C)}
+
+    layer = layouts.split("gpt_bigcode", state, H, H)
+
+    for slot, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        expected = [100 * h + 10 * slot + d for h in range(H) for d in range(D)]
+        assert layer[f"{name}.bias"].tolist() == expected, name
+    assert np.array_equal(layer["o_proj.weight"], np.eye(C)) and "c_proj.weight" not in layer
+
+
+@pytest.mark.parametrize(
+    ("layout", "kv_heads"),
+    [("separate", H_KV), ("qkv_proj", H_KV), ("falcon", H_KV), ("gpt_bigcode", 1)]
+    + [("gpt_bigcode", H)],
+)
+def test_join_is_the_inverse_of_split_for_weights_and_biases(layout, kv_heads):
     rng = np.random.default_rng(0)
     layer = {
         f"{name}.{kind}": rng.standard_normal((rows, C) if kind == "weight" else (rows,))
-        for name, rows in (("q_proj", H * D), ("k_proj", H_KV * D), ("v_proj", H_KV * D))
+        for name, rows in (("q_proj", H * D), ("k_proj", kv_heads * D), ("v_proj", kv_heads * D))
         for kind in ("weight", "bias")
     }
     layer["o_proj.weight"] = rng.standard_normal((C, H * D))
 
-    model = layouts.join(layout, layer, H, H_KV)
-    again = layouts.split(layout, model, H, H_KV)
+    model = layouts.join(layout, layer, H, kv_heads)
+    again = layouts.split(layout, model, H, kv_heads)
 
     assert set(model) == set(layouts.hf_shapes(layout, {k: v.shape for k, v in layer.items()}))
     assert set(again) == set(layer)
@@ -88,3 +117,9 @@ def test_names_and_shapes_of_the_model():
         "dense.weight": (C, H * D),
     }
     assert "query_key_value.weight" in layouts.expected_form("falcon")
+    assert layouts.hf_name("gpt_bigcode", "o_proj.bias") == "c_proj.bias"
+    multi_query = {"k_proj.weight": (D, C), "v_proj.weight": (D, C)}
+    assert layouts.hf_shapes("gpt_bigcode", shapes | multi_query) == {
+        "c_attn.weight": ((H + 2) * D, C),
+        "c_proj.weight": (C, H * D),
+    }
