@@ -159,6 +159,18 @@ class Family:
     refuse: Callable[[Mapping[str, Any]], None] | None = None
     """Raises ValueError for a config the family's code cannot mean (a key it ignores, a twist
     only some configs switch on)."""
+    clip_qkv: str | None = None
+    """Config key of the clamp of q, k and v to [-c, c] (OLMo, OLMoE, DBRX's ``attn_config``
+    entry lifted by ``nested_keys``); null: no clamp."""
+    clip_after_norm: bool = False
+    """The clamp acts on q and k after the QK-norm (OLMoE), not on the projections."""
+    nested_keys: tuple[tuple[str, str, str], ...] = ()
+    """(sub-config key, its entry, the model's name): entries of a nested config read as
+    top-level keys by ``class_view``, over a top-level key of that name (DBRX's ``attn_config``
+    holds its key/value heads and its clip; its config class copies ``kv_n_heads`` up)."""
+    output_norm: bool = False
+    """An RMSNorm over the merged heads before o_proj, its eps the ``norm_eps`` key (BitNet's
+    ``attn_sub_norm``, renamed ``o_norm`` by ``renames``)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -234,10 +246,17 @@ def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
     for key, reason in family.refused_keys:
         if config.get(key) not in (None, False):
             raise ValueError(f"{key} is set: {reason}")
-    if not (family.config_defaults or family.key_aliases or family.equal_keys):
+    if not (
+        family.config_defaults or family.key_aliases or family.equal_keys or family.nested_keys
+    ):
         return config
     renamed = {new: config[old] for old, new in family.key_aliases if old in config}
-    config = {**dict(family.config_defaults), **renamed, **config}
+    nested = {
+        name: (config.get(outer) or {})[key]
+        for outer, key, name in family.nested_keys
+        if key in (config.get(outer) or {})
+    }
+    config = {**dict(family.config_defaults), **renamed, **config, **nested}
     for first, second in family.equal_keys:
         if config.get(first) != config.get(second):
             raise ValueError(
@@ -348,7 +367,24 @@ def options(
         options["softcap"] = float(config.get(family.softcap) or 0.0)
     if family.sinks:
         options["sinks"] = True
+    if family.clip_qkv is not None and config.get(family.clip_qkv) is not None:
+        options["clip_qkv"] = _clip(config, family.clip_qkv)
+        options["clip_after_norm"] = family.clip_after_norm and options.get("qk_norm", False)
+    if family.output_norm:
+        options["output_norm"] = True
+        options["output_norm_eps"] = float(required(config, family.norm_eps))
     return options
+
+
+def _clip(config: Mapping[str, Any], key: str) -> float:
+    """The clamp's bound c, which must be a number > 0 (0 would zero q, k and v)."""
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(
+            f"{key} is {value!r}: the clamp of q, k and v to [-{key}, {key}] needs a number > 0 "
+            "(null for no clamp)"
+        )
+    return float(value)
 
 
 def _bias(config: Mapping[str, Any], key: str | None, default: bool) -> bool:

@@ -391,6 +391,8 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         }
     if options.get("sinks"):
         shapes["sinks"] = (h,)
+    if options.get("output_norm"):
+        shapes["o_norm.weight"] = (h * d,)
     return shapes
 
 
