@@ -76,7 +76,7 @@ class Family:
             old names of ``longrope``).
         rotates: whether layer i uses RoPE, called with the config, the family and i
             (None: every layer).
-        layout: ``"separate"``, ``"qkv_proj"`` (Phi-3) or ``"falcon"``.
+        layout: ``"separate"``, ``"qkv_proj"`` (Phi-3), ``"falcon"`` or ``"dbrx"``.
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
