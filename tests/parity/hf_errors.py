@@ -28,7 +28,7 @@ PACKAGES = ("numpy", "torch")
 def forward_errors(case, padded, rng):
     """package -> {"out", "dx", "parameters"}: the errors of one forward and backward."""
     config, model = case.build()
-    embeds, attention_mask, positions = hf.inputs(rng, padded)
+    embeds, attention_mask, positions = hf.inputs(rng, padded, config.hidden_size)
     args, kwargs, _ = hf.record_attention_call(
         model,
         case.layer_idx,
@@ -40,7 +40,7 @@ def forward_errors(case, padded, rng):
     layers = hf.convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)
     real = attention_mask.numpy() == 1
-    x = rng.standard_normal((hf.B, hf.N, hf.SIZES["hidden_size"]))
+    x = rng.standard_normal((hf.B, hf.N, config.hidden_size))
     dout = rng.standard_normal(x.shape) * real[..., None]
     x_t = to_torch(x, requires_grad=True)
     expected = hf.call_attention(attention, args, kwargs, x_t)
@@ -63,7 +63,7 @@ def forward_errors(case, padded, rng):
 def decode_errors(case, rng):
     """package -> the worst step's error of the decode test's run."""
     config, model = case.build()
-    embeds, attention_mask, positions = hf.inputs(rng, padded=True)
+    embeds, attention_mask, positions = hf.inputs(rng, True, config.hidden_size)
     layers = hf.convert_layers(case, config, model)
     hf_cache = hf.DynamicCache(config=config)
     caches = {package: hf.new_cache(layer) for package, layer in layers.items()}
