@@ -597,6 +597,22 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
         load_module(path, make_layer(rng, 2, **{**options, "window": (2, 0)}))
 
 
+def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
+    options = {"clip_qkv": 0.5, "qk_norm": True, "clip_after_norm": True, "output_norm": True}
+    options |= {"output_norm_eps": 0.01}
+    layer = make_layer(rng, 2, **options)
+    path = tmp_path / "gqa.npz"
+    x = rng.standard_normal((B, N, C))
+
+    save_module(path, layer)
+    loaded = load_module(path, make_layer(np.random.default_rng(0), 2, **options))
+
+    assert loaded.constructor_args() == layer.constructor_args()
+    np.testing.assert_array_equal(loaded(x), layer(x))
+    with pytest.raises(ValueError, match=r"gqa\.npz.*clip_qkv"):
+        load_module(path, make_layer(rng, 2, **{**options, "clip_qkv": 0.6}))
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
