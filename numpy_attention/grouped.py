@@ -1,6 +1,7 @@
 """Today's decoder attention: grouped-query attention with RoPE, optional QK-norm, a sliding window,
-softcap, sinks and an output gate, and a KV cache for decoding, named like Hugging Face's Llama
-family so that its attention state dicts load without renaming.
+softcap, sinks, an output gate, a clip of q, k and v and a norm of the merged heads, and a KV cache
+for decoding, named like Hugging Face's Llama family so that its attention state dicts load
+without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
@@ -13,7 +14,12 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
+    a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
+
+With ``clip_qkv = c`` each of q_proj(x), k_proj(x) and v_proj(x) is clamped to [-c, c]
+(``clip.py``) before the QK-norm, or, with ``clip_after_norm``, q and k after it (OLMoE; v has
+no norm and is clamped after its projection either way).
 
 The QK-norm reads the projection (B, N, H*D): per head (each head's D coordinates, Qwen3, Gemma 3,
 Cohere) or over the whole projection (OLMo 2), an RMSNorm or a LayerNorm, scale (offset + w).
@@ -31,7 +37,8 @@ everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
 
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
-docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md.
+docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
+docs/derivations/clip-qkv.md, docs/derivations/output-norm.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -45,6 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import validation
+from .clip import ClipCtx, check_clip, clip_backward, clip_forward
 from .decode.cache import KVCache, PagedKVCache
 from .functional import (
     HeadsCtx,
@@ -76,6 +84,7 @@ class _GroupedCtx(NamedTuple):
     attn: Any  # attention_forward's ctx (dense or tiled)
     out_heads: HeadsCtx
     gate: GateCtx | None  # with an output gate
+    clips: tuple[ClipCtx, ClipCtx, ClipCtx] | None  # q, k, v's, with clip_qkv
 
 
 class _CachedForward(NamedTuple):
@@ -92,7 +101,8 @@ class GroupedQueryAttention(Module):
     ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,)); with ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
     trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
-    per element or Linear(C, H) per head, bias by ``gate_bias``.
+    per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
+    ``o_norm`` = RMSNorm(H*D) (BitNet's ``attn_sub_norm``).
 
     Args:
         hidden_size: C.
@@ -135,6 +145,14 @@ class GroupedQueryAttention(Module):
             LFM3, Laguna's per-head layers), before o_proj.
         gate_activation: the gate's act, ``"sigmoid"`` or ``"softplus"`` (Laguna).
         gate_bias: whether g_proj has a bias.
+        clip_qkv: None, or c > 0: q_proj(x), k_proj(x) and v_proj(x) clamped to [-c, c]
+            (OLMo, OLMoE, DBRX), before the QK-norm; the gradient passes where -c <= x <= c.
+        clip_after_norm: q and k clamped after the QK-norm instead (OLMoE); needs clip_qkv
+            and qk_norm.
+        output_norm: an RMSNorm over the merged heads (H*D coordinates, weight ``o_norm``)
+            before o_proj (BitNet's ``attn_sub_norm``). Not with an output gate (no model has
+            both, and their order would be a guess).
+        output_norm_eps: its eps; needs output_norm when not the default.
         scaling: the score scale; None for 1 / sqrt(D) (Gemma 2: query_pre_attn_scalar^-0.5).
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
@@ -170,6 +188,10 @@ class GroupedQueryAttention(Module):
         gate_bias: bool = False,
         scaling: float | None = None,
         dropout: float = 0.0,
+        clip_qkv: float | None = None,
+        clip_after_norm: bool = False,
+        output_norm: bool = False,
+        output_norm_eps: float = 1e-6,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -214,6 +236,9 @@ class GroupedQueryAttention(Module):
         self.gate_activation = str(gate_activation)
         self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
         self.dropout = validation.dropout_p(dropout, "dropout")
+        self.clip_qkv = check_clip(clip_qkv, clip_after_norm, self.qk_norm)
+        self.clip_after_norm = bool(clip_after_norm)
+        self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -237,6 +262,8 @@ class GroupedQueryAttention(Module):
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
             self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias, rng=self.rng)
+        if self.output_norm:
+            self.o_norm = RMSNorm(width, float(output_norm_eps))
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
@@ -323,12 +350,18 @@ class GroupedQueryAttention(Module):
             "rotary_dim": self.rotary_dim,
         }
         q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
+        v = self.v_proj(x)  # (B, N, H_kv*D)
+        clip, clips = self.clip_qkv, None
+        if clip is not None and not self.clip_after_norm:  # OLMo, DBRX
+            (q, k, v), clips = _clip_qkv(clip, q, k, v)
         if self.qk_norm:  # per head or over the whole projection, before RoPE
             q = self._norm_forward(self.q_norm, q, self.num_heads)
             k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
+        if clip is not None and self.clip_after_norm:  # OLMoE: q, k after their norm
+            (q, k, v), clips = _clip_qkv(clip, q, k, v)
         q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, D)
         k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v, v_heads = split_heads_forward(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
@@ -352,8 +385,12 @@ class GroupedQueryAttention(Module):
         gate = None
         if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
             merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
+        if self.output_norm:  # BitNet: an RMSNorm over all H*D coordinates of each token
+            merged = self.o_norm(merged)
         out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
-        ctx = _GroupedCtx(q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate)
+        ctx = _GroupedCtx(
+            q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips
+        )
         return out, ctx
 
     def _frequencies(self, positions: np.ndarray) -> np.ndarray:
@@ -383,13 +420,16 @@ class GroupedQueryAttention(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
-        dA = o_proj^T(dY);  with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
+        dA = o_proj^T(dY);  with the output norm dA = o_norm^T(dA) (RMSNorm's backward);
+        with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
         o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
         dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
         summed over each group of H / H_kv query heads);  dQh = rope^T(dQr) (rotate by -angle,
         the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn);
-        dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
-        Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md.
+        with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
+        (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
+        Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
+        docs/derivations/clip-qkv.md, docs/derivations/output-norm.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -405,6 +445,8 @@ class GroupedQueryAttention(Module):
             )
         dout, ctx = self._pop_ctx(dout)
         dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*D)
+        if self.output_norm:  # forward: merged = o_norm(merged)
+            dmerged = self.o_norm.backward(dmerged)
         dxg = None
         if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
             dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
@@ -417,12 +459,17 @@ class GroupedQueryAttention(Module):
         dk = rope_backward(grads.dk, ctx.k_rope)
         dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
         dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        dv = split_heads_backward(grads.dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
+            dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         if self.qk_norm:  # forward: q_n = q_norm(q_proj(x))
             dq = self._norm_backward(self.q_norm, dq, self.num_heads)
             dk = self._norm_backward(self.k_norm, dk, self.num_kv_heads)
+        if ctx.clips is not None and not self.clip_after_norm:  # forward: q = clip(q_proj(x))
+            dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
         dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
-        dxv = self.v_proj.backward(split_heads_backward(grads.dv, ctx.v_heads))
+        dxv = self.v_proj.backward(dv)
         dx = dxq + dxk + dxv
         return dx if dxg is None else dx + dxg
 
@@ -497,6 +544,41 @@ def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> st
             f"{offset} describe a QK-norm, but qk_norm is False"
         )
     return str(shape)
+
+
+def _clip_qkv(
+    clip: float, q: np.ndarray, k: np.ndarray, v: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[ClipCtx, ClipCtx, ClipCtx]]:
+    """q, k and v (B, N, width) each clamped to [-clip, clip], and their ctxs."""
+    (q, q_ctx), (k, k_ctx), (v, v_ctx) = (clip_forward(y, clip) for y in (q, k, v))
+    return (q, k, v), (q_ctx, k_ctx, v_ctx)
+
+
+def _clip_qkv_backward(
+    ctxs: tuple[ClipCtx, ClipCtx, ClipCtx], dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_clip_qkv``'s backward: each gradient zeroed where its clamp bit."""
+    q_ctx, k_ctx, v_ctx = ctxs
+    return clip_backward(dq, q_ctx), clip_backward(dk, k_ctx), clip_backward(dv, v_ctx)
+
+
+def _check_output_norm(output_norm: Any, eps: Any, output_gate: str | None) -> bool:
+    """``output_norm`` checked against its eps (> 0; a non-default eps needs the norm) and the
+    output gate (refused together: no model has both, so their order would be a guess)."""
+    output_norm = validation.flag("output_norm", output_norm)
+    eps = validation.finite_real("output_norm_eps", eps)
+    if eps <= 0:
+        raise ValueError(f"output_norm_eps must be > 0, got {eps}")
+    if not output_norm and eps != 1e-6:
+        raise ValueError(
+            f"output_norm_eps={eps} describes an output norm, but output_norm is False"
+        )
+    if output_norm and output_gate is not None:
+        raise ValueError(
+            f"output_norm and output_gate={output_gate!r} together: no model has both, and "
+            "whether the norm comes before or after the gate would be a guess"
+        )
+    return output_norm
 
 
 def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:

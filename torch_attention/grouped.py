@@ -1,8 +1,8 @@
 """Today's decoder attention in torch, the twin of ``numpy_attention.grouped`` (and of the RoPE and
 RMSNorm it uses, ``numpy_attention.rope`` and ``numpy_attention.norms``): grouped-query attention
-with RoPE, optional QK-norm, a sliding window, softcap, sinks and an output gate, and a KV cache
-for decoding, named like Hugging Face's Llama family so that its attention state dicts load
-without renaming.
+with RoPE, optional QK-norm, a sliding window, softcap, sinks, an output gate, a clip of q, k and v
+and a norm of the merged heads, and a KV cache for decoding, named like Hugging Face's Llama
+family so that its attention state dicts load without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
@@ -15,11 +15,14 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
+    a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
 
 The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w)),
-partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch and the output gate (per
-element or per head, sigmoid or softplus, ``gate.py``) are the NumPy twin's.
+partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
+element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
+before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
+(an RMSNorm over the H*D merged coordinates, ``o_norm``) are the NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -31,7 +34,8 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 ``PagedKVCache``, both in ``decode/cache.py`` (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
-docs/derivations/layernorm.md, docs/derivations/output-gate.md.
+docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
+docs/derivations/output-norm.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -46,6 +50,7 @@ import torch
 from torch import nn
 
 from . import validation
+from .clip import check_clip, clip
 from .decode.cache import KVCache, PagedKVCache
 from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
@@ -68,7 +73,8 @@ class GroupedQueryAttention(Module):
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
     ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros; with ``output_gate``, ``g_proj`` =
-    Linear(C, H*D) per element or Linear(C, H) per head, bias by ``gate_bias``. RoPE's
+    Linear(C, H*D) per element or Linear(C, H) per head, bias by ``gate_bias``; with
+    ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
     ``inv_freq`` and ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so
     ``.to(dtype)`` never rounds them.
@@ -106,6 +112,10 @@ class GroupedQueryAttention(Module):
         gate_bias: bool = False,
         scaling: float | None = None,
         dropout: float = 0.0,
+        clip_qkv: float | None = None,
+        clip_after_norm: bool = False,
+        output_norm: bool = False,
+        output_norm_eps: float = 1e-6,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -151,6 +161,9 @@ class GroupedQueryAttention(Module):
         self.gate_activation = str(gate_activation)
         self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
         self.dropout = validation.dropout_p(dropout, "dropout")
+        self.clip_qkv = check_clip(clip_qkv, clip_after_norm, self.qk_norm)
+        self.clip_after_norm = bool(clip_after_norm)
+        self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -171,6 +184,8 @@ class GroupedQueryAttention(Module):
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
             self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias)
+        if self.output_norm:
+            self.o_norm = RMSNorm(width, float(output_norm_eps))
 
     def forward(
         self,
@@ -241,12 +256,18 @@ class GroupedQueryAttention(Module):
             "rotary_dim": self.rotary_dim,
         }
         q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
+        v = self.v_proj(x)  # (B, N, H_kv*D)
+        c = self.clip_qkv
+        if c is not None and not self.clip_after_norm:  # OLMo, DBRX
+            q, k, v = clip(q, c), clip(k, c), clip(v, c)
         if self.qk_norm:  # per head or over the whole projection, before RoPE
             q = self._norm(self.q_norm, q, self.num_heads)
             k = self._norm(self.k_norm, k, self.num_kv_heads)
+        if c is not None and self.clip_after_norm:  # OLMoE: q and k after their norm
+            q, k, v = clip(q, c), clip(k, c), clip(v, c)
         q = split_heads(q, self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
         k = split_heads(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
@@ -270,6 +291,8 @@ class GroupedQueryAttention(Module):
         merged = merge_heads(heads)  # (B, H, N, D) -> (B, N, H*D)
         if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
             merged = output_gate(merged, self.g_proj(x), self.gate_activation)
+        if self.output_norm:  # BitNet: an RMSNorm over all H*D coordinates of each token
+            merged = self.o_norm(merged)
         return self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
 
     def _frequencies(self, positions: torch.Tensor) -> torch.Tensor:
@@ -310,6 +333,11 @@ class GroupedQueryAttention(Module):
             options.append("sinks=True")
         if self.output_gate is not None:
             options.append(f"output_gate={self.output_gate!r} ({self.gate_activation})")
+        if self.clip_qkv is not None:
+            after = " after the QK-norm" if self.clip_after_norm else ""
+            options.append(f"clip_qkv={self.clip_qkv}{after}")
+        if self.output_norm:
+            options.append(f"output_norm=True, output_norm_eps={self.o_norm.eps}")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:
@@ -392,6 +420,24 @@ def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> st
             f"{offset} describe a QK-norm, but qk_norm is False"
         )
     return str(shape)
+
+
+def _check_output_norm(output_norm: Any, eps: Any, output_gate: str | None) -> bool:
+    """``output_norm`` checked against its eps and the output gate (the NumPy twin's rules)."""
+    output_norm = validation.flag("output_norm", output_norm)
+    eps = validation.finite_real("output_norm_eps", eps)
+    if eps <= 0:
+        raise ValueError(f"output_norm_eps must be > 0, got {eps}")
+    if not output_norm and eps != 1e-6:
+        raise ValueError(
+            f"output_norm_eps={eps} describes an output norm, but output_norm is False"
+        )
+    if output_norm and output_gate is not None:
+        raise ValueError(
+            f"output_norm and output_gate={output_gate!r} together: no model has both, and "
+            "whether the norm comes before or after the gate would be a guess"
+        )
+    return output_norm
 
 
 def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:

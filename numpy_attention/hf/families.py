@@ -223,12 +223,14 @@ FAMILIES: dict[str, Family] = {
     # its own scaled RoPE (rope_mscale)
     "phimoe": Family(sliding="every_layer", rope_mscale=True),
     # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
-    "olmo": Family(refused_keys=(("clip_qkv", rules._CLIP_QKV.format("olmo")),)),
-    # OLMoE: OLMo 2's QK-norm over the whole projection, sized C and (C // H) * H_kv, and clip_qkv
+    "olmo": Family(clip_qkv="clip_qkv"),
+    # OLMoE: OLMo 2's QK-norm over the whole projection, sized C and (C // H) * H_kv; clip_qkv
+    # clamps q and k after it
     "olmoe": Family(
         qk_norm=("rms", "all", 0.0),
         heads_span_hidden=True,
-        refused_keys=(("clip_qkv", rules._CLIP_QKV.format("olmoe")),),
+        clip_qkv="clip_qkv",
+        clip_after_norm=True,
     ),
     # Granite's MoE variants: Granite's attention (scores scaled by attention_multiplier itself)
     "granitemoe": Family(scaling="attention_multiplier"),
@@ -479,6 +481,36 @@ FAMILIES: dict[str, Family] = {
         renames=(("Wo", "o_proj"),),
         refuse=rules._modernbert_decoder_refuse,
         derived=rules._modernbert_decoder_window,
+    ),
+    # DBRX: one fused Wqkv [q; k; v] clamped to [-clip_qkv, clip_qkv], heads of d_model //
+    # n_heads spanning d_model, its key/value heads, clip and dropout in the nested attn_config
+    "dbrx": Family(
+        bias=None,
+        out_bias=None,
+        layout="dbrx",
+        head_dim_from_config=False,
+        heads_span_hidden=True,
+        key_aliases=(
+            ("d_model", "hidden_size"),
+            ("n_heads", "num_attention_heads"),
+            ("n_layers", "num_hidden_layers"),
+        ),
+        config_defaults=(("num_key_value_heads", 1), ("rope_theta", 10000.0)),
+        nested_keys=(
+            ("attn_config", "kv_n_heads", "num_key_value_heads"),
+            ("attn_config", "clip_qkv", "clip_qkv"),
+            ("attn_config", "attn_pdrop", "attention_dropout"),
+        ),
+        clip_qkv="clip_qkv",
+        refuse=rules._dbrx_refuse,
+    ),
+    # BitNet: Llama's attention with an RMSNorm over the merged heads (attn_sub_norm, width C, so
+    # H * D must be C) before o_proj; its quantized linears (quantization_config) are refused
+    "bitnet": Family(
+        heads_span_hidden=True,
+        output_norm=True,
+        renames=(("attn_sub_norm", "o_norm"),),
+        refused_keys=(("quantization_config", rules._BITNET_QUANTIZED),),
     ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal

@@ -77,7 +77,7 @@ class Family:
             old names of ``longrope``).
         rotates: whether layer i uses RoPE, called with the config, the family and i
             (None: every layer).
-        layout: ``"separate"``, ``"qkv_proj"`` (Phi-3) or ``"falcon"``.
+        layout: ``"separate"``, ``"qkv_proj"`` (Phi-3), ``"falcon"`` or ``"dbrx"``.
         head_dim_from_config: ``head_dim`` read from the config when there (else C // H).
         attention_dropout: the model applies ``attention_dropout`` to the weights in training.
         bidirectional_flag: ``use_bidirectional_attention`` may make the layer non-causal.
@@ -166,6 +166,18 @@ class Family:
     derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     """Keys the config class computes from others, as it computes them, over the config's own
     (ModernBERT decoder: ``sliding_window = local_attention // 2``)."""
+    clip_qkv: str | None = None
+    """Config key of the clamp of q, k and v to [-c, c] (OLMo, OLMoE, DBRX's ``attn_config``
+    entry lifted by ``nested_keys``); null: no clamp."""
+    clip_after_norm: bool = False
+    """The clamp acts on q and k after the QK-norm (OLMoE), not on the projections."""
+    nested_keys: tuple[tuple[str, str, str], ...] = ()
+    """(sub-config key, its entry, the model's name): entries of a nested config read as
+    top-level keys by ``class_view``, over a top-level key of that name (DBRX's ``attn_config``
+    holds its key/value heads and its clip; its config class copies ``kv_n_heads`` up)."""
+    output_norm: bool = False
+    """An RMSNorm over the merged heads before o_proj, its eps the ``norm_eps`` key (BitNet's
+    ``attn_sub_norm``, renamed ``o_norm`` by ``renames``)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -241,10 +253,21 @@ def class_view(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
     for key, reason in family.refused_keys:
         if config.get(key) not in (None, False):
             raise ValueError(f"{key} is set: {reason}")
-    if not (family.config_defaults or family.key_aliases or family.equal_keys or family.derived):
+    if not (
+        family.config_defaults
+        or family.key_aliases
+        or family.equal_keys
+        or family.nested_keys
+        or family.derived
+    ):
         return config
     renamed = {new: config[old] for old, new in family.key_aliases if old in config}
-    config = {**dict(family.config_defaults), **renamed, **config}
+    nested = {
+        name: (config.get(outer) or {})[key]
+        for outer, key, name in family.nested_keys
+        if key in (config.get(outer) or {})
+    }
+    config = {**dict(family.config_defaults), **renamed, **config, **nested}
     if family.derived is not None:
         config = {**config, **family.derived(config)}
     for first, second in family.equal_keys:
@@ -361,7 +384,24 @@ def options(
         options["softcap"] = float(config.get(family.softcap) or 0.0)
     if family.sinks:
         options["sinks"] = True
+    if family.clip_qkv is not None and config.get(family.clip_qkv) is not None:
+        options["clip_qkv"] = _clip(config, family.clip_qkv)
+        options["clip_after_norm"] = family.clip_after_norm and options.get("qk_norm", False)
+    if family.output_norm:
+        options["output_norm"] = True
+        options["output_norm_eps"] = float(required(config, family.norm_eps))
     return options
+
+
+def _clip(config: Mapping[str, Any], key: str) -> float:
+    """The clamp's bound c, which must be a number > 0 (0 would zero q, k and v)."""
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(
+            f"{key} is {value!r}: the clamp of q, k and v to [-{key}, {key}] needs a number > 0 "
+            "(null for no clamp)"
+        )
+    return float(value)
 
 
 def _bias(config: Mapping[str, Any], key: str | None, default: bool) -> bool:

@@ -7,6 +7,8 @@ Mistral, the Qwens, the Gemmas, GPT-OSS, Phi, OLMo, Cohere, Granite, GLM, Falcon
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
 
+- Clip and output norm: ``clip_qkv`` clamps q, k and v (OLMo, DBRX; OLMoE after its QK-norm);
+  BitNet's ``attn_sub_norm`` is the layer's output norm, an RMSNorm of the merged heads.
 - Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else the
   config class's default (``Family.config_defaults``: 256 for the Gemmas, 128 for several), else
   ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
@@ -79,7 +81,8 @@ def hf_attention_state(state_dict: Mapping[str, Any], *, layer_idx: int = 0) -> 
     """The attention entries of one layer, named as the attention module names them.
 
     The prefix is whatever precedes the attention's first projection (``q_proj.weight``, or the
-    fused ``qkv_proj.weight`` of Phi-3 and ``query_key_value.weight`` of Falcon): none for an
+    fused ``qkv_proj.weight`` of Phi-3, ``query_key_value.weight`` of Falcon and ``Wqkv.weight``
+    of DBRX): none for an
     attention module's own state dict, ``self_attn.`` for a decoder layer's,
     ``model.layers.{i}.self_attn.`` for a whole model's, where ``layer_idx`` chooses i. Entries
     outside the prefix (embeddings, MLPs, other layers) are left out; every entry under it is
@@ -187,10 +190,10 @@ def grouped_from_hf(
     """The NumPy layer of one Hugging Face attention layer, weights loaded, in eval mode.
 
     Everything is read from the config as the model reads it (module docstring); fused
-    projections (Phi-3's ``qkv_proj``, Falcon's ``query_key_value``) are split into the layer's
-    q_proj, k_proj and v_proj. The layer's dtype is float64 when the weights are float64 and
-    float32 otherwise (float16 and bfloat16 weights are computed in float32). Every check runs
-    before the layer is built.
+    projections (Phi-3's ``qkv_proj``, Falcon's ``query_key_value``, DBRX's ``Wqkv``) are split
+    into the layer's q_proj, k_proj and v_proj. The layer's dtype is float64 when the weights
+    are float64 and float32 otherwise (float16 and bfloat16 weights are computed in float32).
+    Every check runs before the layer is built.
 
     Args:
         config: ``config.to_dict()`` of a supported model (a config object with ``to_dict`` is
@@ -260,7 +263,9 @@ def hf_attention_state_from_grouped(
     """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
     ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
     q, k and v are joined where the model fuses them (Phi-3's ``qkv_proj``, Falcon's
-    ``query_key_value``, whose ``o_proj`` is ``dense``); the other families keep the names.
+    ``query_key_value``, whose ``o_proj`` is ``dense``, DBRX's ``Wqkv``, whose ``o_proj`` is
+    ``out_proj``); the other families keep the names (BitNet's ``o_norm`` is its
+    ``attn_sub_norm``).
 
     Args:
         config: the model's config (as for ``grouped_from_hf``).
@@ -420,6 +425,8 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         }
     if options.get("sinks"):
         shapes["sinks"] = (h,)
+    if options.get("output_norm"):
+        shapes["o_norm.weight"] = (h * d,)
     return shapes
 
 

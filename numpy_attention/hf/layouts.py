@@ -14,6 +14,9 @@ fused, split on load and joined on save.
   its rows are [all query heads; k; v] (the output split at H D and H D + D); multi-head, the
   output is viewed as (H, 3 D), per head [q_h; k_h; v_h]. Both are Falcon's grouping, with
   H_kv = 1 and with g = 1.
+- ``"dbrx"``: ``Wqkv.weight`` ((H + 2 H_kv) D, C), rows [all query heads; all key heads; all
+  value heads] as Phi-3's (DBRX splits its output at H D and H D + H_kv D), no bias;
+  ``out_proj`` is o_proj.
 
 Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
 weights. NumPy only.
@@ -33,15 +36,29 @@ ANCHORS = {  # the one key every layout's attention has, after which nothing is 
     "qkv_proj": "qkv_proj.weight",
     "falcon": "query_key_value.weight",
     "gpt_bigcode": "c_attn.weight",
+    "dbrx": "Wqkv.weight",
 }
 EXAMPLES = {  # how a whole model's state dict names it
     "separate": "model.layers.{i}.self_attn.q_proj.weight",
     "qkv_proj": "model.layers.{i}.self_attn.qkv_proj.weight",
     "falcon": "transformer.h.{i}.self_attention.query_key_value.weight",
     "gpt_bigcode": "transformer.h.{i}.attn.c_attn.weight",
+    "dbrx": "blocks.{i}.norm_attn_norm.attn.Wqkv.weight",
 }
-_FUSED = {"qkv_proj": "qkv_proj", "falcon": "query_key_value", "gpt_bigcode": "c_attn"}
-_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense", "gpt_bigcode": "c_proj"}
+_FUSED = {
+    "qkv_proj": "qkv_proj",
+    "falcon": "query_key_value",
+    "gpt_bigcode": "c_attn",
+    "dbrx": "Wqkv",
+}
+_OUT = {
+    "separate": "o_proj",
+    "qkv_proj": "o_proj",
+    "falcon": "dense",
+    "gpt_bigcode": "c_proj",
+    "dbrx": "out_proj",
+}
+_STACKED = ("qkv_proj", "dbrx")  # fused rows [q heads; k heads; v heads]
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
@@ -114,7 +131,7 @@ def _split_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q, k, v rows of a fused weight ((H + 2 H_kv) D, C) or bias ((H + 2 H_kv) D,)."""
     rest = fused.shape[1:]
-    if layout == "qkv_proj":  # [q heads; k heads; v heads]
+    if layout in _STACKED:  # [q heads; k heads; v heads]
         head_dim = fused.shape[0] // (num_heads + 2 * num_kv_heads)
         q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
         q, k, v = np.split(fused, [q_rows, q_rows + kv_rows])
@@ -132,7 +149,7 @@ def _join_rows(
 ) -> np.ndarray:
     """``_split_rows``'s inverse: q (H D, ...), k and v (H_kv D, ...) as one fused entry."""
     q, k, v = parts
-    if layout == "qkv_proj":
+    if layout in _STACKED:
         return np.concatenate([q, k, v])
     rest = q.shape[1:]
     group = num_heads // num_kv_heads

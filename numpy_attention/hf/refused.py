@@ -16,11 +16,6 @@ REFUSED = {
     "(gate_proj, gate_bias), multiplies the attention's output before o_proj, and its NoPE layers "
     "multiply the queries by a position-dependent temperature (1 + (p + 1) / 2048) ** 0.1; the "
     "layer has neither (issue 28)",
-    "bitnet": "bitnet: an RMSNorm over the concatenated heads (attn_sub_norm) sits between the "
-    "attention and o_proj; the layer has no norm there (issue 28)",
-    "dbrx": "dbrx: clip_qkv (8 in the released DBRX) clamps the fused Wqkv projection to "
-    "[-c, c] before the split, and its heads and RoPE base are read from a nested attn_config; "
-    "the layer has no clip and that nesting is not converted (issue 28)",
     "diffllama": "diffllama: differential attention, the difference of two softmax maps "
     "weighted by a learned lambda (lambda_q1, lambda_k1, ...), then a weightless RMSNorm "
     "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",
@@ -65,8 +60,9 @@ REFUSED = {
     "nanochat": "nanochat: its QK-norm (a weightless RMSNorm per head) runs after RoPE, and its "
     "rotate_half turns the pairs the other way (x2, -x1); the layer's QK-norm runs before RoPE "
     "and rotates as Llama (issue 28)",
-    "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE (and "
-    "clip_qkv, qk_ln a LayerNorm with a bias); the layer rotates and has no ALiBi (issue 28)",
+    "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE, and its "
+    "QK-norm (qk_ln) a LayerNorm with a bias over the whole projection; GroupedQueryAttention "
+    "always rotates, has no ALiBi (the functional core has) and its QK-norm no bias (issue 28)",
     "persimmon": "persimmon: its QK-norm (qk_layernorm, on by default and in Persimmon-8B) is a "
     "LayerNorm with a bias over each head of q and k, and its fused query_key_value interleaves "
     "q, k and v per head; the layer's QK-norm has no bias (issue 28)",

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from .families import FAMILIES
-from .family import Family, as_mapping, layer_kind, layer_rope_theta, required, rotates, sizes
+from .family import (
+    Family,
+    as_mapping,
+    class_view,
+    layer_kind,
+    layer_rope_theta,
+    required,
+    rotates,
+    sizes,
+)
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 _SCALED = ("llama3", "yarn", "longrope")  # the types that read original_max_position_embeddings
@@ -34,8 +43,10 @@ def _family(config: Mapping[str, Any]) -> Family:
 def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> dict[str, Any]:
     """The RoPE parameters of layer ``layer_idx``: ``rope_parameters`` (transformers 5), or the
     same built from a transformers 4 config's ``rope_theta`` and ``rope_scaling``; Gemma 3's
-    dict per layer type read for the layer's type. ``rope_type`` and ``rope_theta`` checked."""
+    dict per layer type read for the layer's type. ``rope_type`` and ``rope_theta`` checked.
+    The config is read as its config class reads it (``class_view``: DBRX's default base)."""
     family = _family(config)
+    config = class_view(config, family)
     params = config.get("rope_parameters")
     if params is None:
         params = _transformers_4_parameters(config, family)

@@ -336,10 +336,41 @@ def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
     return _kinds(config["layer_types"], "layer_types", names)
 
 
-# OLMo, OLMoE: a config's clip_qkv clamps the projections, which the layer cannot
-_CLIP_QKV = (
-    "{} clamps q, k and v to [-clip_qkv, clip_qkv] after projection; the layer has no clip "
-    "(issue 28)"
+# DBRX: what transformers' DbrxAttention does with its nested attn_config
+def _dbrx_refuse(config: Mapping[str, Any]) -> None:
+    attn = config.get("attn_config") or {}
+    if attn.get("clip_qkv") is None:
+        raise ValueError(
+            "attn_config.clip_qkv is null: transformers' DBRX then calls clamp(min=None, "
+            "max=None), which torch refuses, so that model never runs"
+        )
+    for key in ("alibi", "qk_ln"):
+        if attn.get(key):
+            raise ValueError(
+                f"attn_config.{key} is set: the original DBRX code applies it, transformers' "
+                "DBRX ignores it; neither reading would be a guess worth making"
+            )
+    nested = attn.get("rope_theta")
+    if nested is None:
+        raise ValueError(
+            "attn_config has no rope_theta: transformers' DbrxAttention reads it when built and "
+            "fails without it (then rotates with the top-level rope_theta)"
+        )
+    params = config.get("rope_parameters") or {}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    if float(nested) != float(theta):
+        raise ValueError(
+            f"attn_config.rope_theta is {nested} but transformers' DBRX rotates with the "
+            f"top-level rope_theta {theta} (its rotary embedding never reads attn_config); "
+            "set rope_parameters' rope_theta to the one meant"
+        )
+
+
+# BitNet: the released checkpoints' linears are AutoBitLinear (quantization_config)
+_BITNET_QUANTIZED = (
+    "bitnet's quantized linears (AutoBitLinear) round the weights to {-1, 0, 1} times their "
+    "mean magnitude and each token's activations to 8 bits before every projection; the layer's "
+    "projections are plain (load unquantized weights with a config without it)"
 )
 
 

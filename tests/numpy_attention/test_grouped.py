@@ -67,6 +67,16 @@ OPTIONS = {
         "gate_bias": True,
     },
     "gate_head_bias": {"output_gate": "head", "gate_bias": True},  # LFM3 (without the bias)
+    "clip": {"clip_qkv": 0.5, "bias": True},  # OLMo, DBRX: about 40% of q, k, v clamped
+    "clip_before_norm": {"clip_qkv": 0.5, "qk_norm": True, "qk_norm_type": "layer"},  # MPT
+    "clip_after_norm": {  # OLMoE: q and k clamped after their whole-projection norm
+        "clip_qkv": 0.8,
+        "qk_norm": True,
+        "qk_norm_shape": "all",
+        "clip_after_norm": True,
+    },
+    "output_norm": {"output_norm": True, "output_norm_eps": 0.1},  # BitNet's attn_sub_norm
+    "output_norm_clip_gqa": {"output_norm": True, "clip_qkv": 0.6, "sinks": True},
     "everything": {
         "qk_norm": True,
         "norm_eps": 0.1,
@@ -86,6 +96,8 @@ OPTIONS = {
         "output_gate": "head",
         "gate_activation": "softplus",
         "gate_bias": True,
+        "clip_qkv": 0.8,
+        "clip_after_norm": True,
     },
 }
 
@@ -96,7 +108,7 @@ def make_layer(rng, kv_heads=2, **options):
     layer = GroupedQueryAttention(C, H, kv_heads, head_dim=D, rng=rng, **options)
     layer.astype(np.float64).train(options.get("dropout", 0.0) > 0)
     state = layer.state_dict()
-    for name in ("sinks", "q_norm.weight", "k_norm.weight"):
+    for name in ("sinks", "q_norm.weight", "k_norm.weight", "o_norm.weight"):
         if name in state:
             state[name] = 1.0 + 0.5 * rng.standard_normal(state[name].shape)
     layer.load_state_dict(state)
@@ -145,8 +157,13 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
 
     def project(name, count, norm_name=None):
         y = F.linear(x, params[f"{name}.weight"], params.get(f"{name}.bias"))
+        clip = args["clip_qkv"]
+        if clip is not None and not args["clip_after_norm"]:
+            y = y.clamp(-clip, clip)
         if norm_name is not None and args["qk_norm"]:
             y = norm(y, params[f"{norm_name}.weight"])
+        if clip is not None and args["clip_after_norm"]:  # v too: it has no norm
+            y = y.clamp(-clip, clip)
         return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
 
     q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
@@ -188,6 +205,8 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         if args["output_gate"] == "head":
             gate = gate.repeat_interleave(d, dim=-1)  # one gate for each head's D coordinates
         out = out * gate
+    if args["output_norm"]:  # an RMSNorm over the H*D merged coordinates
+        out = F.rms_norm(out, out.shape[-1:], params["o_norm.weight"], args["output_norm_eps"])
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
 
@@ -252,7 +271,17 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
 
 
 @pytest.mark.parametrize(
-    "option", ["plain", "everything", "qk_norm_all", "gate_element", "gate_element_softplus_bias"]
+    "option",
+    [
+        "plain",
+        "everything",
+        "qk_norm_all",
+        "gate_element",
+        "gate_element_softplus_bias",
+        "clip",
+        "clip_after_norm",
+        "output_norm",
+    ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
 def test_gradcheck(rng, option, kv_heads):
@@ -352,6 +381,11 @@ DECODE = {
     "gate_element": ({"output_gate": "element", "qk_norm": True, "rotary_dim": 2}, 2),
     "gate_head_softplus_bias": (
         {"output_gate": "head", "gate_activation": "softplus", "gate_bias": True},
+        1,
+    ),
+    "clip_output_norm": ({"clip_qkv": 0.5, "bias": True, "output_norm": True}, 2),
+    "clip_after_norm": (
+        {"clip_qkv": 0.8, "qk_norm": True, "qk_norm_shape": "all", "clip_after_norm": True},
         1,
     ),
 }
@@ -536,6 +570,10 @@ def test_parameters_are_named_like_hugging_face(rng):
         shapes = {name: value.shape for name, value in gated.state_dict().items()}
         assert list(shapes)[-2:] == ["g_proj.weight", "g_proj.bias"]
         assert shapes["g_proj.weight"] == (rows, 8) and shapes["g_proj.bias"] == (rows,)
+    normed = GroupedQueryAttention(8, 4, 2, head_dim=6, output_norm=True, rng=rng)
+    shapes = {name: value.shape for name, value in normed.state_dict().items()}
+    assert list(shapes)[-1] == "o_norm.weight" and shapes["o_norm.weight"] == (24,)  # H*D, not C
+    assert np.all(normed.o_norm.weight == 1)
     assert layer.dtype == np.float32 and np.all(layer.sinks == 0)
 
 
@@ -557,6 +595,22 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
     np.testing.assert_array_equal(loaded(x), layer(x))
     with pytest.raises(ValueError, match=r"gqa\.npz.*window"):
         load_module(path, make_layer(rng, 2, **{**options, "window": (2, 0)}))
+
+
+def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
+    options = {"clip_qkv": 0.5, "qk_norm": True, "clip_after_norm": True, "output_norm": True}
+    options |= {"output_norm_eps": 0.01}
+    layer = make_layer(rng, 2, **options)
+    path = tmp_path / "gqa.npz"
+    x = rng.standard_normal((B, N, C))
+
+    save_module(path, layer)
+    loaded = load_module(path, make_layer(np.random.default_rng(0), 2, **options))
+
+    assert loaded.constructor_args() == layer.constructor_args()
+    np.testing.assert_array_equal(loaded(x), layer(x))
+    with pytest.raises(ValueError, match=r"gqa\.npz.*clip_qkv"):
+        load_module(path, make_layer(rng, 2, **{**options, "clip_qkv": 0.6}))
 
 
 @pytest.mark.parametrize(
@@ -606,6 +660,19 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
         ((8, 4, 2), {"gate_activation": "softplus"}, ValueError, "but output_gate is None"),
         ((8, 4, 2), {"gate_bias": True}, ValueError, "but output_gate is None"),
         ((8, 4, 2), {"output_gate": "head", "gate_bias": 1}, TypeError, "gate_bias must be a bool"),
+        ((8, 4, 2), {"clip_qkv": 0}, ValueError, "clip_qkv must be > 0"),
+        ((8, 4, 2), {"clip_qkv": -8.0}, ValueError, "clip_qkv must be > 0"),
+        ((8, 4, 2), {"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),
+        ((8, 4, 2), {"qk_norm": True, "clip_after_norm": True}, ValueError, "clip_qkv is None"),
+        ((8, 4, 2), {"output_norm": 1}, TypeError, "output_norm must be a bool"),
+        ((8, 4, 2), {"output_norm_eps": 1e-5}, ValueError, "but output_norm is False"),
+        ((8, 4, 2), {"output_norm": True, "output_norm_eps": 0.0}, ValueError, "must be > 0"),
+        (
+            (8, 4, 2),
+            {"output_norm": True, "output_gate": "head"},
+            ValueError,
+            "output_norm and output_gate='head' together",
+        ),
     ],
 )
 def test_bad_construction_is_refused(args, kwargs, error, match):

@@ -135,8 +135,7 @@ class ModelCase:
         model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
         model = model.double().eval()
         with torch.no_grad():
-            layers = language(model)
-            for layer_idx in range(len(layers.h if hasattr(layers, "h") else layers.layers)):
+            for layer_idx in range(len(decoder_layers(language(model)))):
                 attention = attention_of(model, layer_idx)  # None on a Mamba layer
                 for param in () if attention is None else attention.parameters():
                     scale = 1.5 / param.shape[-1] ** 0.5 if param.ndim == 2 else 0.5
@@ -149,8 +148,16 @@ def language(model):
     return getattr(model, "language_model", getattr(model, "text_model", model))
 
 
+def decoder_layers(model):
+    """The model's decoder layers (Falcon's and GPT-BigCode's ``h``, DBRX's ``blocks``)."""
+    for name in ("h", "blocks", "layers"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    raise AttributeError(f"{type(model).__name__} has no decoder layers the tests know")
+
+
 def attention_of(model, layer_idx):
-    """The attention module of a decoder layer (Falcon's and GPT-BigCode's names differ;
+    """The attention module of a decoder layer (Falcon's, GPT-BigCode's and DBRX's names differ;
     Nemotron-H's is its ``mixer``, RecurrentGemma's its ``temporal_block``, ModernBERT
     decoder's its ``attn``; a multimodal wrapper's is its language model's), None on a hybrid's
     layer without attention (Mamba, convolution, recurrent, cross-attention, ...)."""
@@ -158,6 +165,8 @@ def attention_of(model, layer_idx):
     if hasattr(model, "h"):
         block = model.h[layer_idx]
         return block.self_attention if hasattr(block, "self_attention") else block.attn
+    if hasattr(model, "blocks"):
+        return model.blocks[layer_idx].norm_attn_norm.attn
     layer = model.layers[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
@@ -1346,6 +1355,71 @@ CASES = [
         2,
         True,
         MODERNBERT_DECODER | {"num_hidden_layers": 3},
+    ),
+]
+# -- clip_qkv and the output norm: OLMo, OLMoE, DBRX, BitNet ----------------------------------
+# The projections here have a std of about 1.5 (the redrawn weights): a clip of 1.5 clamps about
+# a third of q, k and v; OLMoE's clamp acts after its QK-norm, whose outputs have a std of about
+# 0.5 (its redrawn weight): 0.4 clamps about a third of them. The checkpoints' 8 rarely bites.
+DBRX_SIZES = {name: ABSENT for name in ("hidden_size", "num_attention_heads", "head_dim")}
+DBRX_SIZES |= {"num_key_value_heads": ABSENT, "num_hidden_layers": ABSENT}
+DBRX_SIZES |= {"intermediate_size": ABSENT, "d_model": 32, "n_heads": 4, "n_layers": 2}
+DBRX_SIZES |= {"ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 2, "moe_top_k": 1}}
+CASES += [
+    ModelCase("olmo-clip-bias", "Olmo", 0, False, {"clip_qkv": 1.5, "attention_bias": True}, True),
+    ModelCase(  # allenai/OLMo-7B-0424-hf: multi-head (32 over 32), theta 1e4, clip_qkv 8
+        "olmo-7b-0424-shaped",
+        "Olmo",
+        1,
+        False,
+        {"num_key_value_heads": 4, "clip_qkv": 8.0}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "olmoe-clip-after-qk-norm",
+        "Olmoe",
+        0,
+        False,
+        {"clip_qkv": 0.4, "rms_norm_eps": 1e-5, "num_experts": 2, "num_experts_per_tok": 1},
+        unpadded=True,
+    ),
+    ModelCase(  # OLMoE-1B-7B-0924's shape (multi-head, 16 over 16) with OLMo-0424's clip of 8
+        "olmoe-1b-7b-clip-shaped",
+        "Olmoe",
+        1,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-5, "num_experts": 2}
+        | {"num_experts_per_tok": 1, "clip_qkv": 8.0}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(
+        "dbrx-clip-gqa",
+        "Dbrx",
+        0,
+        False,
+        DBRX_SIZES | {"attn_config": {"clip_qkv": 1.5, "kv_n_heads": 2, "rope_theta": 10000.0}},
+        unpadded=True,
+    ),
+    ModelCase(  # databricks/dbrx-base: 48 heads over 8 (6 over 1 here), clip 8, theta 5e5
+        # (set at the top level too: transformers' rotary embedding reads only that one)
+        "dbrx-base-shaped",
+        "Dbrx",
+        1,
+        False,
+        DBRX_SIZES
+        | {"d_model": 48, "n_heads": 6}
+        | {"attn_config": {"clip_qkv": 8, "kv_n_heads": 1, "rope_theta": 500000}}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    ),
+    ModelCase("bitnet-sub-norm", "BitNet", 0, False, {"rms_norm_eps": 1e-3}, unpadded=True),
+    ModelCase(  # microsoft/bitnet-b1.58-2B-4T's attention: 20 heads over 5 (4 over 1 here),
+        # theta 5e5, eps 1e-5 (its ternary quantized linears are refused by name)
+        "bitnet-b1.58-2b-shaped",
+        "BitNet",
+        1,
+        False,
+        {"num_key_value_heads": 1, "rms_norm_eps": 1e-5}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
     ),
 ]
 IDS = [case.name for case in CASES]

@@ -33,6 +33,7 @@ OPTIONS = {
     "yarn-factor": {"rope_attention_factor": 1.3},
     "interleaved": {"rope_interleaved": True},
     "gate": {"output_gate": "element"},
+    "clip_output_norm": {"clip_qkv": 2.0, "bias": True, "output_norm": True},  # a third clamped
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -64,6 +65,14 @@ FAMILY_OPTIONS = {
     },
     "gate_element_softplus": {"output_gate": "element", "gate_activation": "softplus"},
     "gate_head": {"output_gate": "head"},
+    "clip_after_norm": {  # OLMoE's order
+        "qk_norm": True,
+        "qk_norm_shape": "all",
+        "clip_qkv": 1.0,
+        "clip_after_norm": True,
+    },
+    "clip_before_layer_norm": {"qk_norm": True, "qk_norm_type": "layer", "clip_qkv": 2.0},
+    "output_norm_eps": {"output_norm": True, "output_norm_eps": 0.5},
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -405,6 +414,10 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
         ({"output_gate": "head", "gate_activation": "silu"}, ValueError, "gate_activation must"),
         ({"gate_bias": True}, ValueError, "but output_gate is None"),
+        ({"clip_qkv": 0.0}, ValueError, "clip_qkv must be > 0"),
+        ({"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),
+        ({"output_norm_eps": 1e-5}, ValueError, "but output_norm is False"),
+        ({"output_norm": True, "output_gate": "head"}, ValueError, "output_norm and output_gate"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -459,4 +472,8 @@ def test_repr_names_the_options():
 
     assert "window=(3, 0)" in text and "sinks=True" in text and "(q_proj): Linear" in text
     assert "output_gate='head' (sigmoid)" in text
+    clipped = GroupedQueryAttention(
+        C, H, H_KV, head_dim=D, qk_norm=True, clip_qkv=8, clip_after_norm=True, output_norm=True
+    )
+    assert "clip_qkv=8.0 after the QK-norm" in repr(clipped) and "output_norm=True" in repr(clipped)
     assert to_numpy(layer.sinks).tolist() == [0.0] * H

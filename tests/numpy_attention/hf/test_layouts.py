@@ -47,10 +47,11 @@ def test_falcon_rows_are_grouped_per_kv_head():
     assert np.array_equal(layer["o_proj.weight"], np.eye(C)) and "dense.weight" not in layer
 
 
-def test_qkv_proj_rows_are_all_queries_then_keys_then_values():
+@pytest.mark.parametrize(("layout", "fused_name"), [("qkv_proj", "qkv_proj"), ("dbrx", "Wqkv")])
+def test_stacked_rows_are_all_queries_then_keys_then_values(layout, fused_name):
     fused = np.arange((H + 2 * H_KV) * D, dtype=float)[:, None] * np.ones(C)
 
-    layer = layouts.split("qkv_proj", {"qkv_proj.weight": fused}, H, H_KV)
+    layer = layouts.split(layout, {f"{fused_name}.weight": fused}, H, H_KV)
 
     assert layer["q_proj.weight"][:, 0].tolist() == list(range(H * D))
     assert layer["k_proj.weight"][:, 0].tolist() == list(range(H * D, (H + H_KV) * D))
@@ -85,7 +86,7 @@ def test_gpt_bigcode_multi_head_rows_are_q_k_v_per_head():
 @pytest.mark.parametrize(
     ("layout", "kv_heads"),
     [("separate", H_KV), ("qkv_proj", H_KV), ("falcon", H_KV), ("gpt_bigcode", 1)]
-    + [("gpt_bigcode", H)],
+    + [("gpt_bigcode", H), ("dbrx", H_KV)],
 )
 def test_join_is_the_inverse_of_split_for_weights_and_biases(layout, kv_heads):
     rng = np.random.default_rng(0)
@@ -122,4 +123,8 @@ def test_names_and_shapes_of_the_model():
     assert layouts.hf_shapes("gpt_bigcode", shapes | multi_query) == {
         "c_attn.weight": ((H + 2) * D, C),
         "c_proj.weight": (C, H * D),
+    }
+    assert layouts.hf_shapes("dbrx", shapes) == {
+        "Wqkv.weight": ((H + 2 * H_KV) * D, C),
+        "out_proj.weight": (C, H * D),
     }
