@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation
+from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
 from .families import FAMILIES, check_layer, layer_options, model_type
@@ -226,18 +227,21 @@ def grouped_from_hf(
 
 
 def hf_attention_state_from_grouped(
-    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any]
+    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> dict[str, np.ndarray]:
     """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
     ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
     q, k and v are joined where the model fuses them (Phi-3's ``qkv_proj``, Falcon's
-    ``query_key_value``, whose ``o_proj`` is ``dense``); the other families keep the names.
+    ``query_key_value``, whose ``o_proj`` is ``dense``), q and the output gate where q_proj
+    carries the gate (Qwen3-Next's, Qwen3.5's ``q_proj``); the other families keep the names
+    (renamed where the model's differ: ``gate_proj``, ``out_proj``, ...).
 
     Args:
         config: the model's config (as for ``grouped_from_hf``).
         state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
             and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
-            has (biases, norms, sinks), passed through.
+            has (biases, norms, sinks, the gate's ``g_proj``), passed through.
+        layer_idx: the layer, whose query heads the config may give per layer (Laguna).
 
     Returns:
         the model's names -> fresh NumPy arrays (copies).
@@ -252,7 +256,8 @@ def hf_attention_state_from_grouped(
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
     family = FAMILIES[name]
-    shape = sizes(config, family)
+    layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    shape = sizes(config, family, layer_idx)
     arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
     h, h_kv, d, c = (
         shape["num_heads"],
@@ -266,15 +271,19 @@ def hf_attention_state_from_grouped(
         "v_proj.weight": (h_kv * d, c),
         "o_proj.weight": (c, h * d),
     }
+    fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
+        family.layout, ("q_proj", "k_proj", "v_proj")
+    )
+    if family.layout == "q_gate":  # the gate is half of the model's q_proj
+        expected["g_proj.weight"] = (h * d, c)
     missing = [key for key in expected if key not in arrays]
-    if family.layout != "separate":  # fused: the q, k and v biases are one entry
-        biases = [f"{proj}.bias" for proj in ("q_proj", "k_proj", "v_proj")]
-        if any(key in arrays for key in biases):
-            missing += [key for key in biases if key not in arrays]
+    biases = [f"{proj}.bias" for proj in fused]  # fused: their biases are one entry
+    if any(key in arrays for key in biases):
+        missing += [key for key in biases if key not in arrays]
     if missing:
         raise KeyError(
-            f"{fn}: missing keys {missing} of a {name} layer's state dict (where q, k and v are "
-            "fused, their biases go together)"
+            f"{fn}: missing keys {missing} of a {name} layer's state dict (where projections "
+            "are fused, their biases go together)"
         )
     for key, want in expected.items():
         if arrays[key].shape != want:
@@ -391,6 +400,11 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         }
     if options.get("sinks"):
         shapes["sinks"] = (h,)
+    if options.get("output_gate"):
+        width = gate_width(options["output_gate"], h, d)
+        shapes["g_proj.weight"] = (width, c)
+        if options.get("gate_bias"):
+            shapes["g_proj.bias"] = (width,)
     return shapes
 
 

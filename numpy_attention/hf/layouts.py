@@ -9,6 +9,10 @@ fused, split on load and joined on save.
   ``_split_heads`` views it as (H_kv, g + 2, D)); an optional ``query_key_value.bias`` alike;
   ``dense`` is o_proj. Multi-query (one kv head) and multi-head (g = 1) Falcons are the same
   layout.
+- ``"q_gate"`` (Qwen3-Next, Qwen3.5): ``q_proj.weight`` (2 H D, C) carries the output gate's
+  rows beside the queries', per head: head h's D query rows, then its D gate rows (the model
+  views the projection as (..., H, 2 D) and chunks it), split into the layer's ``q_proj`` and
+  ``g_proj``; an optional ``q_proj.bias`` (2 H D,) alike. k, v and o_proj are separate.
 
 Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
 weights. NumPy only.
@@ -27,15 +31,18 @@ ANCHORS = {  # the one key every layout's attention has, after which nothing is 
     "separate": "q_proj.weight",
     "qkv_proj": "qkv_proj.weight",
     "falcon": "query_key_value.weight",
+    "q_gate": "q_proj.weight",
 }
 EXAMPLES = {  # how a whole model's state dict names it
     "separate": "model.layers.{i}.self_attn.q_proj.weight",
     "qkv_proj": "model.layers.{i}.self_attn.qkv_proj.weight",
     "falcon": "transformer.h.{i}.self_attention.query_key_value.weight",
+    "q_gate": "model.layers.{i}.self_attn.q_proj.weight",
 }
 _FUSED = {"qkv_proj": "qkv_proj", "falcon": "query_key_value"}
-_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense"}
+_OUT = {"separate": "o_proj", "qkv_proj": "o_proj", "falcon": "dense", "q_gate": "o_proj"}
 _QKV = ("q_proj", "k_proj", "v_proj")
+_Q_GATE = ("q_proj", "g_proj")  # the "q_gate" layout's two halves of the model's q_proj
 
 
 def expected_form(layout: str) -> str:
@@ -48,6 +55,8 @@ def hf_name(layout: str, name: str) -> str:
     module, _, kind = name.partition(".")
     if module in _QKV and layout in _FUSED:
         return f"{_FUSED[layout]}.{kind}"
+    if module in _Q_GATE and layout == "q_gate":
+        return f"q_proj.{kind}"
     if module == "o_proj":
         return f"{_OUT[layout]}.{kind}"
     return name
@@ -77,6 +86,11 @@ def split(
         if layout in _FUSED and module == _FUSED[layout]:
             q, k, v = _split_rows(layout, value, num_heads, num_kv_heads)
             out |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
+        elif layout == "q_gate" and module == "q_proj":
+            rest = value.shape[1:]
+            per_head = value.reshape(num_heads, 2, -1, *rest)  # (2 H D, ...) -> (H, 2, D, ...)
+            out[f"q_proj.{kind}"] = per_head[:, 0].reshape(-1, *rest)  # (H, D, ...) -> (H D, ...)
+            out[f"g_proj.{kind}"] = per_head[:, 1].reshape(-1, *rest)
         elif module == _OUT[layout]:
             out[f"o_proj.{kind}"] = value
         else:
@@ -95,6 +109,14 @@ def join(
             if module == "q_proj":
                 parts = [state[f"{name}.{kind}"] for name in _QKV]
                 out[f"{_FUSED[layout]}.{kind}"] = _join_rows(layout, parts, num_heads, num_kv_heads)
+        elif layout == "q_gate" and module in _Q_GATE:
+            if module == "q_proj":
+                q, g = state[f"q_proj.{kind}"], state[f"g_proj.{kind}"]
+                rest = q.shape[1:]
+                halves = [
+                    part.reshape(num_heads, 1, -1, *rest) for part in (q, g)
+                ]  # (H, 1, D, ...)
+                out[f"q_proj.{kind}"] = np.concatenate(halves, axis=1).reshape(-1, *rest)
         elif module == "o_proj":
             out[f"{_OUT[layout]}.{kind}"] = value
         else:

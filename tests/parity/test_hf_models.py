@@ -130,7 +130,7 @@ class ModelCase:
         model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
         model = model.double().eval()
         with torch.no_grad():
-            for layer_idx in range(len(model.h if hasattr(model, "h") else model.layers)):
+            for layer_idx in range(len(decoder_layers(model))):
                 attention = attention_of(model, layer_idx)  # None on a Mamba layer
                 for param in () if attention is None else attention.parameters():
                     scale = 1.5 / param.shape[-1] ** 0.5 if param.ndim == 2 else 0.5
@@ -138,12 +138,20 @@ class ModelCase:
         return config, model
 
 
+def decoder_layers(model):
+    """The model's decoder layers (Falcon's ``h``; HRM-Text's H stack, which its forward loops
+    over cycles beside the L stack)."""
+    if hasattr(model, "h"):
+        return model.h
+    return model.H_module.layers if hasattr(model, "H_module") else model.layers
+
+
 def attention_of(model, layer_idx):
     """The attention module of a decoder layer (Falcon's names differ; Nemotron-H's is its
     ``mixer``), None on a hybrid's layer without attention (Mamba, convolution, ...)."""
     if hasattr(model, "h"):
         return model.h[layer_idx].self_attention
-    layer = model.layers[layer_idx]
+    layer = decoder_layers(model)[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
     return getattr(layer, "self_attn", None)
@@ -154,6 +162,15 @@ FLINT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size"
 FLINT_MOE |= {"shared_expert_intermediate_size": 8}
 KOLIBRI1_MOE = FLINT_MOE
 MINIMAX_MOE = {"num_local_experts": 2, "num_experts_per_tok": 1}
+QWEN3_NEXT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+QWEN3_NEXT_MOE |= {"shared_expert_intermediate_size": 8}
+QWEN3_5 = {"linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2}
+QWEN3_5 |= {"linear_num_value_heads": 4}
+QWEN3_NEXT = QWEN3_5 | QWEN3_NEXT_MOE
+MROPE = {"mrope_section": [1, 1, 0], "mrope_interleaved": True}  # 2 frequencies: 4 of 16 turn
+LAGUNA_MOE = FLINT_MOE
+AFMOE_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "num_shared_experts": 1}
+AFMOE_MOE |= {"moe_intermediate_size": 8, "num_dense_layers": 1}
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
 CASES = [
     ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
@@ -1108,6 +1125,163 @@ CASES = [
         {"layer_types": ["full_attention", "linear_attention"], "rms_norm_eps": 1e-5}
         | {"head_dim": ABSENT},
     ),
+    # -- the gated families: an output gate before o_proj --------------------------------------
+    ModelCase(  # q_proj's per-head halves, query and gate, all four projections biased; a
+        # quarter of each head rotates (the class default: 4 of 16, two pairs)
+        "qwen3_next-gate-bias",
+        "Qwen3Next",
+        1,
+        False,
+        QWEN3_NEXT
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"attention_bias": True, "head_dim": 16, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # Qwen/Qwen3-Next-80B-A3B: 16 heads over 2 (here 8 over 1), head_dim 256 (here
+        # 16), a quarter rotary, theta 1e7, every fourth layer full (full_attention_interval)
+        "qwen3_next-80b-a3b-shaped",
+        "Qwen3Next",
+        3,
+        False,
+        QWEN3_NEXT
+        | {"num_hidden_layers": 4, "full_attention_interval": 4, "head_dim": 16}
+        | {"num_attention_heads": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
+    ),
+    ModelCase(  # text positions: the three mrope axes read the same position
+        "qwen3_5_text-gate-bias",
+        "Qwen3_5Text",
+        1,
+        False,
+        QWEN3_5
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"attention_bias": True, "head_dim": 16, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # Qwen3_5TextConfig's defaults (Qwen/Qwen3.5-27B): 16 heads over 4 (here 4 over
+        # 1), head_dim 256 (here 16), a quarter rotary, mrope sections 11/11/10, theta 1e7
+        "qwen3_5_text-checkpoint",
+        "Qwen3_5Text",
+        3,
+        False,
+        QWEN3_5
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+    ),
+    ModelCase(
+        "qwen3_5_moe_text-gate",
+        "Qwen3_5MoeText",
+        1,
+        False,
+        QWEN3_5
+        | QWEN3_NEXT_MOE
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"head_dim": 16, "num_attention_heads": 8, "num_key_value_heads": 1},
+    ),
+    ModelCase(  # Qwen3_5MoeTextConfig's defaults (the Qwen3.5 MoE checkpoints): 16 heads over
+        # 2 (here 8 over 1), head_dim 256 (here 16), a quarter rotary, every fourth layer full;
+        # mrope sections and theta 1e7 as the released configs have them
+        "qwen3_5_moe_text-checkpoint",
+        "Qwen3_5MoeText",
+        3,
+        False,
+        QWEN3_5
+        | QWEN3_NEXT_MOE
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_attention_heads": 8}
+        | {"num_key_value_heads": 1, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+    ),
+    *(
+        ModelCase(  # a sigmoid gate per head; the full layer's proportional RoPE turns 4 of its
+            # 8 pairs, at base^(-2i/16), the other 4 at frequency 0
+            f"lfm3-{kind}",
+            "Lfm3",
+            layer,
+            layer == 0,
+            {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+            | {"head_dim": 16, "norm_eps": 1e-3, "attention_bias": True},
+        )
+        for layer, kind in ((0, "sliding-gate"), (1, "full-proportional-gate"))
+    ),
+    ModelCase(  # Lfm3Config's defaults (no released checkpoint to mirror): 16 heads over 4
+        # (here 8 over 2), head_dim 128 (here 16), conv, conv, full, conv, sliding; its full
+        # layers' proportional RoPE at 1e6 on half the pairs, the sliding ones' at 1e4
+        "lfm3-checkpoint",
+        "Lfm3",
+        2,
+        False,
+        {"num_hidden_layers": 5, "num_attention_heads": 8, "head_dim": 16}
+        | {"sliding_window": WINDOW, "conv_L_cache": 3},
+    ),
+    ModelCase(  # lfm3 without its gate: use_attention_gate false
+        "lfm3-sliding-no-gate",
+        "Lfm3",
+        4,
+        True,
+        {"num_hidden_layers": 5, "head_dim": 16, "sliding_window": WINDOW}
+        | {"use_attention_gate": False, "conv_L_cache": 3},
+    ),
+    ModelCase(  # a softplus gate per head, half of each head rotating on the full layer
+        "laguna-full-per-head",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"head_dim": 16, "gating": True, "attention_bias": True, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # a softplus gate per element on a sliding layer with twice the heads
+        "laguna-sliding-per-element-heads-per-layer",
+        "Laguna",
+        1,
+        True,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"num_attention_heads_per_layer": [4, 8], "gating": "per-element", "head_dim": 16},
+    ),
+    ModelCase(  # LagunaConfig's defaults: 48 heads over 8 (here 6 over 1), head_dim 128 (here
+        # 16), full layers at theta 5e5 rotating half of each head, a softplus gate per head
+        "laguna-checkpoint",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE | {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 16},
+    ),
+    *(
+        ModelCase(  # a sigmoid gate per element (gate_proj); the full layer is NoPE
+            f"afmoe-{kind}",
+            "Afmoe",
+            layer,
+            layer == 0,
+            AFMOE_MOE
+            | {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+            | {"rms_norm_eps": 1e-3},
+        )
+        for layer, kind in ((0, "sliding-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # AfmoeConfig's defaults (arcee-ai's Trinity): multi-head, head_dim 128 (here
+        # 8), every fourth layer full and NoPE, the others sliding
+        "afmoe-checkpoint",
+        "Afmoe",
+        3,
+        False,
+        AFMOE_MOE
+        | {"num_hidden_layers": 4, "num_key_value_heads": ABSENT, "sliding_window": WINDOW}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(  # the H stack's layer 1 (the model runs it over H_cycles), biased gate_proj
+        "hrm_text-bias",
+        "HrmText",
+        1,
+        False,
+        {"attention_bias": True, "num_key_value_heads": ABSENT, "H_cycles": 2, "L_cycles": 1},
+    ),
+    ModelCase(  # HrmTextConfig's defaults: 12 heads (here 4) of 128 (here 8), multi-head,
+        # H_cycles 2, L_cycles 3, no biases
+        "hrm_text-checkpoint",
+        "HrmText",
+        0,
+        False,
+        {"num_key_value_heads": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1203,9 +1377,12 @@ def model_frequencies(case, config, model):
 def convert_layers(case, config, model):
     """The converted NumPy layer from the whole model's state dict, with the model's own
     frequencies, and its torch twin built from its arguments and state."""
+    state = model.state_dict()
+    if hasattr(model, "H_module"):  # HRM-Text: each stack numbers its layers from 0
+        state = {key: value for key, value in state.items() if key.startswith("H_module.")}
     layer = convert.grouped_from_hf(
         config.to_dict(),
-        model.state_dict(),
+        state,
         layer_idx=case.layer_idx,
         **model_frequencies(case, config, model),
     )
@@ -1274,7 +1451,9 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)
-        grads = hf_attention_state_from_grouped(config.to_dict(), grads)  # the model's names
+        grads = hf_attention_state_from_grouped(  # the model's names
+            config.to_dict(), grads, layer_idx=case.layer_idx
+        )
         assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
         assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
         assert_close(dx, x_t.grad, name=f"{package} dx")
@@ -1363,12 +1542,28 @@ ROPES = {
         "factor": None,
         "original_max_position_embeddings": 1024,
     },
+    "proportional": {  # LFM3's full layers: every pair of the head, a quarter of them turning
+        "rope_type": "proportional",
+        "rope_theta": 1e6,
+        "partial_rotary_factor": 0.25,
+    },
+    "proportional-factor": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 2.0}
+    | {"partial_rotary_factor": 0.5},
     "longrope": {  # factor None: max_position_embeddings / original, as Phi-3's configs have it
         "rope_type": "longrope",
         "rope_theta": 10000.0,
         "original_max_position_embeddings": 4096,
     },
 }
+
+
+def assert_same_frequencies(freqs, expected, name):
+    """Each frequency within float32 rounding of the model's, per element (their ratio), and
+    exactly 0 where the model's is (proportional RoPE's pairs that do not turn)."""
+    assert freqs.shape == expected.shape, name
+    assert np.array_equal(freqs == 0, expected == 0), name
+    turned = expected != 0
+    assert_close(freqs[turned] / expected[turned], np.ones(turned.sum(), np.float32), name=name)
 
 
 @pytest.mark.parametrize("head_dim", [8, 256])  # at 256 torch's pow rounds some bits apart
@@ -1391,7 +1586,7 @@ def test_frequencies_and_attention_factor_match_the_models(rope, head_dim):
     freqs = hf_inv_freq(config.to_dict())
 
     assert freqs.dtype == np.float32 and expected.dtype == np.float32
-    assert_close(freqs / expected, np.ones_like(expected), name="inv_freq / model's")
+    assert_same_frequencies(freqs, expected, "inv_freq / model's")
     assert_close(hf_rope_attention_factor(config.to_dict()), rotary.attention_scaling)
     if rope["rope_type"] == "longrope":  # the set the model swaps in past the original length
         original = rope["original_max_position_embeddings"]
@@ -1416,6 +1611,31 @@ def test_partial_and_per_layer_type_frequencies_match_the_models():
     for freqs, kind in zip(gemma_freqs, gemma.layer_types, strict=True):
         expected = to_numpy(getattr(gemma_rotary, f"{kind}_inv_freq"))
         assert_close(freqs / expected, np.ones_like(expected), name=f"Gemma 3's {kind}")
+
+
+GATED_ROTARY = {  # model -> (its modeling module, the layer types its rotary embedding keeps)
+    "Lfm3": ("lfm3", ["full_attention", "sliding_attention"]),
+    "Laguna": ("laguna", ["full_attention", "sliding_attention"]),
+    "Qwen3Next": ("qwen3_next", None),
+}
+
+
+@pytest.mark.parametrize("model", GATED_ROTARY)
+def test_the_gated_families_frequencies_match_the_models(model):
+    """The config classes' own RoPE (no rope_parameters given), at a 128-wide head: LFM3's
+    proportional full layers (32 of the 64 pairs turning at base^(-2i/128), the rest at 0) and
+    whole-head sliding ones, Laguna's half-rotary full layers and whole-head sliding ones,
+    Qwen3-Next's quarter of the head."""
+    name, types = GATED_ROTARY[model]
+    keywords = {} if types is None else {"layer_types": types}
+    config = getattr(transformers, f"{model}Config")(**(SIZES | {"head_dim": 128}), **keywords)
+    modeling = getattr(transformers.models, name)
+    rotary = getattr(getattr(modeling, f"modeling_{name}"), f"{model}RotaryEmbedding")(config)
+
+    for layer_idx, kind in enumerate(types or ["full_attention"]):
+        freqs = hf_inv_freq(config.to_dict(), layer_idx=layer_idx)
+        expected = to_numpy(getattr(rotary, f"{kind}_inv_freq" if types else "inv_freq"))
+        assert_same_frequencies(freqs, expected, kind)
 
 
 def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():

@@ -57,7 +57,27 @@ def test_qkv_proj_rows_are_all_queries_then_keys_then_values():
     assert layer["v_proj.weight"][:, 0].tolist() == list(range((H + H_KV) * D, (H + 2 * H_KV) * D))
 
 
-@pytest.mark.parametrize("layout", ["separate", "qkv_proj", "falcon"])
+def test_q_gate_rows_are_each_head_s_query_then_its_gate():
+    # Qwen3-Next's q_proj (2 H D, C): the model views it as (H, 2 D) per token and chunks it, so
+    # row r belongs to head r // (2 D), to the query if r % (2 D) < D, else to the gate
+    rows = np.arange(2 * H * D, dtype=float)
+    state = {"q_proj.weight": rows[:, None] * np.ones(C), "q_proj.bias": rows}
+
+    layer = layouts.split("q_gate", state, H, H_KV)
+
+    for h in range(H):
+        query = [2 * D * h + d for d in range(D)]
+        gate = [2 * D * h + D + d for d in range(D)]
+        assert layer["q_proj.weight"][h * D : (h + 1) * D, 0].tolist() == query
+        assert layer["g_proj.weight"][h * D : (h + 1) * D, 0].tolist() == gate
+        assert layer["g_proj.bias"][h * D : (h + 1) * D].tolist() == gate
+    assert layouts.hf_name("q_gate", "g_proj.bias") == "q_proj.bias"
+    assert layouts.hf_shapes(
+        "q_gate", {"q_proj.weight": (H * D, C), "g_proj.weight": (H * D, C)}
+    ) == {"q_proj.weight": (2 * H * D, C)}
+
+
+@pytest.mark.parametrize("layout", ["separate", "qkv_proj", "falcon", "q_gate"])
 def test_join_is_the_inverse_of_split_for_weights_and_biases(layout):
     rng = np.random.default_rng(0)
     layer = {
@@ -66,6 +86,11 @@ def test_join_is_the_inverse_of_split_for_weights_and_biases(layout):
         for kind in ("weight", "bias")
     }
     layer["o_proj.weight"] = rng.standard_normal((C, H * D))
+    if layout == "q_gate":  # the output gate, whose rows the model keeps in q_proj
+        layer |= {
+            "g_proj.weight": rng.standard_normal((H * D, C)),
+            "g_proj.bias": rng.standard_normal(H * D),
+        }
 
     model = layouts.join(layout, layer, H, H_KV)
     again = layouts.split(layout, model, H, H_KV)
