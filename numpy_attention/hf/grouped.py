@@ -20,13 +20,18 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
   ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
   included (``kv > q - W``), so ``window = (W - 1, 0)``.
+- Output gates before o_proj (``Family.gate``): sigmoid per element in Qwen3-Next and Qwen3.5
+  (carried in q_proj: the ``"q_gate"`` layout splits it into ``g_proj``), AFMoE and HRM-Text
+  (``gate_proj``), sigmoid per head in LFM3, softplus per head or per element in Laguna (whose
+  query heads may differ per layer).
 - Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
   ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
 - RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
   rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
   (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3.
   ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
-  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn`` or ``longrope``
+  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn``, ``proportional``
+  (LFM3) or ``longrope``
   (the layer switches to the long frequencies per call, as the model does). For exactly the
   model's frequencies pass them as ``inv_freq=`` (and ``long_inv_freq=``): used as given.
 

@@ -1,7 +1,8 @@
 """RoPE as Hugging Face's rotary embeddings compute it, read from a config: the parameters of a
 layer (one dict, or one per layer type as in Gemma 3), the rotated width (partial rotary, NoPE
 layers), the frequencies in float32 in the model's order of operations (``default``, ``linear``,
-``llama3``, ``yarn``, ``longrope``'s short and long sets) and the attention factor. NumPy only.
+``llama3``, ``yarn``, ``longrope``'s short and long sets, ``proportional``'s pairs with their
+zeros) and the attention factor. NumPy only.
 
 ``hf_inv_freq`` agrees with the model's own ``inv_freq`` buffer to within a float32 ulp or two
 (torch's vectorized ``pow`` rounds the last bit differently from NumPy's); the converter takes
