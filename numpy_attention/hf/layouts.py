@@ -113,10 +113,9 @@ def join(
             if module == "q_proj":
                 q, g = state[f"q_proj.{kind}"], state[f"g_proj.{kind}"]
                 rest = q.shape[1:]
-                halves = [
-                    part.reshape(num_heads, 1, -1, *rest) for part in (q, g)
-                ]  # (H, 1, D, ...)
-                out[f"q_proj.{kind}"] = np.concatenate(halves, axis=1).reshape(-1, *rest)
+                halves = [part.reshape(num_heads, 1, -1, *rest) for part in (q, g)]
+                fused = np.concatenate(halves, axis=1)  # (H, 2, D, ...): per head, q then g
+                out[f"q_proj.{kind}"] = fused.reshape(-1, *rest)
         elif module == "o_proj":
             out[f"{_OUT[layout]}.{kind}"] = value
         else:

@@ -1645,3 +1645,52 @@ def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
     layer = convert.grouped_from_hf(config.to_dict(), model.state_dict())
 
     assert layer.rope_attention_factor == model.rotary_emb.attention_scaling > 1.0
+
+
+# -- the gated families: the way back through the gate ------------------------------------------
+
+GATED = {  # model_type -> (modeling module, attention class, its config keywords, layer)
+    "qwen3_next": ("qwen3_next", "Qwen3NextAttention", {"attention_bias": True}, 1),
+    "qwen3_5_text": ("qwen3_5", "Qwen3_5Attention", {}, 1),
+    "lfm3": ("lfm3", "Lfm3Attention", {"attention_bias": True}, 1),
+    "laguna": ("laguna", "LagunaAttention", {"gating": "per-element"}, 1),
+    "afmoe": ("afmoe", "AfmoeAttention", {}, 1),
+    "hrm_text": ("hrm_text", "HrmTextAttention", {"attention_bias": True}, 0),
+}
+
+
+@pytest.mark.parametrize("model", GATED)
+def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
+    """The attention module's own state dict (transformers' class, random values): loaded and
+    given back, the very arrays under the model's names (Qwen's q_proj rows, query and gate
+    interleaved per head, joined back; gate_proj renamed back)."""
+    module, name, keywords, layer_idx = GATED[model]
+    sizes = {
+        key: SIZES[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+    }
+    sizes |= {"head_dim": 8, "num_hidden_layers": 2}
+    if model == "hrm_text":
+        del sizes["num_key_value_heads"]
+    if model in ("lfm3", "laguna", "afmoe"):
+        sizes["layer_types"] = ["full_attention", "full_attention"]
+    if model == "laguna":
+        sizes["num_attention_heads_per_layer"] = [4, 8]
+    if model.startswith("qwen"):
+        sizes["layer_types"] = ["linear_attention", "full_attention"]
+    hf_config = transformers.AutoConfig.for_model(model, **sizes, **keywords)
+    attention_class = getattr(
+        __import__(f"transformers.models.{module}.modeling_{module}", fromlist=[name]), name
+    )
+    extra = (hf_config.num_attention_heads_per_layer[layer_idx],) if model == "laguna" else ()
+    shapes = attention_class(hf_config, layer_idx, *extra).state_dict()
+    state = {key: rng.standard_normal(tuple(value.shape)) for key, value in shapes.items()}
+
+    layer = convert.grouped_from_hf(hf_config.to_dict(), state, layer_idx=layer_idx)
+    back = hf_attention_state_from_grouped(
+        hf_config.to_dict(), layer.state_dict(), layer_idx=layer_idx
+    )
+
+    assert layer.output_gate is not None and "g_proj.weight" in layer.state_dict()
+    assert set(back) == set(state)
+    for key, value in back.items():
+        assert np.array_equal(value, state[key]), key
