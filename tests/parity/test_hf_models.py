@@ -169,6 +169,9 @@ QWEN3_5 |= {"linear_num_value_heads": 4}
 QWEN3_NEXT = QWEN3_5 | QWEN3_NEXT_MOE
 MROPE = {"mrope_section": [1, 1, 0], "mrope_interleaved": True}  # 2 frequencies: 4 of 16 turn
 LAGUNA_MOE = FLINT_MOE
+LAGUNA_YARN = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0, "partial_rotary_factor": 0.5}
+LAGUNA_YARN |= {"original_max_position_embeddings": 8}
+LAGUNA_LOCAL = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}
 AFMOE_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "num_shared_experts": 1}
 AFMOE_MOE |= {"moe_intermediate_size": 8, "num_dense_layers": 1}
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
@@ -1236,6 +1239,16 @@ CASES = [
         LAGUNA_MOE
         | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
         | {"num_attention_heads_per_layer": [4, 8], "gating": "per-element", "head_dim": 16},
+    ),
+    ModelCase(  # YaRN on the full layer's rotated half (its factor multiplies cos and sin)
+        "laguna-full-yarn-partial",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"head_dim": 16, "max_position_embeddings": 32}
+        | {"rope_parameters": {"full_attention": LAGUNA_YARN, "sliding_attention": LAGUNA_LOCAL}},
     ),
     ModelCase(  # LagunaConfig's defaults: 48 heads over 8 (here 6 over 1), head_dim 128 (here
         # 16), full layers at theta 5e5 rotating half of each head, a softplus gate per head
