@@ -512,6 +512,101 @@ FAMILIES: dict[str, Family] = {
         renames=(("attn_sub_norm", "o_norm"),),
         refused_keys=(("quantization_config", rules._BITNET_QUANTIZED),),
     ),
+    # -- the gated families: an output gate before o_proj (GroupedQueryAttention's g_proj) --
+    # Qwen3-Next, Qwen3.5 (dense and MoE): Gemma's (1 + w) QK-norm per head, a quarter of each
+    # head rotating (the config class's default), q_proj carrying a sigmoid gate per element
+    # (the "q_gate" layout), gated DeltaNet layers between the softmax ones
+    **{
+        name: Family(
+            qk_norm=("rms", "head", 1.0),
+            partial_rotary=True,
+            partial_rotary_default=0.25,
+            layout="q_gate",
+            config_defaults=(
+                ("head_dim", 256),
+                ("num_key_value_heads", kv_heads),
+                ("rms_norm_eps", 1e-6),
+            ),
+            mixers=rules._qwen3_next_mixers,
+            gate=rules._qwen3_next_gate,
+        )
+        for name, kv_heads in (("qwen3_next", 2), ("qwen3_5_text", 4), ("qwen3_5_moe_text", 2))
+    },
+    # LFM3: LFM2's hybrid with sliding layers, per-head RMSNorm QK-norm, a sigmoid gate per head;
+    # its full layers rotate with proportional RoPE, its sliding ones with whole-head RoPE
+    "lfm3": Family(
+        sliding="layer_types",
+        fallback=rules._lfm3_sliding,
+        qk_norm=("rms", "head", 0.0),
+        norm_eps="norm_eps",
+        rope_per_layer_type=True,
+        config_defaults=(
+            ("head_dim", 128),
+            ("num_key_value_heads", 4),
+            ("sliding_window", 256),
+            ("norm_eps", 1e-5),
+        ),
+        key_aliases=(("rms_norm_eps", "norm_eps"),),
+        rope_default=(
+            (
+                "full_attention",
+                (
+                    ("rope_type", "proportional"),
+                    ("rope_theta", 1e6),
+                    ("partial_rotary_factor", 0.5),
+                ),
+            ),
+            ("sliding_attention", (("rope_type", "default"), ("rope_theta", 1e4))),
+        ),
+        mixers=rules._lfm3_mixers,
+        gate=rules._lfm3_gate,
+    ),
+    # Laguna: per-head RMSNorm QK-norm, RoPE per layer type (half of each head on the full
+    # layers by default), a softplus gate per head or per element, query heads per layer
+    "laguna": Family(
+        sliding="layer_types",
+        qk_norm=("rms", "head", 0.0),
+        rope_per_layer_type=True,
+        partial_rotary=True,
+        partial_rotary_top_level=False,
+        config_defaults=(
+            ("head_dim", 128),
+            ("num_key_value_heads", 8),
+            ("sliding_window", 512),
+            ("rms_norm_eps", 1e-6),
+        ),
+        rope_default=(
+            (
+                "full_attention",
+                (("rope_type", "default"), ("rope_theta", 5e5), ("partial_rotary_factor", 0.5)),
+            ),
+            (
+                "sliding_attention",
+                (("rope_type", "default"), ("rope_theta", 1e4), ("partial_rotary_factor", 1.0)),
+            ),
+        ),
+        gate=rules._laguna_gate,
+        heads_per_layer="num_attention_heads_per_layer",
+    ),
+    # AFMoE: per-head RMSNorm QK-norm, sliding layers that rotate and full ones that do not
+    # (NoPE), a sigmoid gate per element (gate_proj)
+    "afmoe": Family(
+        sliding="layer_types",
+        fallback=rules._afmoe_sliding,
+        qk_norm=("rms", "head", 0.0),
+        rotates=rules._afmoe_rotates,
+        config_defaults=(("head_dim", 128), ("sliding_window", 1024), ("rms_norm_eps", 1e-5)),
+        renames=(("gate_proj", "g_proj"),),
+        gate=rules._afmoe_gate,
+    ),
+    # HRM-Text: Llama's multi-head attention with a sigmoid gate per element (gate_proj); the
+    # model runs its two stacks of layers over cycles, outside the attention
+    "hrm_text": Family(
+        config_defaults=(("head_dim", 128), ("rms_norm_eps", 1e-6)),
+        renames=(("gate_proj", "g_proj"),),
+        refuse=rules._hrm_text_refuse,
+        gate=rules._hrm_text_gate,
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -178,6 +178,16 @@ class Family:
     output_norm: bool = False
     """An RMSNorm over the merged heads before o_proj, its eps the ``norm_eps`` key (BitNet's
     ``attn_sub_norm``, renamed ``o_norm`` by ``renames``)."""
+    gate: Callable[[Mapping[str, Any]], tuple[str, str, bool] | None] | None = None
+    """The output gate from the config, as the model's code builds it: (kind, activation,
+    bias), ``GroupedQueryAttention``'s ``output_gate`` (``"element"`` or ``"head"``),
+    ``gate_activation`` and ``gate_bias``; None: no gate on this config. The module is
+    ``g_proj`` (``renames`` where the model says ``gate_proj``; the ``"q_gate"`` layout where
+    q_proj carries it, Qwen3-Next)."""
+    heads_per_layer: str | None = None
+    """Config key of a list of query-head counts, one per layer, that replaces
+    ``num_attention_heads`` for that layer (Laguna's ``num_attention_heads_per_layer``;
+    ``head_dim`` still defaults to ``hidden_size // num_attention_heads``)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -287,11 +297,19 @@ def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
 # -- the options --------------------------------------------------------------------------------
 
 
-def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
-    """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them."""
+def sizes(
+    config: Mapping[str, Any], family: Family, layer_idx: int | None = None
+) -> dict[str, int]:
+    """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them:
+    layer ``layer_idx``'s query heads where the family has a count per layer (None: the
+    config's ``num_attention_heads``, all the RoPE code reads)."""
     config = class_view(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
+    head_dim_heads = num_heads  # the width C // H reads the config's global count
+    counts = None if family.heads_per_layer is None else config.get(family.heads_per_layer)
+    if counts is not None and layer_idx is not None:
+        num_heads = _layer_heads(counts, family.heads_per_layer, layer_idx)
     if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
         if flag(config, "new_decoder_architecture"):
             num_kv_heads = config.get("num_kv_heads") or num_heads
@@ -309,7 +327,7 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
     if family.head_dim_required:  # no C // H in the model
         head_dim = required(config, "head_dim")
-    head_dim = head_dim or hidden_size // num_heads
+    head_dim = head_dim or hidden_size // head_dim_heads
     if family.heads_span_hidden and num_heads * head_dim != hidden_size:
         raise ValueError(
             f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
@@ -321,6 +339,15 @@ def sizes(config: Mapping[str, Any], family: Family) -> dict[str, int]:
         "num_kv_heads": num_kv_heads,
         "head_dim": head_dim,
     }
+
+
+def _layer_heads(counts: Any, key: Any, layer_idx: int) -> int:
+    """Layer i's entry of a list of head counts (``Family.heads_per_layer``)."""
+    if layer_idx >= len(counts):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's {key} has {len(counts)} entries"
+        )
+    return validation.positive_int(f"config['{key}'][{layer_idx}]", counts[layer_idx])
 
 
 def options(
@@ -351,7 +378,7 @@ def options(
             "alibi is set: this Falcon adds ALiBi to its scores instead of rotating q and k "
             "(and scales after the bias); GroupedQueryAttention rotates"
         )
-    options: dict[str, Any] = sizes(config, family)
+    options: dict[str, Any] = sizes(config, family, layer_idx)
     if family.bias == "<state>":  # q, k and v always carry a bias in Qwen2's code; no config key
         options["bias"] = "q_proj.bias" in attention
     else:
@@ -390,6 +417,10 @@ def options(
     if family.output_norm:
         options["output_norm"] = True
         options["output_norm_eps"] = float(required(config, family.norm_eps))
+    gate = None if family.gate is None else family.gate(config)
+    if gate is not None:
+        kind, activation, gate_bias = gate
+        options |= {"output_gate": kind, "gate_activation": activation, "gate_bias": gate_bias}
     return options
 
 

@@ -22,13 +22,18 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
   ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
   included (``kv > q - W``), so ``window = (W - 1, 0)``.
+- Output gates before o_proj (``Family.gate``): sigmoid per element in Qwen3-Next and Qwen3.5
+  (carried in q_proj: the ``"q_gate"`` layout splits it into ``g_proj``), AFMoE and HRM-Text
+  (``gate_proj``), sigmoid per head in LFM3, softplus per head or per element in Laguna (whose
+  query heads may differ per layer).
 - Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
   ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
 - RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
   rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
   (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3.
   ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
-  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn`` or ``longrope``
+  4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn``, ``proportional``
+  (LFM3) or ``longrope``
   (the layer switches to the long frequencies per call, as the model does). For exactly the
   model's frequencies pass them as ``inv_freq=`` (and ``long_inv_freq=``): used as given.
 
@@ -53,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation
+from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
 from .families import (
@@ -258,20 +264,22 @@ def grouped_from_hf(
 
 
 def hf_attention_state_from_grouped(
-    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any]
+    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> dict[str, np.ndarray]:
     """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
     ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
     q, k and v are joined where the model fuses them (Phi-3's ``qkv_proj``, Falcon's
     ``query_key_value``, whose ``o_proj`` is ``dense``, DBRX's ``Wqkv``, whose ``o_proj`` is
-    ``out_proj``); the other families keep the names (BitNet's ``o_norm`` is its
-    ``attn_sub_norm``).
+    ``out_proj``), q and the output gate where q_proj carries the gate (Qwen3-Next's, Qwen3.5's
+    ``q_proj``); the other families keep the names (renamed where the model's differ:
+    ``gate_proj``, ``out_proj``, BitNet's ``attn_sub_norm`` is the layer's ``o_norm``, ...).
 
     Args:
         config: the model's config (as for ``grouped_from_hf``).
         state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
             and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
-            has (biases, norms, sinks), passed through.
+            has (biases, norms, sinks, the gate's ``g_proj``), passed through.
+        layer_idx: the layer, whose query heads the config may give per layer (Laguna).
 
     Returns:
         the model's names -> fresh NumPy arrays (copies).
@@ -286,7 +294,8 @@ def hf_attention_state_from_grouped(
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
     family = FAMILIES[name]
-    shape = sizes(config, family)
+    layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    shape = sizes(config, family, layer_idx)
     arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
     h, h_kv, d, c = (
         shape["num_heads"],
@@ -300,15 +309,19 @@ def hf_attention_state_from_grouped(
         "v_proj.weight": (h_kv * d, c),
         "o_proj.weight": (c, h * d),
     }
+    fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
+        family.layout, ("q_proj", "k_proj", "v_proj")
+    )
+    if family.layout == "q_gate":  # the gate is half of the model's q_proj
+        expected["g_proj.weight"] = (h * d, c)
     missing = [key for key in expected if key not in arrays]
-    if family.layout != "separate":  # fused: the q, k and v biases are one entry
-        biases = [f"{proj}.bias" for proj in ("q_proj", "k_proj", "v_proj")]
-        if any(key in arrays for key in biases):
-            missing += [key for key in biases if key not in arrays]
+    biases = [f"{proj}.bias" for proj in fused]  # fused: their biases are one entry
+    if any(key in arrays for key in biases):
+        missing += [key for key in biases if key not in arrays]
     if missing:
         raise KeyError(
-            f"{fn}: missing keys {missing} of a {name} layer's state dict (where q, k and v are "
-            "fused, their biases go together)"
+            f"{fn}: missing keys {missing} of a {name} layer's state dict (where projections "
+            "are fused, their biases go together)"
         )
     for key, want in expected.items():
         if arrays[key].shape != want:
@@ -427,6 +440,11 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["sinks"] = (h,)
     if options.get("output_norm"):
         shapes["o_norm.weight"] = (h * d,)
+    if options.get("output_gate"):
+        width = gate_width(options["output_gate"], h, d)
+        shapes["g_proj.weight"] = (width, c)
+        if options.get("gate_bias"):
+            shapes["g_proj.bias"] = (width,)
     return shapes
 
 

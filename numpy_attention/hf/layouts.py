@@ -17,6 +17,10 @@ fused, split on load and joined on save.
 - ``"dbrx"``: ``Wqkv.weight`` ((H + 2 H_kv) D, C), rows [all query heads; all key heads; all
   value heads] as Phi-3's (DBRX splits its output at H D and H D + H_kv D), no bias;
   ``out_proj`` is o_proj.
+- ``"q_gate"`` (Qwen3-Next, Qwen3.5): ``q_proj.weight`` (2 H D, C) carries the output gate's
+  rows beside the queries', per head: head h's D query rows, then its D gate rows (the model
+  views the projection as (..., H, 2 D) and chunks it), split into the layer's ``q_proj`` and
+  ``g_proj``; an optional ``q_proj.bias`` (2 H D,) alike. k, v and o_proj are separate.
 
 Every function is a linear re-arrangement of rows, so gradient dicts map through them like the
 weights. NumPy only.
@@ -37,6 +41,7 @@ ANCHORS = {  # the one key every layout's attention has, after which nothing is 
     "falcon": "query_key_value.weight",
     "gpt_bigcode": "c_attn.weight",
     "dbrx": "Wqkv.weight",
+    "q_gate": "q_proj.weight",
 }
 EXAMPLES = {  # how a whole model's state dict names it
     "separate": "model.layers.{i}.self_attn.q_proj.weight",
@@ -44,6 +49,7 @@ EXAMPLES = {  # how a whole model's state dict names it
     "falcon": "transformer.h.{i}.self_attention.query_key_value.weight",
     "gpt_bigcode": "transformer.h.{i}.attn.c_attn.weight",
     "dbrx": "blocks.{i}.norm_attn_norm.attn.Wqkv.weight",
+    "q_gate": "model.layers.{i}.self_attn.q_proj.weight",
 }
 _FUSED = {
     "qkv_proj": "qkv_proj",
@@ -57,9 +63,11 @@ _OUT = {
     "falcon": "dense",
     "gpt_bigcode": "c_proj",
     "dbrx": "out_proj",
+    "q_gate": "o_proj",
 }
 _STACKED = ("qkv_proj", "dbrx")  # fused rows [q heads; k heads; v heads]
 _QKV = ("q_proj", "k_proj", "v_proj")
+_Q_GATE = ("q_proj", "g_proj")  # the "q_gate" layout's two halves of the model's q_proj
 
 
 def expected_form(layout: str) -> str:
@@ -72,6 +80,8 @@ def hf_name(layout: str, name: str) -> str:
     module, _, kind = name.partition(".")
     if module in _QKV and layout in _FUSED:
         return f"{_FUSED[layout]}.{kind}"
+    if module in _Q_GATE and layout == "q_gate":
+        return f"q_proj.{kind}"
     if module == "o_proj":
         return f"{_OUT[layout]}.{kind}"
     return name
@@ -101,6 +111,11 @@ def split(
         if layout in _FUSED and module == _FUSED[layout]:
             q, k, v = _split_rows(layout, value, num_heads, num_kv_heads)
             out |= {f"q_proj.{kind}": q, f"k_proj.{kind}": k, f"v_proj.{kind}": v}
+        elif layout == "q_gate" and module == "q_proj":
+            rest = value.shape[1:]
+            per_head = value.reshape(num_heads, 2, -1, *rest)  # (2 H D, ...) -> (H, 2, D, ...)
+            out[f"q_proj.{kind}"] = per_head[:, 0].reshape(-1, *rest)  # (H, D, ...) -> (H D, ...)
+            out[f"g_proj.{kind}"] = per_head[:, 1].reshape(-1, *rest)
         elif module == _OUT[layout]:
             out[f"o_proj.{kind}"] = value
         else:
@@ -119,6 +134,13 @@ def join(
             if module == "q_proj":
                 parts = [state[f"{name}.{kind}"] for name in _QKV]
                 out[f"{_FUSED[layout]}.{kind}"] = _join_rows(layout, parts, num_heads, num_kv_heads)
+        elif layout == "q_gate" and module in _Q_GATE:
+            if module == "q_proj":
+                q, g = state[f"q_proj.{kind}"], state[f"g_proj.{kind}"]
+                rest = q.shape[1:]
+                halves = [part.reshape(num_heads, 1, -1, *rest) for part in (q, g)]
+                fused = np.concatenate(halves, axis=1)  # (H, 2, D, ...): per head, q then g
+                out[f"q_proj.{kind}"] = fused.reshape(-1, *rest)
         elif module == "o_proj":
             out[f"{_OUT[layout]}.{kind}"] = value
         else:

@@ -10,8 +10,6 @@ Tests: tests/numpy_attention/hf/test_refusals_d.py, test_refusals_e.py.
 from __future__ import annotations
 
 REFUSED = {
-    "afmoe": "afmoe: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
-    "attention's output before o_proj; the layer has no output gate (issue 28)",
     "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "
     "(gate_proj, gate_bias), multiplies the attention's output before o_proj, and its NoPE layers "
     "multiply the queries by a position-dependent temperature (1 + (p + 1) / 2048) ** 0.1; the "
@@ -21,9 +19,6 @@ REFUSED = {
     "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",
     "doge": "doge: a dynamic mask, computed from the values (dt_proj, A) and kept to the top "
     "keep_window_size keys, is added to the scores; the layer has no such mask (issue 28)",
-    "hrm_text": "hrm_text: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
-    "attention's output before o_proj, and the model loops its layers over recurrent cycles; "
-    "the layer has no output gate (issue 28)",
     "hunyuan_v1_dense": "hunyuan_v1_dense: its QK-norm (query_layernorm, key_layernorm, "
     "RMSNorm per head with a weight) runs after RoPE; the layer's QK-norm runs before RoPE "
     "(issue 28)",
@@ -38,12 +33,6 @@ REFUSED = {
     "jetmoe": "jetmoe: a mixture of attention heads, each token's queries (and outputs) come "
     "from its top-k routed experts (experts.map, experts.reduce); the layer has one q_proj and "
     "one o_proj (issue 28)",
-    "laguna": "laguna: an output gate, softplus(x W_g) per head or per element (g_proj, always "
-    "on), multiplies the attention's output before o_proj; the layer has no output gate "
-    "(issue 28)",
-    "lfm3": "lfm3: an output gate, sigmoid(x W_g) per head (g_proj, under use_attention_gate, on "
-    "by default and in the released LFM3), multiplies each head's output before o_proj, and its "
-    "full layers rotate with 'proportional' RoPE; the layer has no output gate (issue 28)",
     "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
     "itself refused: chunked attention, an L2 QK-norm after RoPE and a query temperature on its "
     "NoPE layers (issue 28)",
@@ -95,24 +84,19 @@ REFUSED = {
     "and value), a low-rank query with a weightless RMSNorm, RoPE applied again at position -i "
     "to the output's rotary slice, a grouped low-rank output projection, per-head sinks, and "
     "compressed sparse attention layers (CSA/HCA); neither the grouped nor the latent layer",
-    # linear-attention hybrids whose softmax layers carry an output gate
+    "qwen4_exp_text": "qwen4_exp_text: every softmax layer is 'indexed_attention': a QSA "
+    "indexer (index_qk_proj) mean-pools the keys into blocks and keeps each query's top "
+    "indexer_budget tokens of them (plus the unfinished block), hiding the rest; the layer "
+    "attends to every key. Its output gate (q_proj's per-head half, sigmoid) and QK-norm are "
+    "qwen3_5_text's, which loads. Its linear_attention layers are gated DeltaNet (step 20)",
     **{
-        name: f"{name}: an output gate: q_proj gives each head 2 * head_dim outputs, the query "
-        "and a gate g, and sigmoid(g) multiplies the attention's output per element before "
-        "o_proj; the layer has no output gate (issue 28). Its linear_attention layers are gated "
-        "DeltaNet (issue 28, step 20)"
-        for name in (
-            "qwen3_next",
-            "qwen3_5_text",
-            "qwen3_5_moe_text",
-            "qwen4_exp_text",
-        )
+        name: f"{name}: the multimodal wrapper; pass config.text_config (and the language "
+        f"model's state dict): its language model is {name}_text, exact through grouped_from_hf "
+        "on its full_attention layers (text positions: the same position on the three mrope axes)"
+        for name in ("qwen3_5", "qwen3_5_moe")
     },
-    **{
-        name: f"{name}: the multimodal wrapper; pass config.text_config (its language model "
-        f"is {name}_text, refused by name: its softmax layers carry an output gate)"
-        for name in ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
-    },
+    "qwen4_exp": "qwen4_exp: the multimodal wrapper; its language model is qwen4_exp_text, "
+    "itself refused by name: a QSA indexer hides keys per query on every softmax layer",
     "cohere_compass_text": "cohere_compass_text: multimodal RoPE (mrope_section): each "
     "frequency reads the temporal, height or width position from 3-D position_ids (text, H, W "
     "rows interleaved every third frequency), and a layer whose rope_parameters entry is null "

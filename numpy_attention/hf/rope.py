@@ -1,7 +1,8 @@
 """RoPE as Hugging Face's rotary embeddings compute it, read from a config: the parameters of a
 layer (one dict, or one per layer type as in Gemma 3), the rotated width (partial rotary, NoPE
 layers), the frequencies in float32 in the model's order of operations (``default``, ``linear``,
-``llama3``, ``yarn``, ``longrope``'s short and long sets) and the attention factor. NumPy only.
+``llama3``, ``yarn``, ``longrope``'s short and long sets, ``proportional``'s pairs with their
+zeros) and the attention factor. NumPy only.
 
 ``hf_inv_freq`` agrees with the model's own ``inv_freq`` buffer to within a float32 ulp or two
 (torch's vectorized ``pow`` rounds the last bit differently from NumPy's); the converter takes
@@ -31,7 +32,7 @@ from .family import (
     sizes,
 )
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 _SCALED = ("llama3", "yarn", "longrope")  # the types that read original_max_position_embeddings
 
 
@@ -128,6 +129,8 @@ def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     where the model honours the factor (which must be 1 elsewhere)."""
     family = _family(config)
     head_dim = sizes(config, family)["head_dim"]
+    if params["rope_type"] == "proportional":  # every pair turns, those past the factor at 0
+        return int(head_dim)
     top_level = config.get("partial_rotary_factor") if family.partial_rotary_top_level else None
     partial = params.get("partial_rotary_factor", top_level)
     if partial is None and family.rotary_dim_key and config.get(family.rotary_dim_key) is not None:
@@ -260,6 +263,8 @@ def hf_inv_freq(
         return np.float32(1.0) / powers / np.float32(params["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(np.float32(1.0) / powers, params)
+    if rope_type == "proportional":
+        return _proportional_inv_freq(params, dim)
     if rope_type == "longrope":
         factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float32)
         if factors.shape != powers.shape:
@@ -269,6 +274,19 @@ def hf_inv_freq(
             )
         return np.float32(1.0) / (factors * powers)
     return _yarn_inv_freq(powers, config, params, dim)
+
+
+def _proportional_inv_freq(params: Mapping[str, Any], head_dim: int) -> np.ndarray:
+    """LFM3's full layers: RoPE over the whole head, pairs (x_i, x_i+D/2), but only the first
+    ``int(partial_rotary_factor * D // 2)`` pairs turn, at base^(-2i/D) (the exponent over the
+    head's width, not over the turned part's), the others at frequency 0 (cos 1, sin 0: left
+    as they are); all divided by ``factor`` (1 by default)."""
+    partial = params.get("partial_rotary_factor")
+    turned = int((1.0 if partial is None else float(partial)) * head_dim // 2)
+    exponents = np.arange(0, 2 * turned, 2).astype(np.float32) / np.float32(head_dim)
+    inv_freq = np.zeros(head_dim // 2, dtype=np.float32)
+    inv_freq[:turned] = np.float32(1.0) / np.float32(params["rope_theta"]) ** exponents
+    return inv_freq / np.float32(params.get("factor") or 1.0)
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:

@@ -447,3 +447,94 @@ def _modernbert_decoder_refuse(config: Mapping[str, Any]) -> None:
             "per layer type from global_rope_theta, local_rope_theta and rope_scaling (applied to "
             "both); pass its config.to_dict()"
         )
+
+
+# -- the output gates: (kind, activation, bias) as each model's code builds its gate -----------
+
+
+# Qwen3-Next, Qwen3.5: "linear_attention" (gated DeltaNet) and "full_attention" layers, without
+# the list every full_attention_interval-th (4) layer is attention; q_proj carries a sigmoid gate
+# per element, biased with the projections under attention_bias
+def _qwen3_next_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {"linear_attention": "a gated DeltaNet layer (step 20)", FULL: ATTENTION}
+    if config.get("layer_types") is None:
+        interval = config.get("full_attention_interval") or 4
+        count = required(config, "num_hidden_layers")
+        return [
+            ATTENTION if (i + 1) % interval == 0 else names["linear_attention"]
+            for i in range(count)
+        ]
+    return _kinds(config["layer_types"], "layer_types", names)
+
+
+def _qwen3_next_gate(config: Mapping[str, Any]) -> tuple[str, str, bool]:
+    return ("element", "sigmoid", flag(config, "attention_bias"))
+
+
+# LFM3: "conv", "sliding_attention" and "full_attention" layers, without the list its config
+# class's pattern (layer i % 4 == 2 full, i % 4 == 0 past the first sliding, the rest conv); a
+# sigmoid gate per head under use_attention_gate (on by default)
+def _lfm3_mixers(config: Mapping[str, Any]) -> list[str]:
+    names = {FULL: ATTENTION, SLIDING: ATTENTION, "conv": "a short-convolution layer"}
+    if config.get("layer_types") is None:
+        count = required(config, "num_hidden_layers")
+        return [ATTENTION if _lfm3_kind(i) != "conv" else names["conv"] for i in range(count)]
+    return _kinds(config["layer_types"], "layer_types", names)
+
+
+def _lfm3_kind(layer_idx: int) -> str:
+    if layer_idx % 4 == 2:
+        return FULL
+    return SLIDING if layer_idx % 4 == 0 and layer_idx > 0 else "conv"
+
+
+def _lfm3_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return _lfm3_kind(layer_idx) == SLIDING
+
+
+def _lfm3_gate(config: Mapping[str, Any]) -> tuple[str, str, bool] | None:
+    return ("head", "sigmoid", False) if flag(config, "use_attention_gate", True) else None
+
+
+# Laguna: a softplus gate, always on: per head for gating True or "per-head", per element for
+# "per-element" (its code also gates per element for any other value, which its config class
+# does not document: refused by the key)
+def _laguna_gate(config: Mapping[str, Any]) -> tuple[str, str, bool]:
+    gating = config.get("gating", True)
+    if gating is True or gating == "per-head":
+        return ("head", "softplus", False)
+    if gating == "per-element":
+        return ("element", "softplus", False)
+    raise ValueError(
+        f"gating is {gating!r}; laguna's config class knows True, 'per-head' and 'per-element' "
+        "(its gate is always on: its code would gate per element)"
+    )
+
+
+# AFMoE: every global_attn_every_n_layers-th (4) layer full, the others slide; only the sliding
+# layers rotate; a sigmoid gate per element (gate_proj), bias-free
+def _afmoe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return (layer_idx + 1) % (config.get("global_attn_every_n_layers") or 4) != 0
+
+
+def _afmoe_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    return layer_kind(config, family, layer_idx) == SLIDING
+
+
+def _afmoe_gate(config: Mapping[str, Any]) -> tuple[str, str, bool]:
+    return ("element", "sigmoid", False)
+
+
+# HRM-Text: multi-head attention (num_key_value_heads is never read) with a sigmoid gate per
+# element (gate_proj), biased under attention_bias like the projections
+def _hrm_text_gate(config: Mapping[str, Any]) -> tuple[str, str, bool]:
+    return ("element", "sigmoid", flag(config, "attention_bias"))
+
+
+def _hrm_text_refuse(config: Mapping[str, Any]) -> None:
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != heads:
+        raise ValueError(
+            f"num_key_value_heads is {kv_heads}, but hrm_text's attention is multi-head: its code "
+            f"builds k_proj and v_proj with all {heads} heads whatever the key says"
+        )

@@ -2,6 +2,7 @@
 not a test).
 
     python -m tests.parity.hf_errors      # from the repository root; about a minute
+    python -m tests.parity.hf_errors lfm3 laguna   # only the cases whose names start so
 
 For every case of ``test_hf_models.CASES``: the relative error (``parity_tests.tolerances.
 rel_error``, each tensor on its own scale) of the NumPy layer and of its torch twin against
@@ -13,6 +14,8 @@ hold the same comparisons to FLOAT64_RTOL.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -48,7 +51,7 @@ def forward_errors(case, padded, rng):
     errors = {}
     for package, layer in layers.items():
         out, dx, grads = hf.forward_backward(layer, x, dout, ours, padding)
-        grads = hf_attention_state_from_grouped(config.to_dict(), grads)
+        grads = hf_attention_state_from_grouped(config.to_dict(), grads, layer_idx=case.layer_idx)
         errors[package] = {
             "out": rel_error(out[real], to_numpy(expected)[real]),
             "dx": rel_error(dx, to_numpy(x_t.grad)),
@@ -89,10 +92,12 @@ def decode_errors(case, rng):
     return worst
 
 
-def main() -> None:
+def main(prefixes: list[str]) -> None:
     print("| case | package | out | dx | parameters | decode |")
     print("|---|---|---|---|---|---|")
     for case in hf.CASES:
+        if prefixes and not case.name.startswith(tuple(prefixes)):
+            continue
         rng = np.random.default_rng(SEED)
         runs = [
             forward_errors(case, padded, rng)
@@ -108,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

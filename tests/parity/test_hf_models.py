@@ -149,7 +149,10 @@ def language(model):
 
 
 def decoder_layers(model):
-    """The model's decoder layers (Falcon's and GPT-BigCode's ``h``, DBRX's ``blocks``)."""
+    """The model's decoder layers (Falcon's and GPT-BigCode's ``h``, DBRX's ``blocks``; HRM-Text's
+    H stack, which its forward loops over cycles beside the L stack)."""
+    if hasattr(model, "H_module"):
+        return model.H_module.layers
     for name in ("h", "blocks", "layers"):
         if hasattr(model, name):
             return getattr(model, name)
@@ -167,7 +170,7 @@ def attention_of(model, layer_idx):
         return block.self_attention if hasattr(block, "self_attention") else block.attn
     if hasattr(model, "blocks"):
         return model.blocks[layer_idx].norm_attn_norm.attn
-    layer = model.layers[layer_idx]
+    layer = decoder_layers(model)[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
     if hasattr(layer, "temporal_block"):  # RecurrentGemma: an RG-LRU block or attention
@@ -180,6 +183,18 @@ FLINT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size"
 FLINT_MOE |= {"shared_expert_intermediate_size": 8}
 KOLIBRI1_MOE = FLINT_MOE
 MINIMAX_MOE = {"num_local_experts": 2, "num_experts_per_tok": 1}
+QWEN3_NEXT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+QWEN3_NEXT_MOE |= {"shared_expert_intermediate_size": 8}
+QWEN3_5 = {"linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2}
+QWEN3_5 |= {"linear_num_value_heads": 4}
+QWEN3_NEXT = QWEN3_5 | QWEN3_NEXT_MOE
+MROPE = {"mrope_section": [1, 1, 0], "mrope_interleaved": True}  # 2 frequencies: 4 of 16 turn
+LAGUNA_MOE = FLINT_MOE
+LAGUNA_YARN = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0, "partial_rotary_factor": 0.5}
+LAGUNA_YARN |= {"original_max_position_embeddings": 8}
+LAGUNA_LOCAL = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}
+AFMOE_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "num_shared_experts": 1}
+AFMOE_MOE |= {"moe_intermediate_size": 8, "num_dense_layers": 1}
 QWEN_SLIDING = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
 PHI4_MM_ENCODERS = {  # Phi-4-multimodal's vision and audio encoders, tiny (embeddings are given)
     "vision_config": {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1}
@@ -1421,6 +1436,173 @@ CASES += [
         {"num_key_value_heads": 1, "rms_norm_eps": 1e-5}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
     ),
+    # -- the gated families: an output gate before o_proj --------------------------------------
+    ModelCase(  # q_proj's per-head halves, query and gate, all four projections biased; a
+        # quarter of each head rotates (the class default: 4 of 16, two pairs)
+        "qwen3_next-gate-bias",
+        "Qwen3Next",
+        1,
+        False,
+        QWEN3_NEXT
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"attention_bias": True, "head_dim": 16, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # Qwen/Qwen3-Next-80B-A3B: 16 heads over 2 (here 8 over 1), head_dim 256 (here
+        # 16), a quarter rotary, theta 1e7, every fourth layer full (full_attention_interval)
+        "qwen3_next-80b-a3b-shaped",
+        "Qwen3Next",
+        3,
+        False,
+        QWEN3_NEXT
+        | {"num_hidden_layers": 4, "full_attention_interval": 4, "head_dim": 16}
+        | {"num_attention_heads": 8, "num_key_value_heads": 1, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7}},
+    ),
+    ModelCase(  # text positions: the three mrope axes read the same position
+        "qwen3_5_text-gate-bias",
+        "Qwen3_5Text",
+        1,
+        False,
+        QWEN3_5
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"attention_bias": True, "head_dim": 16, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # Qwen3_5TextConfig's defaults (Qwen/Qwen3.5-27B): 16 heads over 4 (here 4 over
+        # 1), head_dim 256 (here 16), a quarter rotary, mrope sections 11/11/10, theta 1e7
+        "qwen3_5_text-checkpoint",
+        "Qwen3_5Text",
+        3,
+        False,
+        QWEN3_5
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+    ),
+    ModelCase(
+        "qwen3_5_moe_text-gate",
+        "Qwen3_5MoeText",
+        1,
+        False,
+        QWEN3_5
+        | QWEN3_NEXT_MOE
+        | {"layer_types": ["linear_attention", "full_attention"]}
+        | {"head_dim": 16, "num_attention_heads": 8, "num_key_value_heads": 1},
+    ),
+    ModelCase(  # Qwen3_5MoeTextConfig's defaults (the Qwen3.5 MoE checkpoints): 16 heads over
+        # 2 (here 8 over 1), head_dim 256 (here 16), a quarter rotary, every fourth layer full;
+        # mrope sections and theta 1e7 as the released configs have them
+        "qwen3_5_moe_text-checkpoint",
+        "Qwen3_5MoeText",
+        3,
+        False,
+        QWEN3_5
+        | QWEN3_NEXT_MOE
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_attention_heads": 8}
+        | {"num_key_value_heads": 1, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+    ),
+    *(
+        ModelCase(  # a sigmoid gate per head; the full layer's proportional RoPE turns 4 of its
+            # 8 pairs, at base^(-2i/16), the other 4 at frequency 0
+            f"lfm3-{kind}",
+            "Lfm3",
+            layer,
+            layer == 0,
+            {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+            | {"head_dim": 16, "norm_eps": 1e-3, "attention_bias": True},
+        )
+        for layer, kind in ((0, "sliding-gate"), (1, "full-proportional-gate"))
+    ),
+    ModelCase(  # Lfm3Config's defaults (no released checkpoint to mirror): 16 heads over 4
+        # (here 8 over 2), head_dim 128 (here 16), conv, conv, full, conv, sliding; its full
+        # layers' proportional RoPE at 1e6 on half the pairs, the sliding ones' at 1e4
+        "lfm3-checkpoint",
+        "Lfm3",
+        2,
+        False,
+        {"num_hidden_layers": 5, "num_attention_heads": 8, "head_dim": 16}
+        | {"sliding_window": WINDOW, "conv_L_cache": 3},
+    ),
+    ModelCase(  # lfm3 without its gate: use_attention_gate false
+        "lfm3-sliding-no-gate",
+        "Lfm3",
+        4,
+        True,
+        {"num_hidden_layers": 5, "head_dim": 16, "sliding_window": WINDOW}
+        | {"use_attention_gate": False, "conv_L_cache": 3},
+    ),
+    ModelCase(  # a softplus gate per head, half of each head rotating on the full layer
+        "laguna-full-per-head",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"head_dim": 16, "gating": True, "attention_bias": True, "rms_norm_eps": 1e-3},
+    ),
+    ModelCase(  # a softplus gate per element on a sliding layer with twice the heads
+        "laguna-sliding-per-element-heads-per-layer",
+        "Laguna",
+        1,
+        True,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"num_attention_heads_per_layer": [4, 8], "gating": "per-element", "head_dim": 16},
+    ),
+    ModelCase(  # YaRN on the full layer's rotated half (its factor multiplies cos and sin)
+        "laguna-full-yarn-partial",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE
+        | {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
+        | {"head_dim": 16, "max_position_embeddings": 32}
+        | {"rope_parameters": {"full_attention": LAGUNA_YARN, "sliding_attention": LAGUNA_LOCAL}},
+    ),
+    ModelCase(  # LagunaConfig's defaults: 48 heads over 8 (here 6 over 1), head_dim 128 (here
+        # 16), full layers at theta 5e5 rotating half of each head, a softplus gate per head
+        "laguna-checkpoint",
+        "Laguna",
+        0,
+        False,
+        LAGUNA_MOE | {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 16},
+    ),
+    *(
+        ModelCase(  # a sigmoid gate per element (gate_proj); the full layer is NoPE
+            f"afmoe-{kind}",
+            "Afmoe",
+            layer,
+            layer == 0,
+            AFMOE_MOE
+            | {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}
+            | {"rms_norm_eps": 1e-3},
+        )
+        for layer, kind in ((0, "sliding-rope"), (1, "full-nope"))
+    ),
+    ModelCase(  # AfmoeConfig's defaults (arcee-ai's Trinity): multi-head, head_dim 128 (here
+        # 8), every fourth layer full and NoPE, the others sliding
+        "afmoe-checkpoint",
+        "Afmoe",
+        3,
+        False,
+        AFMOE_MOE
+        | {"num_hidden_layers": 4, "num_key_value_heads": ABSENT, "sliding_window": WINDOW}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+    ModelCase(  # the H stack's layer 1 (the model runs it over H_cycles), biased gate_proj
+        "hrm_text-bias",
+        "HrmText",
+        1,
+        False,
+        {"attention_bias": True, "num_key_value_heads": ABSENT, "H_cycles": 2, "L_cycles": 1},
+    ),
+    ModelCase(  # HrmTextConfig's defaults: 12 heads (here 4) of 128 (here 8), multi-head,
+        # H_cycles 2, L_cycles 3, no biases
+        "hrm_text-checkpoint",
+        "HrmText",
+        0,
+        False,
+        {"num_key_value_heads": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1519,9 +1701,12 @@ def model_frequencies(case, config, model):
 def convert_layers(case, config, model):
     """The converted NumPy layer from the whole model's state dict, with the model's own
     frequencies, and its torch twin built from its arguments and state."""
+    state = model.state_dict()
+    if hasattr(model, "H_module"):  # HRM-Text: each stack numbers its layers from 0
+        state = {key: value for key, value in state.items() if key.startswith("H_module.")}
     layer = convert.grouped_from_hf(
         config.to_dict(),
-        model.state_dict(),
+        state,
         layer_idx=case.layer_idx,
         **model_frequencies(case, config, model),
     )
@@ -1590,7 +1775,9 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)
-        grads = hf_attention_state_from_grouped(config.to_dict(), grads)  # the model's names
+        grads = hf_attention_state_from_grouped(  # the model's names
+            config.to_dict(), grads, layer_idx=case.layer_idx
+        )
         assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
         assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
         assert_close(dx, x_t.grad, name=f"{package} dx")
@@ -1679,12 +1866,28 @@ ROPES = {
         "factor": None,
         "original_max_position_embeddings": 1024,
     },
+    "proportional": {  # LFM3's full layers: every pair of the head, a quarter of them turning
+        "rope_type": "proportional",
+        "rope_theta": 1e6,
+        "partial_rotary_factor": 0.25,
+    },
+    "proportional-factor": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 2.0}
+    | {"partial_rotary_factor": 0.5},
     "longrope": {  # factor None: max_position_embeddings / original, as Phi-3's configs have it
         "rope_type": "longrope",
         "rope_theta": 10000.0,
         "original_max_position_embeddings": 4096,
     },
 }
+
+
+def assert_same_frequencies(freqs, expected, name):
+    """Each frequency within float32 rounding of the model's, per element (their ratio), and
+    exactly 0 where the model's is (proportional RoPE's pairs that do not turn)."""
+    assert freqs.shape == expected.shape, name
+    assert np.array_equal(freqs == 0, expected == 0), name
+    turned = expected != 0
+    assert_close(freqs[turned] / expected[turned], np.ones(turned.sum(), np.float32), name=name)
 
 
 @pytest.mark.parametrize("head_dim", [8, 256])  # at 256 torch's pow rounds some bits apart
@@ -1707,7 +1910,7 @@ def test_frequencies_and_attention_factor_match_the_models(rope, head_dim):
     freqs = hf_inv_freq(config.to_dict())
 
     assert freqs.dtype == np.float32 and expected.dtype == np.float32
-    assert_close(freqs / expected, np.ones_like(expected), name="inv_freq / model's")
+    assert_same_frequencies(freqs, expected, "inv_freq / model's")
     assert_close(hf_rope_attention_factor(config.to_dict()), rotary.attention_scaling)
     if rope["rope_type"] == "longrope":  # the set the model swaps in past the original length
         original = rope["original_max_position_embeddings"]
@@ -1734,6 +1937,31 @@ def test_partial_and_per_layer_type_frequencies_match_the_models():
         assert_close(freqs / expected, np.ones_like(expected), name=f"Gemma 3's {kind}")
 
 
+GATED_ROTARY = {  # model -> (its modeling module, the layer types its rotary embedding keeps)
+    "Lfm3": ("lfm3", ["full_attention", "sliding_attention"]),
+    "Laguna": ("laguna", ["full_attention", "sliding_attention"]),
+    "Qwen3Next": ("qwen3_next", None),
+}
+
+
+@pytest.mark.parametrize("model", GATED_ROTARY)
+def test_the_gated_families_frequencies_match_the_models(model):
+    """The config classes' own RoPE (no rope_parameters given), at a 128-wide head: LFM3's
+    proportional full layers (32 of the 64 pairs turning at base^(-2i/128), the rest at 0) and
+    whole-head sliding ones, Laguna's half-rotary full layers and whole-head sliding ones,
+    Qwen3-Next's quarter of the head."""
+    name, types = GATED_ROTARY[model]
+    keywords = {} if types is None else {"layer_types": types}
+    config = getattr(transformers, f"{model}Config")(**(SIZES | {"head_dim": 128}), **keywords)
+    modeling = getattr(transformers.models, name)
+    rotary = getattr(getattr(modeling, f"modeling_{name}"), f"{model}RotaryEmbedding")(config)
+
+    for layer_idx, kind in enumerate(types or ["full_attention"]):
+        freqs = hf_inv_freq(config.to_dict(), layer_idx=layer_idx)
+        expected = to_numpy(getattr(rotary, f"{kind}_inv_freq" if types else "inv_freq"))
+        assert_same_frequencies(freqs, expected, kind)
+
+
 def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
     """GPT-OSS's config defaults to YaRN; its factor above 1 multiplies cos and sin."""
     config, model = next(case for case in CASES if case.model == "GptOss").build()
@@ -1741,3 +1969,52 @@ def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
     layer = convert.grouped_from_hf(config.to_dict(), model.state_dict())
 
     assert layer.rope_attention_factor == model.rotary_emb.attention_scaling > 1.0
+
+
+# -- the gated families: the way back through the gate ------------------------------------------
+
+GATED = {  # model_type -> (modeling module, attention class, its config keywords, layer)
+    "qwen3_next": ("qwen3_next", "Qwen3NextAttention", {"attention_bias": True}, 1),
+    "qwen3_5_text": ("qwen3_5", "Qwen3_5Attention", {}, 1),
+    "lfm3": ("lfm3", "Lfm3Attention", {"attention_bias": True}, 1),
+    "laguna": ("laguna", "LagunaAttention", {"gating": "per-element"}, 1),
+    "afmoe": ("afmoe", "AfmoeAttention", {}, 1),
+    "hrm_text": ("hrm_text", "HrmTextAttention", {"attention_bias": True}, 0),
+}
+
+
+@pytest.mark.parametrize("model", GATED)
+def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
+    """The attention module's own state dict (transformers' class, random values): loaded and
+    given back, the very arrays under the model's names (Qwen's q_proj rows, query and gate
+    interleaved per head, joined back; gate_proj renamed back)."""
+    module, name, keywords, layer_idx = GATED[model]
+    sizes = {
+        key: SIZES[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+    }
+    sizes |= {"head_dim": 8, "num_hidden_layers": 2}
+    if model == "hrm_text":
+        del sizes["num_key_value_heads"]
+    if model in ("lfm3", "laguna", "afmoe"):
+        sizes["layer_types"] = ["full_attention", "full_attention"]
+    if model == "laguna":
+        sizes["num_attention_heads_per_layer"] = [4, 8]
+    if model.startswith("qwen"):
+        sizes["layer_types"] = ["linear_attention", "full_attention"]
+    hf_config = transformers.AutoConfig.for_model(model, **sizes, **keywords)
+    attention_class = getattr(
+        __import__(f"transformers.models.{module}.modeling_{module}", fromlist=[name]), name
+    )
+    extra = (hf_config.num_attention_heads_per_layer[layer_idx],) if model == "laguna" else ()
+    shapes = attention_class(hf_config, layer_idx, *extra).state_dict()
+    state = {key: rng.standard_normal(tuple(value.shape)) for key, value in shapes.items()}
+
+    layer = convert.grouped_from_hf(hf_config.to_dict(), state, layer_idx=layer_idx)
+    back = hf_attention_state_from_grouped(
+        hf_config.to_dict(), layer.state_dict(), layer_idx=layer_idx
+    )
+
+    assert layer.output_gate is not None and "g_proj.weight" in layer.state_dict()
+    assert set(back) == set(state)
+    for key, value in back.items():
+        assert np.array_equal(value, state[key]), key

@@ -793,7 +793,7 @@ def test_the_layer_takes_the_weights_precision(rng, dtype, layer_dtype):
             config("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}),
             ValueError,
             r"rope_type 'dynamic' is not supported; supported: \['default', 'linear', "
-            r"'llama3', 'yarn', 'longrope'\]",
+            r"'llama3', 'yarn', 'longrope', 'proportional'\]",
         ),
         (
             config("llama", partial_rotary_factor=0.5),

@@ -58,6 +58,26 @@ def test_stacked_rows_are_all_queries_then_keys_then_values(layout, fused_name):
     assert layer["v_proj.weight"][:, 0].tolist() == list(range((H + H_KV) * D, (H + 2 * H_KV) * D))
 
 
+def test_q_gate_rows_are_each_head_s_query_then_its_gate():
+    # Qwen3-Next's q_proj (2 H D, C): the model views it as (H, 2 D) per token and chunks it, so
+    # row r belongs to head r // (2 D), to the query if r % (2 D) < D, else to the gate
+    rows = np.arange(2 * H * D, dtype=float)
+    state = {"q_proj.weight": rows[:, None] * np.ones(C), "q_proj.bias": rows}
+
+    layer = layouts.split("q_gate", state, H, H_KV)
+
+    for h in range(H):
+        query = [2 * D * h + d for d in range(D)]
+        gate = [2 * D * h + D + d for d in range(D)]
+        assert layer["q_proj.weight"][h * D : (h + 1) * D, 0].tolist() == query
+        assert layer["g_proj.weight"][h * D : (h + 1) * D, 0].tolist() == gate
+        assert layer["g_proj.bias"][h * D : (h + 1) * D].tolist() == gate
+    assert layouts.hf_name("q_gate", "g_proj.bias") == "q_proj.bias"
+    assert layouts.hf_shapes(
+        "q_gate", {"q_proj.weight": (H * D, C), "g_proj.weight": (H * D, C)}
+    ) == {"q_proj.weight": (2 * H * D, C)}
+
+
 def test_gpt_bigcode_multi_query_rows_are_all_queries_then_one_key_then_one_value():
     """GPT-BigCode's multi-query split: the output at H D, then D for k and D for v."""
     fused = np.arange((H + 2) * D, dtype=float)[:, None] * np.ones(C)
@@ -86,7 +106,7 @@ def test_gpt_bigcode_multi_head_rows_are_q_k_v_per_head():
 @pytest.mark.parametrize(
     ("layout", "kv_heads"),
     [("separate", H_KV), ("qkv_proj", H_KV), ("falcon", H_KV), ("gpt_bigcode", 1)]
-    + [("gpt_bigcode", H), ("dbrx", H_KV)],
+    + [("gpt_bigcode", H), ("dbrx", H_KV), ("q_gate", H_KV)],
 )
 def test_join_is_the_inverse_of_split_for_weights_and_biases(layout, kv_heads):
     rng = np.random.default_rng(0)
@@ -96,6 +116,11 @@ def test_join_is_the_inverse_of_split_for_weights_and_biases(layout, kv_heads):
         for kind in ("weight", "bias")
     }
     layer["o_proj.weight"] = rng.standard_normal((C, H * D))
+    if layout == "q_gate":  # the output gate, whose rows the model keeps in q_proj
+        layer |= {
+            "g_proj.weight": rng.standard_normal((H * D, C)),
+            "g_proj.bias": rng.standard_normal(H * D),
+        }
 
     model = layouts.join(layout, layer, H, kv_heads)
     again = layouts.split(layout, model, H, kv_heads)

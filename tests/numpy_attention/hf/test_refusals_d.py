@@ -28,18 +28,14 @@ DRAFTER = {
 }
 # model_type -> (extra config keywords, words the refusal must contain)
 REFUSED = {
-    "afmoe": ({}, "output gate"),
     "beam": ({"num_key_value_heads": 2}, "output gate.*temperature"),
     "diffllama": ({}, "differential attention"),
     "doge": ({}, "dynamic mask"),
-    "hrm_text": ({}, "output gate"),
     "hunyuan_v1_dense": ({}, "after RoPE"),
     "hunyuan_v1_moe": ({}, "after RoPE"),
     "inkling_text": ({}, "short convolutions.*relative-position"),
     "inkling2_text": ({}, "output gate.*sinks"),
     "jetmoe": ({}, "mixture of attention heads"),
-    "laguna": ({}, "output gate"),
-    "lfm3": ({}, "output gate"),
     "llama4": (NESTED, "llama4_text.*chunked attention"),
     "llama4_text": ({}, "chunks.*after RoPE.*temperature"),
     "mimo_v2_flash": ({}, "v_head_dim.*attention_value_scale"),

@@ -19,16 +19,14 @@ TINY = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "
 TINY |= {"num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 11}
 
 # model_type -> (the config class's module and name, words its reason must hold)
-GATE = ("output gate", "sigmoid", "before o_proj")
+QSA = ("indexed_attention", "QSA indexer", "top")
+TEXT_CONFIG = ("multimodal wrapper", "pass config.text_config", "exact")
 DSA = ("DeepSeek Sparse Attention", "top-k indexer")
 CASES = {
-    "qwen3_next": ("qwen3_next", "Qwen3NextConfig", GATE),
-    "qwen3_5_text": ("qwen3_5", "Qwen3_5TextConfig", GATE),
-    "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeTextConfig", GATE),
-    "qwen4_exp_text": ("qwen4_exp", "Qwen4ExpTextConfig", GATE),
-    "qwen3_5": ("qwen3_5", "Qwen3_5Config", ("multimodal wrapper", "text_config", "gate")),
-    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeConfig", ("multimodal wrapper", "gate")),
-    "qwen4_exp": ("qwen4_exp", "Qwen4ExpConfig", ("multimodal wrapper", "gate")),
+    "qwen4_exp_text": ("qwen4_exp", "Qwen4ExpTextConfig", QSA),
+    "qwen3_5": ("qwen3_5", "Qwen3_5Config", TEXT_CONFIG + ("qwen3_5_text",)),
+    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeConfig", TEXT_CONFIG + ("qwen3_5_moe_text",)),
+    "qwen4_exp": ("qwen4_exp", "Qwen4ExpConfig", ("multimodal wrapper", "QSA indexer")),
     "cohere_compass_text": (
         "cohere_compass",
         "CohereCompassTextConfig",
