@@ -12,12 +12,14 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
 
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
+    q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     out = o_proj(a)                                    (B, N, C)
 
-The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w)),
+The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w),
+or a weightless RMSNorm; before RoPE or after it), the query temperature (``temperature.py``),
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch and the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``) are the NumPy twin's.
 
@@ -31,7 +33,8 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 ``PagedKVCache``, both in ``decode/cache.py`` (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
-docs/derivations/layernorm.md, docs/derivations/output-gate.md.
+docs/derivations/layernorm.md, docs/derivations/output-gate.md,
+docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -39,6 +42,7 @@ tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -51,8 +55,9 @@ from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
 from .module import Module
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import check_positions, rope, rope_inv_freq
+from .temperature import check_temperature, query_temperature
 
 __all__ = ["GroupedQueryAttention"]
 
@@ -67,9 +72,10 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
-    ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros; with ``output_gate``, ``g_proj`` =
-    Linear(C, H*D) per element or Linear(C, H) per head, bias by ``gate_bias``. RoPE's
-    frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
+    ``qk_norm_shape``; none for ``"rms_weightless"``); with ``sinks``, ``sinks`` (H,), zeros;
+    with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
+    bias by ``gate_bias``. RoPE's frequencies are no parameter or buffer (Hugging Face's
+    attention state dicts have none):
     ``inv_freq`` and ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so
     ``.to(dtype)`` never rounds them.
 
@@ -98,6 +104,8 @@ class GroupedQueryAttention(Module):
         qk_norm_type: str = "rms",
         qk_norm_shape: str = "head",
         norm_weight_offset: float = 0.0,
+        qk_norm_position: str = "before_rope",
+        query_temperature: Mapping[str, Any] | None = None,
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
@@ -139,8 +147,10 @@ class GroupedQueryAttention(Module):
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
         self.qk_norm_shape = _check_qk_norm(
-            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset
+            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
         )
+        self.qk_norm_position = str(qk_norm_position)
+        self.query_temperature = check_temperature(query_temperature)
         self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
@@ -160,7 +170,12 @@ class GroupedQueryAttention(Module):
         self.k_proj = Linear(self.hidden_size, kv_width, bias=bias)
         self.v_proj = Linear(self.hidden_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
-        if self.qk_norm:
+        if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
+            q_width = _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
+            k_width = _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
+            self.q_norm: nn.Module = WeightlessRMSNorm(q_width, self.norm_eps)
+            self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
+        elif self.qk_norm:
             norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
             q_dim = _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
             k_dim = _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
@@ -241,7 +256,7 @@ class GroupedQueryAttention(Module):
             "rotary_dim": self.rotary_dim,
         }
         q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
-        if self.qk_norm:  # per head or over the whole projection, before RoPE
+        if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
             q = self._norm(self.q_norm, q, self.num_heads)
             k = self._norm(self.k_norm, k, self.num_kv_heads)
         q = split_heads(q, self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
@@ -249,6 +264,11 @@ class GroupedQueryAttention(Module):
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # -> (B, H_kv, N, D)
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
+            q = self._norm_heads(self.q_norm, q)
+            k = self._norm_heads(self.k_norm, k)
+        if self.query_temperature is not None:  # q * t(p), row by row
+            q = query_temperature(q, positions, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention if cache is None else cache.attend
         heads = attend(
@@ -288,6 +308,13 @@ class GroupedQueryAttention(Module):
         b, n, width = y.shape
         return norm(y.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
 
+    def _norm_heads(self, norm: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """QK-norm after RoPE: the rotated heads y (B, heads, N, D) seen as the projection
+        (B, N, heads*D) again and normed as ``_norm`` norms it."""
+        b, heads, n, d = y.shape
+        flat = y.transpose(1, 2).reshape(b, n, heads * d)  # -> (B, N, heads*D)
+        return self._norm(norm, flat, heads).reshape(b, n, heads, d).transpose(1, 2)
+
     def extra_repr(self) -> str:
         options = [
             f"hidden_size={self.hidden_size}",
@@ -302,6 +329,10 @@ class GroupedQueryAttention(Module):
         if self.qk_norm:
             norm = f"{type(self.q_norm).__name__}, {self.qk_norm_shape}"
             options.append(f"qk_norm=True ({norm}), norm_eps={self.norm_eps}")
+            if self.qk_norm_position != "before_rope":
+                options.append(f"qk_norm_position={self.qk_norm_position!r}")
+        if self.query_temperature is not None:
+            options.append(f"query_temperature={self.query_temperature}")
         if self.window is not None:
             options.append(f"window={self.window}")
         if self.softcap:
@@ -317,8 +348,9 @@ class GroupedQueryAttention(Module):
         return ", ".join(options + [f"backend={self.backend!r}"])
 
 
-QK_NORM_TYPES = ("rms", "layer")
+QK_NORM_TYPES = ("rms", "layer", "rms_weightless")
 QK_NORM_SHAPES = ("head", "per_head", "all")
+QK_NORM_POSITIONS = ("before_rope", "after_rope")
 
 
 def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
@@ -379,17 +411,28 @@ def _check_long_rope(
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
 
 
-def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> str:
+def _check_qk_norm(
+    qk_norm: bool, norm_type: Any, shape: Any, offset: Any, position: Any = "before_rope"
+) -> str:
     """The QK-norm's options checked (the NumPy twin's rules); its shape returned."""
     if norm_type not in QK_NORM_TYPES:
         raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
     if shape not in QK_NORM_SHAPES:
         raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
-    offset = validation.finite_real("norm_weight_offset", offset)
-    if not qk_norm and (norm_type, shape, offset) != ("rms", "head", 0.0):
+    if position not in QK_NORM_POSITIONS:
         raise ValueError(
-            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r} and norm_weight_offset="
-            f"{offset} describe a QK-norm, but qk_norm is False"
+            f"qk_norm_position must be one of {list(QK_NORM_POSITIONS)}, got {position!r}"
+        )
+    offset = validation.finite_real("norm_weight_offset", offset)
+    if not qk_norm and (norm_type, shape, offset, position) != ("rms", "head", 0.0, "before_rope"):
+        raise ValueError(
+            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r}, norm_weight_offset="
+            f"{offset} and qk_norm_position={position!r} describe a QK-norm, but qk_norm is False"
+        )
+    if norm_type == "rms_weightless" and (shape == "per_head" or offset != 0.0):
+        raise ValueError(
+            f"qk_norm_type='rms_weightless' has no weight: qk_norm_shape must be 'head' or "
+            f"'all' (got {shape!r}) and norm_weight_offset 0 (got {offset})"
         )
     return str(shape)
 
@@ -398,6 +441,11 @@ def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
     """The QK-norm weight's shape for a projection of ``heads`` heads."""
     if shape == "per_head":
         return (heads, head_dim)
+    return _norm_width(shape, heads, head_dim)
+
+
+def _norm_width(shape: str, heads: int, head_dim: int) -> int:
+    """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
 
 

@@ -33,6 +33,11 @@ OPTIONS = {
     "yarn-factor": {"rope_attention_factor": 1.3},
     "interleaved": {"rope_interleaved": True},
     "gate": {"output_gate": "element"},
+    "qk_norm_after_rope_temperature": {  # Hunyuan's norm, Ministral 3's temperature
+        "qk_norm": True,
+        "qk_norm_position": "after_rope",
+        "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 0.0},
+    },
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -64,6 +69,27 @@ FAMILY_OPTIONS = {
     },
     "gate_element_softplus": {"output_gate": "element", "gate_activation": "softplus"},
     "gate_head": {"output_gate": "head"},
+    "qk_norm_weightless_after_rope": {  # nanochat
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+    },
+    "qk_norm_weightless_all_after_rope": {
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_shape": "all",
+        "qk_norm_position": "after_rope",
+    },
+    "qk_norm_layer_per_head_after_rope": {
+        "qk_norm": True,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "qk_norm_position": "after_rope",
+    },
+    "temperature_power_nope": {  # Beam's NoPE layers
+        "rotary_dim": 0,
+        "query_temperature": {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0},
+    },
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -405,6 +431,19 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
         ({"output_gate": "head", "gate_activation": "silu"}, ValueError, "gate_activation must"),
         ({"gate_bias": True}, ValueError, "but output_gate is None"),
+        ({"qk_norm_position": "after_rope"}, ValueError, "but qk_norm is False"),
+        ({"qk_norm": True, "qk_norm_position": "late"}, ValueError, "qk_norm_position must be"),
+        (
+            {"qk_norm": True, "qk_norm_type": "rms_weightless", "qk_norm_shape": "per_head"},
+            ValueError,
+            "has no weight",
+        ),
+        ({"query_temperature": ("power", 0.1)}, TypeError, "query_temperature must be"),
+        (
+            {"query_temperature": {"kind": "power", "exponent": 0.1, "length": 2}},
+            ValueError,
+            r"takes \['exponent', 'length', 'offset'\]",
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -451,12 +490,25 @@ def test_an_input_of_another_dtype_names_both(rng):
 
 
 def test_repr_names_the_options():
+    temperature = {"kind": "power", "exponent": 0.1, "length": 2048, "offset": 1}
     layer = GroupedQueryAttention(
         C, H, H_KV, head_dim=D, window=(3, 0), sinks=True, output_gate="head"
+    )
+    after = GroupedQueryAttention(
+        C,
+        H,
+        H_KV,
+        head_dim=D,
+        qk_norm=True,
+        qk_norm_type="rms_weightless",
+        qk_norm_position="after_rope",
+        query_temperature=temperature,
     )
 
     text = repr(layer)
 
     assert "window=(3, 0)" in text and "sinks=True" in text and "(q_proj): Linear" in text
     assert "output_gate='head' (sigmoid)" in text
+    assert "WeightlessRMSNorm" in repr(after) and "qk_norm_position='after_rope'" in repr(after)
+    assert "query_temperature={'kind': 'power'" in repr(after)
     assert to_numpy(layer.sinks).tolist() == [0.0] * H
