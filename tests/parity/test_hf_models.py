@@ -92,13 +92,24 @@ LLAMA3_ROPE = {
 }
 
 
+_DIVISIONS = (torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide)
+
+
 class Float64Math(TorchFunctionMode):
-    """Every float32 request of the torch calls made inside becomes float64 (module docstring)."""
+    """Every float32 request of the torch calls made inside becomes float64 (module docstring),
+    and so does the float32 that torch gives an integer tensor divided (Ministral 3's
+    ``position_ids / original_max_position_embeddings``): its integers are divided in float64."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.float:
             return args[0].to(torch.float64)
+        if (
+            func in _DIVISIONS
+            and isinstance(args[0], torch.Tensor)
+            and not args[0].is_floating_point()
+        ):
+            args = (args[0].to(torch.float64), *args[1:])
         args = tuple(torch.float64 if arg is torch.float32 else arg for arg in args)
         if kwargs.get("dtype") is torch.float32:
             kwargs["dtype"] = torch.float64
@@ -149,6 +160,19 @@ def attention_of(model, layer_idx):
     return getattr(layer, "self_attn", None)
 
 
+HUNYUAN_NTK_ALPHA = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+MINISTRAL3_YARN = {  # its config class's default RoPE, the original length cut to 4 positions
+    "rope_type": "yarn",
+    "rope_theta": 1e6,
+    "factor": 16.0,
+    "original_max_position_embeddings": 4,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
+MINISTRAL3_STEEP = {"llama_4_scaling_beta": 0.5, "original_max_position_embeddings": 3}
 ARIA_MOE = {"moe_num_experts": 2, "moe_topk": 1, "moe_num_shared_experts": 1}
 FLINT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
 FLINT_MOE |= {"shared_expert_intermediate_size": 8}
@@ -1108,6 +1132,60 @@ CASES = [
         {"layer_types": ["full_attention", "linear_attention"], "rms_norm_eps": 1e-5}
         | {"head_dim": ABSENT},
     ),
+    # -- QK-norm after RoPE and the query temperature (issue 28) ----------------------------------
+    ModelCase(  # an RMSNorm per head, weight (D,), on the rotated q and k; biases on all four
+        "hunyuan_v1_dense-qk-norm-after-rope",
+        "HunYuanDenseV1",
+        0,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 0.1},
+        unpadded=True,
+    ),
+    ModelCase(  # tencent/Hunyuan-7B-Instruct: 32 heads of 128 over 8, NTK-alpha RoPE (alpha 1000)
+        "hunyuan_v1_dense-7b-shaped",
+        "HunYuanDenseV1",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}
+        | {"rope_parameters": HUNYUAN_NTK_ALPHA},
+    ),
+    ModelCase(  # tencent/Hunyuan-A13B-Instruct: Hunyuan's attention, 32 heads over 8, alpha 1000,
+        # before an MoE of 64 experts (here 2, top 1)
+        "hunyuan_v1_moe-a13b-shaped",
+        "HunYuanMoEV1",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}
+        | {"rope_parameters": HUNYUAN_NTK_ALPHA, "num_experts": 2, "moe_topk": 1},
+    ),
+    ModelCase(  # a weightless RMSNorm on the rotated heads, pairs turned by -angle, with biases
+        "nanochat-reversed-rope", "NanoChat", 0, False, {"attention_bias": True}, unpadded=True
+    ),
+    ModelCase(  # karpathy/nanochat-d32: 16 heads of 128, as many kv heads, theta 1e4
+        "nanochat-d32-shaped",
+        "NanoChat",
+        1,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    ModelCase(  # the temperature steps at p = 3, 6, 9 (beta 0.5 over 3 positions); sliding
+        "ministral3-temperature-sliding",
+        "Ministral3",
+        1,
+        True,
+        {"sliding_window": WINDOW, "rope_parameters": MINISTRAL3_YARN | MINISTRAL3_STEEP},
+        unpadded=True,
+    ),
+    ModelCase(  # mistralai/Ministral-3-8B-Base-2512: 32 heads of 128 over 8, YaRN 16x over 16384
+        # positions with beta 0.1 (the length here 4, so that 11 tokens cross it twice), no window
+        "ministral3-8b-shaped",
+        "Ministral3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None}
+        | {"rope_parameters": MINISTRAL3_YARN},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1416,6 +1494,27 @@ def test_partial_and_per_layer_type_frequencies_match_the_models():
     for freqs, kind in zip(gemma_freqs, gemma.layer_types, strict=True):
         expected = to_numpy(getattr(gemma_rotary, f"{kind}_inv_freq"))
         assert_close(freqs / expected, np.ones_like(expected), name=f"Gemma 3's {kind}")
+
+
+@pytest.mark.parametrize("head_dim", [8, 128])
+def test_hunyuan_ntk_alpha_frequencies_match_the_models(head_dim):
+    """Hunyuan's "dynamic" RoPE with an alpha: fixed frequencies of base theta * alpha^(D/(D-2)),
+    each within float32 rounding of its rotary buffer; a plain "dynamic" (no alpha, dynamic NTK,
+    recomputed for long calls) is refused."""
+    config = transformers.HunYuanDenseV1Config(
+        **(SIZES | {"head_dim": head_dim}), rope_parameters=HUNYUAN_NTK_ALPHA
+    )
+    rotary = transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense
+    expected = to_numpy(rotary.HunYuanDenseV1RotaryEmbedding(config).inv_freq)
+    dynamic = config.to_dict() | {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}
+
+    freqs = hf_inv_freq(config.to_dict())
+
+    assert freqs.dtype == np.float32
+    assert_close(freqs / expected, np.ones_like(expected), name="inv_freq / model's")
+    assert hf_rope_attention_factor(config.to_dict()) == 1.0
+    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported"):
+        hf_inv_freq(dynamic | {"rope_parameters": dynamic["rope_parameters"] | {"rope_theta": 1e4}})
 
 
 def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
