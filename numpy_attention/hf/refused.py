@@ -14,10 +14,12 @@ REFUSED = {
     "pass config.text_config (and the language model's state dict)",
     "afmoe": "afmoe: an output gate, sigmoid(x W_g) per element (gate_proj), multiplies the "
     "attention's output before o_proj; the layer has no output gate (issue 28)",
-    "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "
-    "(gate_proj, gate_bias), multiplies the attention's output before o_proj, and its NoPE layers "
-    "multiply the queries by a position-dependent temperature (1 + (p + 1) / 2048) ** 0.1; the "
-    "layer has neither (issue 28)",
+    "beam": "beam: not a row yet, though its attention is the layer's (Qwen3's QK-norm, an output "
+    "gate sigmoid(x W_g + b_h) per element whose bias per head, gate_bias (H,), is g_proj's bias "
+    "repeated over each head, and on its NoPE full layers the query temperature "
+    "(1 + (p + 1) / 2048) ** 0.1; tests/parity/test_hf_models.py builds it by hand, exact): the "
+    "converter reads no output gate (gate_proj, gate_bias) and no null rope_parameters entry "
+    "for a NoPE layer type yet (issue 28)",
     "bitnet": "bitnet: an RMSNorm over the concatenated heads (attn_sub_norm) sits between the "
     "attention and o_proj; the layer has no norm there (issue 28)",
     "dbrx": "dbrx: clip_qkv (8 in the released DBRX) clamps the fused Wqkv projection to "
