@@ -12,6 +12,9 @@ its parameters (``query_temperature={"kind": ..., ...}`` on ``GroupedQueryAttent
 
     q'[..., p, :] = t(p) * q[..., p, :]
 
+``MultiHeadLatentAttention``'s ``query_temperature=(beta, length)`` (Mistral 4) is the
+log_floor kind with offset 0, computed there by its own ``query_temperature_table``.
+
 t is a constant per query row: the backward scales the gradient by the same factor,
 dq = t(p) * dq'. Keys are not scaled, so the cache holds the same keys as without it.
 
