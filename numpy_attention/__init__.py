@@ -59,7 +59,7 @@ from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
 from .module import Module, ModuleList
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .state import load_module, save_module
@@ -117,6 +117,7 @@ __all__ = [
     "latent_cache",
     "MultiHeadLatentAttention",
     "RMSNorm",
+    "WeightlessRMSNorm",
     "rope_backward",
     "rope_forward",
     "rope_inv_freq",

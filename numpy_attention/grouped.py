@@ -11,6 +11,7 @@ The layer's chain, and its backward walking it in reverse through the parts' own
 
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
+    q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
@@ -22,7 +23,11 @@ With ``clip_qkv = c`` each of q_proj(x), k_proj(x) and v_proj(x) is clamped to [
 no norm and is clamped after its projection either way).
 
 The QK-norm reads the projection (B, N, H*D): per head (each head's D coordinates, Qwen3, Gemma 3,
-Cohere) or over the whole projection (OLMo 2), an RMSNorm or a LayerNorm, scale (offset + w).
+Cohere) or over the whole projection (OLMo 2), an RMSNorm or a LayerNorm, scale (offset + w), or
+an RMSNorm without a weight (nanochat); before RoPE, or after it (``qk_norm_position``:
+Hunyuan, nanochat), where the rotated heads are seen as the projection again and normed the same
+way. The query temperature (``temperature.py``) scales each query row by a factor of its
+position alone, after RoPE and the QK-norm (Ministral 3, Beam's NoPE layers).
 RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by default; fewer for
 partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
 past ``original_max_positions``). The output gate (``gate.py``) scales each coordinate, or each
@@ -38,7 +43,8 @@ everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
 Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's place and width,
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
-docs/derivations/clip-qkv.md, docs/derivations/output-norm.md.
+docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
+docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -47,6 +53,7 @@ tests/numpy_attention/test_norms.py.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,8 +74,14 @@ from .gate import GateCtx, check_gate, gate_width, output_gate_backward, output_
 from .grad_mode import no_grad
 from .layers import Linear, dropout_keep_mask
 from .module import Module
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+from .temperature import (
+    TemperatureCtx,
+    check_temperature,
+    query_temperature_backward,
+    query_temperature_forward,
+)
 
 __all__ = ["GroupedQueryAttention"]
 
@@ -85,6 +98,7 @@ class _GroupedCtx(NamedTuple):
     out_heads: HeadsCtx
     gate: GateCtx | None  # with an output gate
     clips: tuple[ClipCtx, ClipCtx, ClipCtx] | None  # q, k, v's, with clip_qkv
+    temperature: TemperatureCtx | None  # with a query temperature
 
 
 class _CachedForward(NamedTuple):
@@ -98,7 +112,8 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (an RMSNorm or LayerNorm, weight by
-    ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,)); with ``sinks``,
+    ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,); none for
+    ``"rms_weightless"``); with ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
     trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
     per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
@@ -125,15 +140,24 @@ class GroupedQueryAttention(Module):
             Face's LongRoPE chooses per forward; None for one set of frequencies.
         original_max_positions: LongRoPE's ``original_max_position_embeddings``; given with
             ``long_inv_freq`` and only with it.
-        qk_norm: a norm of q and k before RoPE.
+        qk_norm: a norm of q and k, before RoPE or after it (``qk_norm_position``).
         norm_eps: the QK-norm's eps.
-        qk_norm_type: ``"rms"`` (RMSNorm: Qwen3, Gemma 3, OLMo 2) or ``"layer"`` (LayerNorm
-            without bias: Cohere).
+        qk_norm_type: ``"rms"`` (RMSNorm: Qwen3, Gemma 3, OLMo 2, Hunyuan), ``"layer"``
+            (LayerNorm without bias: Cohere) or ``"rms_weightless"`` (RMSNorm without a weight,
+            no parameter: nanochat, Llama 4's L2Norm; shape ``"head"`` or ``"all"``, no offset).
         qk_norm_shape: what is normalized and the weight's shape: ``"head"`` each head's D
             coordinates, one weight (D,) for all heads (Qwen3, Gemma 3); ``"per_head"`` each
             head's D coordinates, a weight (H, D) (Cohere); ``"all"`` the whole projection, H*D
             coordinates of q and H_kv*D of k, weights (H*D,) and (H_kv*D,) (OLMo 2).
         norm_weight_offset: the QK-norm scales by (offset + w): 0, or Gemma 3's 1.
+        qk_norm_position: ``"before_rope"`` (the projections are normed, then rotated: Qwen3,
+            Gemma 3, OLMo 2) or ``"after_rope"`` (the rotated heads are normed: Hunyuan,
+            nanochat, Llama 4).
+        query_temperature: None, or the queries' position-dependent factor t(p) applied after
+            RoPE and the QK-norm, a mapping ``{"kind": "log_floor", "beta", "length",
+            "offset"}`` (1 + beta * log(1 + floor((p + offset) / length)): Ministral 3, Llama
+            4) or ``{"kind": "power", "exponent", "length", "offset"}`` ((1 + (p + offset) /
+            length) ** exponent: Beam); ``temperature.py``.
         window: (left, right) as in ``attention_forward`` (query i sees keys i - left ..
             i + right, intersected with causal; None sides unbounded), or None. Hugging Face's
             ``sliding_window = W`` is (W - 1, 0).
@@ -180,6 +204,8 @@ class GroupedQueryAttention(Module):
         qk_norm_type: str = "rms",
         qk_norm_shape: str = "head",
         norm_weight_offset: float = 0.0,
+        qk_norm_position: str = "before_rope",
+        query_temperature: Mapping[str, Any] | None = None,
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
@@ -224,8 +250,10 @@ class GroupedQueryAttention(Module):
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
         self.qk_norm_shape = _check_qk_norm(
-            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset
+            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
         )
+        self.qk_norm_position = str(qk_norm_position)
+        self.query_temperature = check_temperature(query_temperature)
         self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
@@ -238,6 +266,12 @@ class GroupedQueryAttention(Module):
         self.dropout = validation.dropout_p(dropout, "dropout")
         self.clip_qkv = check_clip(clip_qkv, clip_after_norm, self.qk_norm)
         self.clip_after_norm = bool(clip_after_norm)
+        if self.clip_after_norm and self.qk_norm_position != "before_rope":
+            raise ValueError(
+                "clip_after_norm clamps q and k between the QK-norm and RoPE (OLMoE), but "
+                f"qk_norm_position is {self.qk_norm_position!r}: no model clamps after a norm "
+                "that follows RoPE"
+            )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.rng = np.random.default_rng(rng)
 
@@ -248,7 +282,14 @@ class GroupedQueryAttention(Module):
         self.k_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
         self.v_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
-        if self.qk_norm:
+        if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
+            self.q_norm: Module = WeightlessRMSNorm(
+                _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim), norm_eps
+            )
+            self.k_norm: Module = WeightlessRMSNorm(
+                _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim), norm_eps
+            )
+        elif self.qk_norm:
             norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
             offset = {"weight_offset": norm_weight_offset}
             self.q_norm = norm(
@@ -268,13 +309,16 @@ class GroupedQueryAttention(Module):
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
         ``long_inv_freq`` arrays as lists of floats (exact: float64 holds every float32 value),
-        ``window`` as a tuple whether it was given as a tuple or as the list JSON reads back."""
+        ``window`` as a tuple whether it was given as a tuple or as the list JSON reads back,
+        ``query_temperature`` as a plain dict."""
         args = super().constructor_args()
         for name in ("inv_freq", "long_inv_freq"):
             if args[name] is not None:
                 args[name] = np.asarray(args[name], dtype=np.float64).tolist()
         if args["window"] is not None:
             args["window"] = tuple(args["window"])
+        if args["query_temperature"] is not None:
+            args["query_temperature"] = dict(args["query_temperature"])
         return args
 
     def forward(
@@ -354,7 +398,7 @@ class GroupedQueryAttention(Module):
         clip, clips = self.clip_qkv, None
         if clip is not None and not self.clip_after_norm:  # OLMo, DBRX
             (q, k, v), clips = _clip_qkv(clip, q, k, v)
-        if self.qk_norm:  # per head or over the whole projection, before RoPE
+        if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
             q = self._norm_forward(self.q_norm, q, self.num_heads)
             k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
         if clip is not None and self.clip_after_norm:  # OLMoE: q, k after their norm
@@ -364,6 +408,12 @@ class GroupedQueryAttention(Module):
         v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
+            q = self._norm_heads_forward(self.q_norm, q)
+            k = self._norm_heads_forward(self.k_norm, k)
+        temperature = None
+        if self.query_temperature is not None:  # q * t(p), row by row
+            q, temperature = query_temperature_forward(q, positions, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention_forward if cache is None else cache.attend
         attn = attend(
@@ -389,7 +439,7 @@ class GroupedQueryAttention(Module):
             merged = self.o_norm(merged)
         out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
         ctx = _GroupedCtx(
-            q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips
+            q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips, temperature
         )
         return out, ctx
 
@@ -417,6 +467,21 @@ class GroupedQueryAttention(Module):
         b, n, width = dy.shape
         return norm.backward(dy.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
 
+    def _norm_heads_forward(self, norm: Module, y: np.ndarray) -> np.ndarray:
+        """QK-norm after RoPE: the rotated heads y (B, heads, N, D) seen as the projection
+        (B, N, heads*D) again and normed as ``_norm_forward`` norms it."""
+        b, heads, n, d = y.shape
+        flat = y.transpose(0, 2, 1, 3).reshape(b, n, heads * d)  # -> (B, N, heads*D)
+        out = self._norm_forward(norm, flat, heads)
+        return out.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
+
+    def _norm_heads_backward(self, norm: Module, dy: np.ndarray) -> np.ndarray:
+        """``_norm_heads_forward``'s backward: the same reshapes around ``_norm_backward``."""
+        b, heads, n, d = dy.shape
+        flat = dy.transpose(0, 2, 1, 3).reshape(b, n, heads * d)  # -> (B, N, heads*D)
+        dflat = self._norm_backward(norm, flat, heads)
+        return dflat.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
+
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
@@ -424,12 +489,14 @@ class GroupedQueryAttention(Module):
         with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
         o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
         dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
-        summed over each group of H / H_kv query heads);  dQh = rope^T(dQr) (rotate by -angle,
-        the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn);
-        with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
+        summed over each group of H / H_kv query heads);  with a temperature dQr = t(p) * dQr;
+        after RoPE, dQr = q_norm^T(dQr);  dQh = rope^T(dQr) (rotate by -angle,
+        the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn) (before
+        RoPE);  with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
         (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
         Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
-        docs/derivations/clip-qkv.md, docs/derivations/output-norm.md.
+        docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
+        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -455,14 +522,20 @@ class GroupedQueryAttention(Module):
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
-        dq = rope_backward(grads.dq, ctx.q_rope)  # forward: q = rope(q_h)
-        dk = rope_backward(grads.dk, ctx.k_rope)
+        dq, dk = grads.dq, grads.dk
+        if ctx.temperature is not None:  # forward: q = t(p) * q
+            dq = query_temperature_backward(dq, ctx.temperature)
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
+            dq = self._norm_heads_backward(self.q_norm, dq)
+            dk = self._norm_heads_backward(self.k_norm, dk)
+        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
+        dk = rope_backward(dk, ctx.k_rope)
         dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
         dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
         dv = split_heads_backward(grads.dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
         if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
-        if self.qk_norm:  # forward: q_n = q_norm(q_proj(x))
+        if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))
             dq = self._norm_backward(self.q_norm, dq, self.num_heads)
             dk = self._norm_backward(self.k_norm, dk, self.num_kv_heads)
         if ctx.clips is not None and not self.clip_after_norm:  # forward: q = clip(q_proj(x))
@@ -474,8 +547,9 @@ class GroupedQueryAttention(Module):
         return dx if dxg is None else dx + dxg
 
 
-QK_NORM_TYPES = ("rms", "layer")
+QK_NORM_TYPES = ("rms", "layer", "rms_weightless")
 QK_NORM_SHAPES = ("head", "per_head", "all")
+QK_NORM_POSITIONS = ("before_rope", "after_rope")
 
 
 def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
@@ -530,18 +604,30 @@ def _check_long_rope(
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
 
 
-def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> str:
+def _check_qk_norm(
+    qk_norm: bool, norm_type: Any, shape: Any, offset: Any, position: Any = "before_rope"
+) -> str:
     """The QK-norm's options checked; its shape returned. Options given without qk_norm are
-    refused (they would do nothing)."""
+    refused (they would do nothing), and so are a weight's shape or offset for a weightless
+    norm (it has no weight)."""
     if norm_type not in QK_NORM_TYPES:
         raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
     if shape not in QK_NORM_SHAPES:
         raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
-    offset = validation.finite_real("norm_weight_offset", offset)
-    if not qk_norm and (norm_type, shape, offset) != ("rms", "head", 0.0):
+    if position not in QK_NORM_POSITIONS:
         raise ValueError(
-            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r} and norm_weight_offset="
-            f"{offset} describe a QK-norm, but qk_norm is False"
+            f"qk_norm_position must be one of {list(QK_NORM_POSITIONS)}, got {position!r}"
+        )
+    offset = validation.finite_real("norm_weight_offset", offset)
+    if not qk_norm and (norm_type, shape, offset, position) != ("rms", "head", 0.0, "before_rope"):
+        raise ValueError(
+            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r}, norm_weight_offset="
+            f"{offset} and qk_norm_position={position!r} describe a QK-norm, but qk_norm is False"
+        )
+    if norm_type == "rms_weightless" and (shape == "per_head" or offset != 0.0):
+        raise ValueError(
+            f"qk_norm_type='rms_weightless' has no weight: qk_norm_shape must be 'head' or "
+            f"'all' (got {shape!r}) and norm_weight_offset 0 (got {offset})"
         )
     return str(shape)
 
@@ -585,6 +671,11 @@ def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
     """The QK-norm weight's shape for a projection of ``heads`` heads."""
     if shape == "per_head":
         return (heads, head_dim)
+    return _norm_width(shape, heads, head_dim)
+
+
+def _norm_width(shape: str, heads: int, head_dim: int) -> int:
+    """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
 
 

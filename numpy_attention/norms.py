@@ -234,3 +234,33 @@ class LayerNorm(_Norm):
 
     _forward = staticmethod(layernorm_forward)
     _backward = staticmethod(layernorm_backward)
+
+
+class WeightlessRMSNorm(Module):
+    """RMS normalization of the last axis without a learned scale, y = x / sqrt(mean(x^2) + eps):
+    nanochat's QK-norm and Llama 4's ``L2Norm`` (which, despite its name, divides by the root
+    mean square, not the Euclidean norm). No parameter; the pure pair runs with the constant
+    scale 1, whose gradient is not kept.
+
+    Args:
+        dim: D, the normalized width.
+        eps: > 0, added to the mean square under the root.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = validation.positive_int("dim", dim)
+        self.eps = _check_eps(eps)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (..., D) -> (..., D), normalized over the last axis."""
+        x = validation.layer_input("x", x, self.dim, None, None, type(self).__name__)
+        ones = np.ones(self.dim, dtype=x.dtype)  # the constant scale: y = 1 * x_hat
+        out, ctx = rmsnorm_forward(x, ones, self.eps)
+        self._save_ctx(ctx, out)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dout (..., D) -> dx (..., D); no parameter to add a gradient to."""
+        dout, ctx = self._pop_ctx(dout)
+        return rmsnorm_backward(dout, ctx)[0]

@@ -39,7 +39,7 @@ from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import rope, rope_inv_freq
 from .transfer import from_numpy, to_numpy
 from .varlen import varlen_attention
@@ -60,6 +60,7 @@ __all__ = [
     "LayerNorm",
     "MultiHeadLatentAttention",
     "RMSNorm",
+    "WeightlessRMSNorm",
     "SelfAttentionV1",
     "SelfAttentionV2",
     "SimpleSelfAttention",

@@ -12,13 +12,15 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
 
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
+    q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
 
-The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w)),
+The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w),
+or a weightless RMSNorm; before RoPE or after it), the query temperature (``temperature.py``),
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
 before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
@@ -35,7 +37,8 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
-docs/derivations/output-norm.md.
+docs/derivations/output-norm.md, docs/derivations/qk-norm-after-rope.md,
+docs/derivations/query-temperature.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -43,6 +46,7 @@ tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -56,8 +60,9 @@ from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
 from .module import Module
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import check_positions, rope, rope_inv_freq
+from .temperature import check_temperature, query_temperature
 
 __all__ = ["GroupedQueryAttention"]
 
@@ -72,9 +77,9 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
-    ``qk_norm_shape``); with ``sinks``, ``sinks`` (H,), zeros; with ``output_gate``, ``g_proj`` =
-    Linear(C, H*D) per element or Linear(C, H) per head, bias by ``gate_bias``; with
-    ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
+    ``qk_norm_shape``; none for ``"rms_weightless"``); with ``sinks``, ``sinks`` (H,), zeros;
+    with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
+    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
     ``inv_freq`` and ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so
     ``.to(dtype)`` never rounds them.
@@ -104,6 +109,8 @@ class GroupedQueryAttention(Module):
         qk_norm_type: str = "rms",
         qk_norm_shape: str = "head",
         norm_weight_offset: float = 0.0,
+        qk_norm_position: str = "before_rope",
+        query_temperature: Mapping[str, Any] | None = None,
         window: tuple[int | None, int | None] | None = None,
         softcap: float = 0.0,
         sinks: bool = False,
@@ -149,8 +156,10 @@ class GroupedQueryAttention(Module):
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
         self.qk_norm_shape = _check_qk_norm(
-            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset
+            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
         )
+        self.qk_norm_position = str(qk_norm_position)
+        self.query_temperature = check_temperature(query_temperature)
         self.window = None if window is None else validation.window(window)
         self.softcap = validation.finite_real("softcap", softcap)
         if self.softcap < 0:
@@ -163,6 +172,12 @@ class GroupedQueryAttention(Module):
         self.dropout = validation.dropout_p(dropout, "dropout")
         self.clip_qkv = check_clip(clip_qkv, clip_after_norm, self.qk_norm)
         self.clip_after_norm = bool(clip_after_norm)
+        if self.clip_after_norm and self.qk_norm_position != "before_rope":
+            raise ValueError(
+                "clip_after_norm clamps q and k between the QK-norm and RoPE (OLMoE), but "
+                f"qk_norm_position is {self.qk_norm_position!r}: no model clamps after a norm "
+                "that follows RoPE"
+            )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.backend = check_backend(backend)
 
@@ -173,7 +188,12 @@ class GroupedQueryAttention(Module):
         self.k_proj = Linear(self.hidden_size, kv_width, bias=bias)
         self.v_proj = Linear(self.hidden_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
-        if self.qk_norm:
+        if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
+            q_width = _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
+            k_width = _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
+            self.q_norm: nn.Module = WeightlessRMSNorm(q_width, self.norm_eps)
+            self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
+        elif self.qk_norm:
             norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
             q_dim = _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
             k_dim = _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
@@ -260,7 +280,7 @@ class GroupedQueryAttention(Module):
         c = self.clip_qkv
         if c is not None and not self.clip_after_norm:  # OLMo, DBRX
             q, k, v = clip(q, c), clip(k, c), clip(v, c)
-        if self.qk_norm:  # per head or over the whole projection, before RoPE
+        if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
             q = self._norm(self.q_norm, q, self.num_heads)
             k = self._norm(self.k_norm, k, self.num_kv_heads)
         if c is not None and self.clip_after_norm:  # OLMoE: q and k after their norm
@@ -270,6 +290,11 @@ class GroupedQueryAttention(Module):
         v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
+            q = self._norm_heads(self.q_norm, q)
+            k = self._norm_heads(self.k_norm, k)
+        if self.query_temperature is not None:  # q * t(p), row by row
+            q = query_temperature(q, positions, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention if cache is None else cache.attend
         heads = attend(
@@ -311,6 +336,13 @@ class GroupedQueryAttention(Module):
         b, n, width = y.shape
         return norm(y.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
 
+    def _norm_heads(self, norm: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """QK-norm after RoPE: the rotated heads y (B, heads, N, D) seen as the projection
+        (B, N, heads*D) again and normed as ``_norm`` norms it."""
+        b, heads, n, d = y.shape
+        flat = y.transpose(1, 2).reshape(b, n, heads * d)  # -> (B, N, heads*D)
+        return self._norm(norm, flat, heads).reshape(b, n, heads, d).transpose(1, 2)
+
     def extra_repr(self) -> str:
         options = [
             f"hidden_size={self.hidden_size}",
@@ -325,6 +357,10 @@ class GroupedQueryAttention(Module):
         if self.qk_norm:
             norm = f"{type(self.q_norm).__name__}, {self.qk_norm_shape}"
             options.append(f"qk_norm=True ({norm}), norm_eps={self.norm_eps}")
+            if self.qk_norm_position != "before_rope":
+                options.append(f"qk_norm_position={self.qk_norm_position!r}")
+        if self.query_temperature is not None:
+            options.append(f"query_temperature={self.query_temperature}")
         if self.window is not None:
             options.append(f"window={self.window}")
         if self.softcap:
@@ -345,8 +381,9 @@ class GroupedQueryAttention(Module):
         return ", ".join(options + [f"backend={self.backend!r}"])
 
 
-QK_NORM_TYPES = ("rms", "layer")
+QK_NORM_TYPES = ("rms", "layer", "rms_weightless")
 QK_NORM_SHAPES = ("head", "per_head", "all")
+QK_NORM_POSITIONS = ("before_rope", "after_rope")
 
 
 def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
@@ -407,17 +444,28 @@ def _check_long_rope(
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
 
 
-def _check_qk_norm(qk_norm: bool, norm_type: Any, shape: Any, offset: Any) -> str:
+def _check_qk_norm(
+    qk_norm: bool, norm_type: Any, shape: Any, offset: Any, position: Any = "before_rope"
+) -> str:
     """The QK-norm's options checked (the NumPy twin's rules); its shape returned."""
     if norm_type not in QK_NORM_TYPES:
         raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
     if shape not in QK_NORM_SHAPES:
         raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
-    offset = validation.finite_real("norm_weight_offset", offset)
-    if not qk_norm and (norm_type, shape, offset) != ("rms", "head", 0.0):
+    if position not in QK_NORM_POSITIONS:
         raise ValueError(
-            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r} and norm_weight_offset="
-            f"{offset} describe a QK-norm, but qk_norm is False"
+            f"qk_norm_position must be one of {list(QK_NORM_POSITIONS)}, got {position!r}"
+        )
+    offset = validation.finite_real("norm_weight_offset", offset)
+    if not qk_norm and (norm_type, shape, offset, position) != ("rms", "head", 0.0, "before_rope"):
+        raise ValueError(
+            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r}, norm_weight_offset="
+            f"{offset} and qk_norm_position={position!r} describe a QK-norm, but qk_norm is False"
+        )
+    if norm_type == "rms_weightless" and (shape == "per_head" or offset != 0.0):
+        raise ValueError(
+            f"qk_norm_type='rms_weightless' has no weight: qk_norm_shape must be 'head' or "
+            f"'all' (got {shape!r}) and norm_weight_offset 0 (got {offset})"
         )
     return str(shape)
 
@@ -444,6 +492,11 @@ def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
     """The QK-norm weight's shape for a projection of ``heads`` heads."""
     if shape == "per_head":
         return (heads, head_dim)
+    return _norm_width(shape, heads, head_dim)
+
+
+def _norm_width(shape: str, heads: int, head_dim: int) -> int:
+    """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
 
 

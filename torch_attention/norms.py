@@ -92,3 +92,29 @@ class LayerNorm(_Norm):
         centered = x - x.mean(dim=-1, keepdim=True)  # (..., D)
         variance = (centered * centered).mean(dim=-1, keepdim=True)  # (..., 1)
         return centered / torch.sqrt(variance + self.eps)
+
+
+class WeightlessRMSNorm(Module):
+    """RMS normalization of the last axis without a learned scale, y = x / sqrt(mean(x^2) + eps)
+    (nanochat's QK-norm, Llama 4's ``L2Norm``): no parameter.
+
+    Args:
+        dim: D, the normalized width.
+        eps: > 0, added to the mean square under the root.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.dim = validation.positive_int("dim", dim)
+        self.eps = validation.finite_real("eps", eps)
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D), normalized over the last axis."""
+        x = validation.layer_input("x", x, self.dim, None, None, type(self).__name__)
+        mean_square = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
+        return x / torch.sqrt(mean_square + self.eps)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"

@@ -607,6 +607,43 @@ FAMILIES: dict[str, Family] = {
         refuse=rules._hrm_text_refuse,
         gate=rules._hrm_text_gate,
     ),
+    # -- QK-norm after RoPE, query temperature (issue 28) --
+    # Hunyuan (dense and MoE): Llama's attention, an RMSNorm per head (weight (D,)) on the rotated
+    # q and k, NTK-alpha RoPE; head_dim read with no C // H fallback
+    **{
+        name: Family(
+            qk_norm=("rms", "head", 0.0),
+            head_dim_required=True,
+            renames=(("query_layernorm", "q_norm"), ("key_layernorm", "k_norm")),
+            qk_norm_after_rope=True,
+            rope_ntk_alpha=True,
+        )
+        for name in ("hunyuan_v1_dense", "hunyuan_v1_moe")
+    },
+    # nanochat: a weightless RMSNorm per head on the rotated q and k, pairs turned by -angle
+    "nanochat": Family(
+        qk_norm=("rms_weightless", "head", 0.0), qk_norm_after_rope=True, rope_reversed=True
+    ),
+    # Ministral 3: Mistral's attention (no biases, a window on every layer when set), the queries
+    # scaled after RoPE by Llama 4's temperature, its config class's YaRN by default
+    "ministral3": Family(
+        bias=None,
+        out_bias=None,
+        sliding="every_layer",
+        config_defaults=(("head_dim", 128),),
+        rope_default=(
+            ("rope_type", "yarn"),
+            ("rope_theta", 1e6),
+            ("factor", 16.0),
+            ("original_max_position_embeddings", 16384),
+            ("beta_fast", 32.0),
+            ("beta_slow", 1.0),
+            ("mscale_all_dim", 1.0),
+            ("mscale", 1.0),
+            ("llama_4_scaling_beta", 0.1),
+        ),
+        query_temperature=rules._ministral3_temperature,
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -188,6 +188,21 @@ class Family:
     """Config key of a list of query-head counts, one per layer, that replaces
     ``num_attention_heads`` for that layer (Laguna's ``num_attention_heads_per_layer``;
     ``head_dim`` still defaults to ``hidden_size // num_attention_heads``)."""
+    qk_norm_after_rope: bool = False
+    """The QK-norm runs on the rotated heads, after RoPE (Hunyuan, nanochat): the layer's
+    ``qk_norm_position="after_rope"``."""
+    rope_reversed: bool = False
+    """nanochat: its ``rotate_half`` is (x2, -x1), Llama's (-x2, x1), so each pair turns by
+    -angle: the layer gets the frequencies negated (``rope.rope_options``)."""
+    rope_ntk_alpha: bool = False
+    """Hunyuan: rope_type ``dynamic`` with an ``alpha`` is its NTK-alpha RoPE, fixed frequencies
+    of base rope_theta * alpha ** (D / (D - 2)) (``rope.hf_inv_freq``); without alpha, dynamic
+    NTK stays refused."""
+    query_temperature: Callable[[Mapping[str, Any], Family, int], dict[str, Any] | None] | None = (
+        None
+    )
+    """The temperature of layer i's queries after RoPE (the layer's ``query_temperature``) as the
+    model reads it from its config (Ministral 3's ``llama_4_scaling_beta``); None: none."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -396,6 +411,12 @@ def options(
             "norm_weight_offset": offset,
             "norm_eps": float(required(config, family.norm_eps)),
         }
+        if family.qk_norm_after_rope:
+            options["qk_norm_position"] = "after_rope"
+    if family.query_temperature is not None:
+        temperature = family.query_temperature(config, family, layer_idx)
+        if temperature is not None:
+            options["query_temperature"] = temperature
     if family.scaling == "query_pre_attn_scalar":
         options["scaling"] = float(required(config, family.scaling)) ** -0.5
     elif family.scaling == "attention_multiplier":  # None: 1/sqrt(D) (HyperCLOVA X's default)

@@ -17,7 +17,8 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   on its projections; Qwen2 has no key and biases on q, k and v only: read from the state dict.
 - QK-norm: RMSNorm per head (Qwen3, Qwen3-MoE), per head with Gemma's (1 + w) (Gemma 3), over
   the whole projection (OLMo 2), or a bias-free LayerNorm with a weight per head (Cohere, under
-  ``use_qk_norm``), before RoPE.
+  ``use_qk_norm``), before RoPE; after RoPE in Hunyuan (RMSNorm per head) and nanochat (a
+  weightless RMSNorm).
 - Sliding windows: ``layer_types[layer_idx]``, else the family's own rule; Mistral, Phi-3 and
   StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
   ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
@@ -30,7 +31,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
 - RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
   rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
-  (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3.
+  (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3;
+  nanochat's pairs turn by -angle (the frequencies negated); Ministral 3 scales its queries by
+  Llama 4's temperature of the position after RoPE.
   ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
   4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn``, ``proportional``
   (LFM3) or ``longrope``
@@ -431,7 +434,7 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes |= {"q_proj.bias": (h * d,), "k_proj.bias": (h_kv * d,), "v_proj.bias": (h_kv * d,)}
     if options["out_bias"]:
         shapes["o_proj.bias"] = (c,)
-    if options.get("qk_norm"):
+    if options.get("qk_norm") and options.get("qk_norm_type") != "rms_weightless":
         shapes |= {
             "q_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h, d),
             "k_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h_kv, d),

@@ -10,20 +10,17 @@ Tests: tests/numpy_attention/hf/test_refusals_d.py, test_refusals_e.py.
 from __future__ import annotations
 
 REFUSED = {
-    "beam": "beam: an output gate, sigmoid(x W_g + b_h) per element with a bias per head "
-    "(gate_proj, gate_bias), multiplies the attention's output before o_proj, and its NoPE layers "
-    "multiply the queries by a position-dependent temperature (1 + (p + 1) / 2048) ** 0.1; the "
-    "layer has neither (issue 28)",
+    "beam": "beam: not a row yet, though its attention is the layer's (Qwen3's QK-norm, an output "
+    "gate sigmoid(x W_g + b_h) per element whose bias per head, gate_bias (H,), is g_proj's bias "
+    "repeated over each head, and on its NoPE full layers the query temperature "
+    "(1 + (p + 1) / 2048) ** 0.1; tests/parity/test_hf_models.py builds it by hand, exact): the "
+    "converter reads no output gate (gate_proj, gate_bias) and no null rope_parameters entry "
+    "for a NoPE layer type yet (issue 28)",
     "diffllama": "diffllama: differential attention, the difference of two softmax maps "
     "weighted by a learned lambda (lambda_q1, lambda_k1, ...), then a weightless RMSNorm "
     "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",
     "doge": "doge: a dynamic mask, computed from the values (dt_proj, A) and kept to the top "
     "keep_window_size keys, is added to the scores; the layer has no such mask (issue 28)",
-    "hunyuan_v1_dense": "hunyuan_v1_dense: its QK-norm (query_layernorm, key_layernorm, "
-    "RMSNorm per head with a weight) runs after RoPE; the layer's QK-norm runs before RoPE "
-    "(issue 28)",
-    "hunyuan_v1_moe": "hunyuan_v1_moe: its QK-norm (query_layernorm, key_layernorm, RMSNorm per "
-    "head with a weight) runs after RoPE; the layer's QK-norm runs before RoPE (issue 28)",
     "inkling_text": "inkling_text: short convolutions over time on the keys and values "
     "(k_sconv, v_sconv) and learned relative-position logits (r_proj) added to the scores, "
     "instead of RoPE; the layer has neither (issue 28)",
@@ -34,21 +31,15 @@ REFUSED = {
     "from its top-k routed experts (experts.map, experts.reduce); the layer has one q_proj and "
     "one o_proj (issue 28)",
     "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
-    "itself refused: chunked attention, an L2 QK-norm after RoPE and a query temperature on its "
-    "NoPE layers (issue 28)",
-    "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size) and "
-    "L2-normalise q and k after RoPE (use_qk_norm), its NoPE layers scale the queries by a "
-    "position-dependent temperature (attn_temperature_tuning); the layer has none of these "
-    "(issue 28)",
+    "itself refused: chunked attention on its RoPE layers (issue 28)",
+    "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size: a query "
+    "sees only the keys of its own chunk), which the layer's causal and window masks cannot "
+    "express. The rest is the layer's: the L2 QK-norm after RoPE (use_qk_norm) is a weightless "
+    "RMSNorm, and its NoPE layers' temperature (attn_temperature_tuning) a log_floor query "
+    "temperature, though over positions counted from the cache, not position_ids (issue 28)",
     "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
     "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
     "layer has one head width and no value scale (issue 28)",
-    "ministral3": "ministral3: the queries are multiplied by a position-dependent temperature, "
-    "1 + llama_4_scaling_beta * log(1 + floor(p / original_max_position_embeddings)), after "
-    "RoPE; the layer has no query temperature (issue 28)",
-    "nanochat": "nanochat: its QK-norm (a weightless RMSNorm per head) runs after RoPE, and its "
-    "rotate_half turns the pairs the other way (x2, -x1); the layer's QK-norm runs before RoPE "
-    "and rotates as Llama (issue 28)",
     "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE, and its "
     "QK-norm (qk_ln) a LayerNorm with a bias over the whole projection; GroupedQueryAttention "
     "always rotates, has no ALiBi (the functional core has) and its QK-norm no bias (issue 28)",

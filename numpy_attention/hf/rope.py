@@ -2,7 +2,8 @@
 layer (one dict, or one per layer type as in Gemma 3), the rotated width (partial rotary, NoPE
 layers), the frequencies in float32 in the model's order of operations (``default``, ``linear``,
 ``llama3``, ``yarn``, ``longrope``'s short and long sets, ``proportional``'s pairs with their
-zeros) and the attention factor. NumPy only.
+zeros, Hunyuan's ``dynamic`` with an ``alpha``, read as fixed NTK-alpha frequencies) and the
+attention factor. NumPy only.
 
 ``hf_inv_freq`` agrees with the model's own ``inv_freq`` buffer to within a float32 ulp or two
 (torch's vectorized ``pow`` rounds the last bit differently from NumPy's); the converter takes
@@ -66,7 +67,9 @@ def rope_parameters(config: Mapping[str, Any], layer_idx: int | None = None) -> 
         params["rope_theta"] = _layer_theta(config, family, layer_idx, params.get("rope_theta"))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     rope_type = dict(family.rope_renames).get(rope_type, rope_type)
-    if rope_type not in ROPE_TYPES:
+    if family.rope_ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
+        rope_type = "ntk_alpha"  # Hunyuan: a fixed alpha stretches the base, nothing dynamic
+    elif rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}")
     if params.get("rope_theta") is None:
         raise ValueError("the config has no rope_theta (in rope_parameters or at the top level)")
@@ -259,6 +262,10 @@ def hf_inv_freq(
         )
     if rope_type == "default":
         return np.float32(1.0) / powers
+    if rope_type == "ntk_alpha":  # base theta * alpha^(D / (D - 2)), in Python floats as Hunyuan
+        head_dim = required(config, "head_dim")
+        base = params["rope_theta"] * params["alpha"] ** (head_dim / (head_dim - 2))
+        return np.float32(1.0) / np.float32(base) ** exponents
     if rope_type == "linear":
         return np.float32(1.0) / powers / np.float32(params["factor"])
     if rope_type == "llama3":
@@ -352,6 +359,8 @@ def rope_options(
         "inv_freq": None,
     }
     options["inv_freq"] = hf_inv_freq(config, layer_idx=layer_idx) if inv_freq is None else inv_freq
+    if family.rope_reversed:  # nanochat's pairs turn by -angle: -inv_freq (cos even, sin odd)
+        options["inv_freq"] = -np.asarray(options["inv_freq"])
     switch = long_rope_switch(config, layer_idx)
     if switch is not None:
         options["original_max_positions"] = switch

@@ -336,6 +336,28 @@ def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
     return _kinds(config["layer_types"], "layer_types", names)
 
 
+# Ministral 3: after RoPE, q times 1 + beta * log(1 + floor(p / L)), beta and L read from
+# rope_parameters by its attention itself (its config class's default where a config has none)
+def _ministral3_temperature(
+    config: Mapping[str, Any], family: Family, layer_idx: int
+) -> dict[str, Any]:
+    params = config.get("rope_parameters") or config.get("rope_scaling")
+    params = params or dict(family.rope_default)
+    temperature = {"kind": "log_floor", "offset": 0.0}
+    for name, key in (
+        ("beta", "llama_4_scaling_beta"),
+        ("length", "original_max_position_embeddings"),
+    ):
+        if params.get(key) is None:
+            raise ValueError(
+                f"rope_parameters has no {key!r}: a {config.get('model_type')} layer multiplies "
+                "its queries by 1 + llama_4_scaling_beta * log(1 + floor(p / "
+                "original_max_position_embeddings)) and fails without it"
+            )
+        temperature[name] = float(params[key])
+    return temperature
+
+
 # DBRX: what transformers' DbrxAttention does with its nested attn_config
 def _dbrx_refuse(config: Mapping[str, Any]) -> None:
     attn = config.get("attn_config") or {}

@@ -4,8 +4,9 @@ math.
 A case is a layer and a set of options that change the math (causal, key padding with a fully padded
 batch element, train mode with shared dropout keep-masks, eval mode, cross attention with N != M,
 odd lengths, B = H = 1, rank-2 input; for GroupedQueryAttention GQA/MQA/MHA head counts, biases,
-QK-norm, sliding windows, softcap, sinks, a custom scale, RoPE's layouts and attention factor, and
-left padding with per-batch RoPE positions; for MultiHeadLatentAttention the query LoRA, biases,
+QK-norm (before and after RoPE, weightless), a query temperature, sliding windows, softcap, sinks,
+a custom scale, RoPE's layouts and attention factor, and left padding with per-batch RoPE
+positions; for MultiHeadLatentAttention the query LoRA, biases,
 RoPE's layouts, its scales and left padding, each run by both its expanded and its absorbed
 computation). pytest and the CLI (``python -m parity_tests``) both iterate over ``CASES``, run
 and compared by ``parity_tests.parity.run``.
@@ -316,6 +317,37 @@ def _grouped_cases() -> list[LayerCase]:
             n=37,
             padded=True,
             options={"sinks": True, "bias": True, "out_bias": True, "window": (6, 0)},
+        ),
+        case(
+            "hunyuan-like-qk-norm-after-rope-padded-N7",
+            4,
+            2,
+            n=7,
+            padded=True,
+            options={"qk_norm": True, "qk_norm_position": "after_rope", "norm_eps": 1e-5},
+        ),
+        case(
+            "nanochat-like-weightless-after-rope-N7",
+            4,
+            4,
+            n=7,
+            options={
+                "qk_norm": True,
+                "qk_norm_type": "rms_weightless",
+                "qk_norm_position": "after_rope",
+                "inv_freq": [-1.0, -0.1, -0.01],  # turned by -angle
+            },
+        ),
+        case(  # 1 + 0.1 log(1 + floor(p / 8)): five steps over 37 positions
+            "ministral3-like-temperature-padded-N37",
+            4,
+            2,
+            n=37,
+            padded=True,
+            options={
+                "query_temperature": {"kind": "log_floor", "beta": 0.1, "length": 8, "offset": 0},
+                "window": (6, 0),
+            },
         ),
     ]
 

@@ -32,6 +32,8 @@ DROPOUT = 0.3
 # float32 frequencies as a model hands them over (llama3-style: the low ones scaled down)
 MODEL_INV_FREQ = np.array([1.0, 0.0125], dtype=np.float32)
 LONG_INV_FREQ = np.array([0.7, 0.002], dtype=np.float32)  # LongRoPE's long set, other values
+TEMPERATURE_LOG_FLOOR = {"kind": "log_floor", "beta": 0.6, "length": 2.0, "offset": 0.0}
+TEMPERATURE_POWER = {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0}
 
 # Each option on its own, and all of them together. Dropout runs in train mode with an explicit
 # keep-mask.
@@ -77,6 +79,28 @@ OPTIONS = {
     },
     "output_norm": {"output_norm": True, "output_norm_eps": 0.1},  # BitNet's attn_sub_norm
     "output_norm_clip_gqa": {"output_norm": True, "clip_qkv": 0.6, "sinks": True},
+    "qk_norm_after_rope": {"qk_norm": True, "qk_norm_position": "after_rope"},  # Hunyuan
+    "qk_norm_weightless_after_rope": {  # nanochat, Llama 4's L2Norm
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+        "norm_eps": 0.1,
+    },
+    "qk_norm_layer_per_head_after_rope": {
+        "qk_norm": True,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "qk_norm_position": "after_rope",
+    },
+    "qk_norm_weightless_all": {
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_shape": "all",
+        "qk_norm_position": "after_rope",
+    },
+    # positions reach 4: t(p) takes 3 values over the rows (1, 1 + beta log 2, 1 + beta log 3)
+    "temperature_log_floor": {"query_temperature": TEMPERATURE_LOG_FLOOR},  # Ministral 3
+    "temperature_power": {"query_temperature": TEMPERATURE_POWER, "rotary_dim": 0},  # Beam
     "everything": {
         "qk_norm": True,
         "norm_eps": 0.1,
@@ -98,6 +122,17 @@ OPTIONS = {
         "gate_bias": True,
         "clip_qkv": 0.8,
         "clip_after_norm": True,
+    },
+    "everything_after_rope": {  # Llama 4's RoPE layers with its NoPE layers' temperature
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+        "query_temperature": TEMPERATURE_LOG_FLOOR | {"offset": 1.0},
+        "sinks": True,
+        "window": (2, None),
+        "bias": True,
+        "rotary_dim": 2,
+        "output_gate": "element",
     },
 }
 
@@ -146,25 +181,34 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
 
     def norm(y, weight):
-        """QK-norm of y (B, N, count*D): over each head's D or the whole width, scale (o + w)."""
+        """QK-norm of y (B, N, count*D): over each head's D or the whole width, scale (o + w)
+        (1 without a weight)."""
         if args["qk_norm_shape"] != "all":
             y = y.reshape(b, n, -1, d)  # (B, N, count, D): per head
         if args["qk_norm_type"] == "layer":
             y_hat = F.layer_norm(y, y.shape[-1:], None, None, args["norm_eps"])
         else:
             y_hat = F.rms_norm(y, y.shape[-1:], None, args["norm_eps"])
-        return (y_hat * (args["norm_weight_offset"] + weight)).reshape(b, n, -1)
+        scale = 1.0 if weight is None else args["norm_weight_offset"] + weight
+        return (y_hat * scale).reshape(b, n, -1)
+
+    before_rope = args["qk_norm"] and args["qk_norm_position"] == "before_rope"
+    after_rope = args["qk_norm"] and args["qk_norm_position"] == "after_rope"
 
     def project(name, count, norm_name=None):
         y = F.linear(x, params[f"{name}.weight"], params.get(f"{name}.bias"))
         clip = args["clip_qkv"]
         if clip is not None and not args["clip_after_norm"]:
             y = y.clamp(-clip, clip)
-        if norm_name is not None and args["qk_norm"]:
-            y = norm(y, params[f"{norm_name}.weight"])
+        if norm_name is not None and before_rope:
+            y = norm(y, params.get(f"{norm_name}.weight"))
         if clip is not None and args["clip_after_norm"]:  # v too: it has no norm
             y = y.clamp(-clip, clip)
         return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
+
+    def norm_heads(y, norm_name):  # after RoPE: (B, count, N, D) normed as the projection
+        flat = norm(y.transpose(1, 2).reshape(b, n, -1), params.get(f"{norm_name}.weight"))
+        return flat.reshape(b, n, -1, d).transpose(1, 2)
 
     q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
     v = project("v_proj", kv_heads)
@@ -183,6 +227,16 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         return torch.cat([torch_rope(y[..., :r], positions, inv_freq, **rope), y[..., r:]], -1)
 
     q, k = turn(q), turn(k)
+    if after_rope:
+        q, k = norm_heads(q, "q_norm"), norm_heads(k, "k_norm")
+    if args["query_temperature"] is not None:  # t(p), straight from its formula
+        spec = args["query_temperature"]
+        p = positions.to(torch.float64) + spec["offset"]
+        if spec["kind"] == "log_floor":
+            t = 1 + spec["beta"] * torch.log(1 + torch.floor(p / spec["length"]))
+        else:
+            t = (1 + p / spec["length"]) ** spec["exponent"]
+        q = q * (t[:, None, :, None] if t.ndim == 2 else t[:, None])  # per row of q
     padding = None if key_padding_mask is None else to_torch(key_padding_mask)
     if attention is None:
         out, _ = oracle_attention(
@@ -281,12 +335,16 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
         "clip",
         "clip_after_norm",
         "output_norm",
+        "qk_norm_after_rope",
+        "qk_norm_weightless_all",
+        "everything_after_rope",
+        "temperature_power",
     ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
 def test_gradcheck(rng, option, kv_heads):
     layer = make_layer(rng, kv_heads, **OPTIONS[option])
-    x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
+    x, forward = forward_inputs(rng, layer, padded=option.startswith("everything"), n=4)
 
     assert_gradcheck(gradcheck(layer, x, **forward))
 
@@ -388,6 +446,16 @@ DECODE = {
         {"clip_qkv": 0.8, "qk_norm": True, "qk_norm_shape": "all", "clip_after_norm": True},
         1,
     ),
+    "qk_norm_after_rope_temperature": (  # t(p) of each decoded token's own position
+        {"qk_norm": True, "qk_norm_position": "after_rope"}
+        | {"query_temperature": TEMPERATURE_LOG_FLOOR},
+        2,
+    ),
+    "weightless_after_rope_power": (
+        {"qk_norm": True, "qk_norm_type": "rms_weightless", "qk_norm_position": "after_rope"}
+        | {"query_temperature": TEMPERATURE_POWER},
+        1,
+    ),
 }
 
 
@@ -402,7 +470,7 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step, paged)
     layer = make_layer(rng, kv_heads, **options)
     x = rng.standard_normal((B, n, C))
     forward = {}
-    if case == "left_padding":  # element 0: 2 padding tokens, element 1: 4
+    if case in ("left_padding", "qk_norm_after_rope_temperature"):  # element 0: 2 pads, 1: 4
         forward["key_padding_mask"], forward["positions"] = left_padded(B, n, [2, 4])
     cache: KVCache | PagedKVCache = KVCache(B, kv_heads, n + 1, D, np.float64)
     if paged:
@@ -574,12 +642,15 @@ def test_parameters_are_named_like_hugging_face(rng):
     shapes = {name: value.shape for name, value in normed.state_dict().items()}
     assert list(shapes)[-1] == "o_norm.weight" and shapes["o_norm.weight"] == (24,)  # H*D, not C
     assert np.all(normed.o_norm.weight == 1)
+    weightless = GroupedQueryAttention(8, 4, 2, qk_norm=True, qk_norm_type="rms_weightless")
+    assert list(weightless.state_dict()) == list(plain.state_dict())  # no norm parameter at all
     assert layer.dtype == np.float32 and np.all(layer.sinks == 0)
 
 
 def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
     options = {"inv_freq": MODEL_INV_FREQ, "window": (3, 0), "qk_norm": True, "sinks": True}
     options |= {**OPTIONS["long_rope"], "qk_norm_shape": "all", "norm_weight_offset": 1.0}
+    options |= {"qk_norm_position": "after_rope", "query_temperature": TEMPERATURE_POWER}
     layer = make_layer(rng, 2, **options)
     path = tmp_path / "gqa.npz"
     x = rng.standard_normal((B, N, C))
@@ -649,6 +720,50 @@ def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
         ((8, 4, 2), {"qk_norm": True, "qk_norm_shape": "x"}, ValueError, "qk_norm_shape must be"),
         ((8, 4, 2), {"qk_norm_shape": "all"}, ValueError, "but qk_norm is False"),
         ((8, 4, 2), {"norm_weight_offset": 1.0}, ValueError, "but qk_norm is False"),
+        ((8, 4, 2), {"qk_norm_position": "after_rope"}, ValueError, "but qk_norm is False"),
+        (
+            (8, 4, 2),
+            {"qk_norm": True, "qk_norm_position": "after"},
+            ValueError,
+            "qk_norm_position must be one of",
+        ),
+        (
+            (8, 4, 2),
+            {"qk_norm": True, "qk_norm_type": "rms_weightless", "qk_norm_shape": "per_head"},
+            ValueError,
+            "has no weight: qk_norm_shape",
+        ),
+        (
+            (8, 4, 2),
+            {"qk_norm": True, "qk_norm_type": "rms_weightless", "norm_weight_offset": 1.0},
+            ValueError,
+            "has no weight.*norm_weight_offset 0",
+        ),
+        ((8, 4, 2), {"query_temperature": "log_floor"}, TypeError, "query_temperature must be"),
+        (
+            (8, 4, 2),
+            {"query_temperature": {"kind": "log", "beta": 0.1, "length": 4, "offset": 0}},
+            ValueError,
+            r"query_temperature\['kind'\] must be one of",
+        ),
+        (
+            (8, 4, 2),
+            {"query_temperature": {"kind": "power", "beta": 0.1, "length": 4, "offset": 0}},
+            ValueError,
+            r"kind 'power' takes \['exponent', 'length', 'offset'\], got \['beta'",
+        ),
+        (
+            (8, 4, 2),
+            {"query_temperature": {"kind": "log_floor", "beta": 0.1, "length": 0, "offset": 0}},
+            ValueError,
+            r"query_temperature\['length'\] must be > 0",
+        ),
+        (
+            (8, 4, 2),
+            {"query_temperature": {"kind": "power", "exponent": np.nan, "length": 2, "offset": 0}},
+            ValueError,
+            "exponent",
+        ),
         ((8, 4, 2), {"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
         ((8, 4, 2), {"output_gate": True}, ValueError, "output_gate must be None or one of"),
         (

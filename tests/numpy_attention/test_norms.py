@@ -15,6 +15,7 @@ from numpy_attention.gradcheck import gradcheck
 from numpy_attention.norms import (
     LayerNorm,
     RMSNorm,
+    WeightlessRMSNorm,
     layernorm_backward,
     layernorm_forward,
     rmsnorm_backward,
@@ -91,6 +92,25 @@ def test_every_form_matches_torch_under_autograd(rng, norm, weight, offset):
     assert_close(out, expected, name="out")
     assert_close(dx, tx.grad, name="dx")
     assert_close(layer.named_grads()["weight"], tweight.grad, name="weight")
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_weightless_rms_norm_has_no_parameter_and_matches_torch(rng, eps):
+    """nanochat's QK-norm and Llama 4's L2Norm: x / sqrt(mean(x^2) + eps), nothing learned."""
+    layer = WeightlessRMSNorm(D, eps=eps)
+    x = 3.0 * rng.standard_normal((B, H, N, D))
+    dout = rng.standard_normal(x.shape)
+    tx = to_torch(x, requires_grad=True)
+
+    out = layer(x)
+    dx = layer.backward(dout)
+    expected = tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + eps)  # Llama 4's formula
+    expected.backward(to_torch(dout))
+
+    assert layer.state_dict() == {} and layer.named_grads() == {}
+    assert_close(out, expected, name="out")
+    assert_close(dx, tx.grad, name="dx")
+    assert_gradcheck(gradcheck(layer, x))
 
 
 @pytest.mark.parametrize("norm", NORMS)

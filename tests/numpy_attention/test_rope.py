@@ -287,3 +287,25 @@ def test_deinterleave_gathers_the_pairs_into_halves_and_back(rng):
 
     np.testing.assert_array_equal(deinterleave(np.arange(6.0)), [0, 2, 4, 1, 3, 5])
     np.testing.assert_array_equal(deinterleave_backward(deinterleave(x)), x)
+
+
+def test_negated_frequencies_turn_the_pairs_the_other_way_as_nanochat_does(rng):
+    """nanochat's rotate_half is (x2, -x1), Llama's (-x2, x1): x cos + rotate_half(x) sin turns
+    each pair by -angle, which is RoPE with -inv_freq (cos even, sin odd); the backward too."""
+    x = rng.standard_normal((B, H, N, D))
+    dout = rng.standard_normal(x.shape)
+    positions = np.arange(N)
+    inv_freq = rope_inv_freq(D, 500.0)
+    x_t = to_torch(x, requires_grad=True)
+    angles = torch.from_numpy(np.outer(positions, inv_freq))  # (N, D/2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    first, second = x_t[..., : D // 2], x_t[..., D // 2 :]
+    expected = x_t * cos + torch.cat([second, -first], -1) * sin  # nanochat's apply_rotary_pos_emb
+    expected.backward(to_torch(dout))
+
+    out, ctx = rope_forward(x, positions, inv_freq=-inv_freq)
+    dx = rope_backward(dout, ctx)
+
+    assert_close(out, expected, name="out")
+    assert_close(dx, x_t.grad, name="dx")
+    assert np.abs(out - rope_forward(x, positions, inv_freq=inv_freq)[0]).max() > 0.1

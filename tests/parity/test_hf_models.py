@@ -45,6 +45,7 @@ torch_attention/grouped.py) as Hugging Face's models use them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ from torch.overrides import TorchFunctionMode
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.decode.cache import KVCache
+from numpy_attention.grouped import GroupedQueryAttention
 from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,
@@ -92,13 +94,24 @@ LLAMA3_ROPE = {
 }
 
 
+_DIVISIONS = (torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide)
+
+
 class Float64Math(TorchFunctionMode):
-    """Every float32 request of the torch calls made inside becomes float64 (module docstring)."""
+    """Every float32 request of the torch calls made inside becomes float64 (module docstring),
+    and so does the float32 that torch gives an integer tensor divided (Ministral 3's
+    ``position_ids / original_max_position_embeddings``): its integers are divided in float64."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.float:
             return args[0].to(torch.float64)
+        if (
+            func in _DIVISIONS
+            and isinstance(args[0], torch.Tensor)
+            and not args[0].is_floating_point()
+        ):
+            args = (args[0].to(torch.float64), *args[1:])
         args = tuple(torch.float64 if arg is torch.float32 else arg for arg in args)
         if kwargs.get("dtype") is torch.float32:
             kwargs["dtype"] = torch.float64
@@ -178,6 +191,19 @@ def attention_of(model, layer_idx):
     return getattr(layer, "self_attn", getattr(layer, "attn", None))
 
 
+HUNYUAN_NTK_ALPHA = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+MINISTRAL3_YARN = {  # its config class's default RoPE, the original length cut to 4 positions
+    "rope_type": "yarn",
+    "rope_theta": 1e6,
+    "factor": 16.0,
+    "original_max_position_embeddings": 4,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
+MINISTRAL3_STEEP = {"llama_4_scaling_beta": 0.5, "original_max_position_embeddings": 3}
 ARIA_MOE = {"moe_num_experts": 2, "moe_topk": 1, "moe_num_shared_experts": 1}
 FLINT_MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
 FLINT_MOE |= {"shared_expert_intermediate_size": 8}
@@ -1603,6 +1629,60 @@ CASES += [
         False,
         {"num_key_value_heads": ABSENT},
     ),
+    # -- QK-norm after RoPE and the query temperature (issue 28) ----------------------------------
+    ModelCase(  # an RMSNorm per head, weight (D,), on the rotated q and k; biases on all four
+        "hunyuan_v1_dense-qk-norm-after-rope",
+        "HunYuanDenseV1",
+        0,
+        False,
+        {"attention_bias": True, "rms_norm_eps": 0.1},
+        unpadded=True,
+    ),
+    ModelCase(  # tencent/Hunyuan-7B-Instruct: 32 heads of 128 over 8, NTK-alpha RoPE (alpha 1000)
+        "hunyuan_v1_dense-7b-shaped",
+        "HunYuanDenseV1",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}
+        | {"rope_parameters": HUNYUAN_NTK_ALPHA},
+    ),
+    ModelCase(  # tencent/Hunyuan-A13B-Instruct: Hunyuan's attention, 32 heads over 8, alpha 1000,
+        # before an MoE of 64 experts (here 2, top 1)
+        "hunyuan_v1_moe-a13b-shaped",
+        "HunYuanMoEV1",
+        1,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5}
+        | {"rope_parameters": HUNYUAN_NTK_ALPHA, "num_experts": 2, "moe_topk": 1},
+    ),
+    ModelCase(  # a weightless RMSNorm on the rotated heads, pairs turned by -angle, with biases
+        "nanochat-reversed-rope", "NanoChat", 0, False, {"attention_bias": True}, unpadded=True
+    ),
+    ModelCase(  # karpathy/nanochat-d32: 16 heads of 128, as many kv heads, theta 1e4
+        "nanochat-d32-shaped",
+        "NanoChat",
+        1,
+        False,
+        {"num_key_value_heads": 4, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
+    ModelCase(  # the temperature steps at p = 3, 6, 9 (beta 0.5 over 3 positions); sliding
+        "ministral3-temperature-sliding",
+        "Ministral3",
+        1,
+        True,
+        {"sliding_window": WINDOW, "rope_parameters": MINISTRAL3_YARN | MINISTRAL3_STEEP},
+        unpadded=True,
+    ),
+    ModelCase(  # mistralai/Ministral-3-8B-Base-2512: 32 heads of 128 over 8, YaRN 16x over 16384
+        # positions with beta 0.1 (the length here 4, so that 11 tokens cross it twice), no window
+        "ministral3-8b-shaped",
+        "Ministral3",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None}
+        | {"rope_parameters": MINISTRAL3_YARN},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1962,6 +2042,27 @@ def test_the_gated_families_frequencies_match_the_models(model):
         assert_same_frequencies(freqs, expected, kind)
 
 
+@pytest.mark.parametrize("head_dim", [8, 128])
+def test_hunyuan_ntk_alpha_frequencies_match_the_models(head_dim):
+    """Hunyuan's "dynamic" RoPE with an alpha: fixed frequencies of base theta * alpha^(D/(D-2)),
+    each within float32 rounding of its rotary buffer; a plain "dynamic" (no alpha, dynamic NTK,
+    recomputed for long calls) is refused."""
+    config = transformers.HunYuanDenseV1Config(
+        **(SIZES | {"head_dim": head_dim}), rope_parameters=HUNYUAN_NTK_ALPHA
+    )
+    rotary = transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense
+    expected = to_numpy(rotary.HunYuanDenseV1RotaryEmbedding(config).inv_freq)
+    dynamic = config.to_dict() | {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}
+
+    freqs = hf_inv_freq(config.to_dict())
+
+    assert freqs.dtype == np.float32
+    assert_close(freqs / expected, np.ones_like(expected), name="inv_freq / model's")
+    assert hf_rope_attention_factor(config.to_dict()) == 1.0
+    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported"):
+        hf_inv_freq(dynamic | {"rope_parameters": dynamic["rope_parameters"] | {"rope_theta": 1e4}})
+
+
 def test_gpt_oss_defaults_to_yarn_with_an_attention_factor():
     """GPT-OSS's config defaults to YaRN; its factor above 1 multiplies cos and sin."""
     config, model = next(case for case in CASES if case.model == "GptOss").build()
@@ -2018,3 +2119,97 @@ def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
     assert set(back) == set(state)
     for key, value in back.items():
         assert np.array_equal(value, state[key]), key
+
+
+# -- Beam's attention built by hand (issue 28): its row waits for the gated families' converter --
+
+BEAM = ModelCase(  # layer 0 slides and rotates, layer 1 is full, NoPE, with the temperature
+    "beam-by-hand",
+    "Beam",
+    0,
+    True,
+    {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+    | {"mlp_layer_types": ["dense", "dense"], "num_experts": 2, "num_experts_per_tok": 1}
+    | {"n_group": 1, "topk_group": 1, "moe_intermediate_size": 8, "rms_norm_eps": 1e-5},
+)
+# Beam's fixed temperature on its NoPE layers, (1 + (p + 1) / 2048) ** 0.1
+BEAM_TEMPERATURE = {"kind": "power", "exponent": 0.1, "length": 2048.0, "offset": 1.0}
+
+
+def beam_layers(config, model, layer_idx):
+    """The layer and its twin built by hand as BeamAttention: Qwen3's QK-norm before RoPE, RoPE
+    on the sliding layers and the temperature on the full ones, and the output gate per element
+    whose bias, one per head (gate_bias (H,)), is repeated over each head's D coordinates."""
+    attention = attention_of(model, layer_idx)
+    sliding = config.layer_types[layer_idx] == "sliding_attention"
+    h, d = config.num_attention_heads, config.head_dim
+    options = {"head_dim": d, "qk_norm": True, "norm_eps": config.rms_norm_eps}
+    options |= {"output_gate": "element", "gate_bias": True}
+    if sliding:
+        inv_freq = model.rotary_emb.sliding_attention_original_inv_freq
+        options |= {"window": (config.sliding_window - 1, 0), "inv_freq": to_numpy(inv_freq)}
+    else:
+        options |= {"rotary_dim": 0, "query_temperature": BEAM_TEMPERATURE}
+    layer = GroupedQueryAttention(
+        config.hidden_size, h, config.num_key_value_heads, **options
+    ).astype(np.float64)
+    state = {name: to_numpy(value) for name, value in attention.state_dict().items()}
+    state["g_proj.weight"] = state.pop("gate_proj.weight")
+    state["g_proj.bias"] = np.repeat(state.pop("gate_bias"), d)  # (H,) -> (H*D,)
+    layer.load_state_dict(state)
+    layer.eval()
+    twin = torch_attention.GroupedQueryAttention(**layer.constructor_args()).double().eval()
+    return {"numpy": layer, "torch": torch_attention.from_numpy(twin, layer)}
+
+
+def beam_grads(grads, heads, head_dim):
+    """The layer's gradients under Beam's names: g_proj's bias summed over each head's D."""
+    grads = dict(grads)
+    grads["gate_proj.weight"] = grads.pop("g_proj.weight")
+    grads["gate_bias"] = grads.pop("g_proj.bias").reshape(heads, head_dim).sum(axis=-1)
+    return grads
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding-rope", "full-nope-temperature"])
+def test_beam_attention_is_the_layer_with_its_gate_and_temperature(rng, layer_idx):
+    """Out, dx and every parameter's gradient of BeamAttention, left-padded, then decoding with
+    the cache: the layer's output gate and query temperature are exactly Beam's."""
+    config, model = dataclasses.replace(BEAM, layer_idx=layer_idx).build()
+    embeds, attention_mask, positions = inputs(rng, True)
+    args, kwargs, _ = record_attention_call(
+        model, layer_idx, inputs_embeds=embeds, attention_mask=attention_mask,
+        position_ids=positions,
+    )  # fmt: skip
+    attention = attention_of(model, layer_idx)
+    layers = beam_layers(config, model, layer_idx)
+    padding, ours = padding_from_hf(attention_mask)
+    real = attention_mask.numpy() == 1
+    x = rng.standard_normal((B, N, config.hidden_size))
+    dout = rng.standard_normal(x.shape) * real[..., None]
+    x_t = to_torch(x, requires_grad=True)
+    expected = call_attention(attention, args, kwargs, x_t)
+    expected.backward(to_torch(dout))
+
+    for package, layer in layers.items():
+        out, dx, grads = forward_backward(layer, x, dout, ours, padding)
+        grads = beam_grads(grads, config.num_attention_heads, config.head_dim)
+        assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
+        assert_close(dx, x_t.grad, name=f"{package} dx")
+        assert set(grads) == {name for name, _ in attention.named_parameters()}, package
+        for name, param in attention.named_parameters():
+            assert_close(grads[name], param.grad, name=f"{package} {name}")
+
+    hf_cache = DynamicCache(config=config)
+    caches = {package: new_cache(layer) for package, layer in layers.items()}
+    for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
+        args, kwargs, expected = record_attention_call(
+            model, layer_idx, inputs_embeds=embeds[:, start:stop],
+            attention_mask=attention_mask[:, :stop], position_ids=positions[:, start:stop],
+            past_key_values=hf_cache, use_cache=True,
+        )  # fmt: skip
+        padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
+        x = to_numpy(attention_input(args, kwargs))
+        rows = real[:, start:stop]
+        for package, layer in layers.items():
+            out = decode_step(layer, x, ours, padding, caches[package])
+            assert_close(out[rows], to_numpy(expected)[rows], name=f"{package} {start}:{stop}")

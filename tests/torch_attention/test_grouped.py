@@ -34,6 +34,11 @@ OPTIONS = {
     "interleaved": {"rope_interleaved": True},
     "gate": {"output_gate": "element"},
     "clip_output_norm": {"clip_qkv": 2.0, "bias": True, "output_norm": True},  # a third clamped
+    "qk_norm_after_rope_temperature": {  # Hunyuan's norm, Ministral 3's temperature
+        "qk_norm": True,
+        "qk_norm_position": "after_rope",
+        "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 0.0},
+    },
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -73,6 +78,27 @@ FAMILY_OPTIONS = {
     },
     "clip_before_layer_norm": {"qk_norm": True, "qk_norm_type": "layer", "clip_qkv": 2.0},
     "output_norm_eps": {"output_norm": True, "output_norm_eps": 0.5},
+    "qk_norm_weightless_after_rope": {  # nanochat
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+    },
+    "qk_norm_weightless_all_after_rope": {
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_shape": "all",
+        "qk_norm_position": "after_rope",
+    },
+    "qk_norm_layer_per_head_after_rope": {
+        "qk_norm": True,
+        "qk_norm_type": "layer",
+        "qk_norm_shape": "per_head",
+        "qk_norm_position": "after_rope",
+    },
+    "temperature_power_nope": {  # Beam's NoPE layers
+        "rotary_dim": 0,
+        "query_temperature": {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0},
+    },
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -418,6 +444,19 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),
         ({"output_norm_eps": 1e-5}, ValueError, "but output_norm is False"),
         ({"output_norm": True, "output_gate": "head"}, ValueError, "output_norm and output_gate"),
+        ({"qk_norm_position": "after_rope"}, ValueError, "but qk_norm is False"),
+        ({"qk_norm": True, "qk_norm_position": "late"}, ValueError, "qk_norm_position must be"),
+        (
+            {"qk_norm": True, "qk_norm_type": "rms_weightless", "qk_norm_shape": "per_head"},
+            ValueError,
+            "has no weight",
+        ),
+        ({"query_temperature": ("power", 0.1)}, TypeError, "query_temperature must be"),
+        (
+            {"query_temperature": {"kind": "power", "exponent": 0.1, "length": 2}},
+            ValueError,
+            r"takes \['exponent', 'length', 'offset'\]",
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -464,8 +503,19 @@ def test_an_input_of_another_dtype_names_both(rng):
 
 
 def test_repr_names_the_options():
+    temperature = {"kind": "power", "exponent": 0.1, "length": 2048, "offset": 1}
     layer = GroupedQueryAttention(
         C, H, H_KV, head_dim=D, window=(3, 0), sinks=True, output_gate="head"
+    )
+    after = GroupedQueryAttention(
+        C,
+        H,
+        H_KV,
+        head_dim=D,
+        qk_norm=True,
+        qk_norm_type="rms_weightless",
+        qk_norm_position="after_rope",
+        query_temperature=temperature,
     )
 
     text = repr(layer)
@@ -476,4 +526,6 @@ def test_repr_names_the_options():
         C, H, H_KV, head_dim=D, qk_norm=True, clip_qkv=8, clip_after_norm=True, output_norm=True
     )
     assert "clip_qkv=8.0 after the QK-norm" in repr(clipped) and "output_norm=True" in repr(clipped)
+    assert "WeightlessRMSNorm" in repr(after) and "qk_norm_position='after_rope'" in repr(after)
+    assert "query_temperature={'kind': 'power'" in repr(after)
     assert to_numpy(layer.sinks).tolist() == [0.0] * H

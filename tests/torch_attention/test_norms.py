@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from numpy_attention import norms as np_norms
-from torch_attention.norms import LayerNorm, RMSNorm
+from torch_attention.norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 
 from ..conftest import assert_close, to_torch
 
@@ -17,6 +17,22 @@ D = 6  # the head width (even, for RoPE)
 
 NORMS = {"rms": (RMSNorm, np_norms.rmsnorm_forward, np_norms.rmsnorm_backward)}
 NORMS["layer"] = (LayerNorm, np_norms.layernorm_forward, np_norms.layernorm_backward)
+
+
+def test_weightless_rms_norm_matches_numpy_and_has_no_parameter(rng):
+    x = rng.standard_normal((2, 5, 3, D)) + 0.5
+    dout = rng.standard_normal(x.shape)
+    numpy_norm = np_norms.WeightlessRMSNorm(D, eps=0.1)
+    expected = numpy_norm(x)
+    dx = numpy_norm.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+
+    out = WeightlessRMSNorm(D, eps=0.1)(x_t)
+    out.backward(to_torch(dout))
+
+    assert list(WeightlessRMSNorm(D).parameters()) == []
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
 
 
 @pytest.mark.parametrize("norm", NORMS)

@@ -785,3 +785,63 @@ def test_a_gated_family_s_config_json_reads_as_its_config_class_fills_it(model):
             hf_inv_freq(bare, layer_idx=layer), hf_inv_freq(full, layer_idx=layer)
         )
     assert read["head_dim"] == config.head_dim != 64 // 8
+
+
+# -- QK-norm after RoPE and the query temperature (issue 28) --
+
+
+@pytest.mark.parametrize("name", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+def test_hunyuan_norms_after_rope_and_needs_head_dim(name):
+    config = {"model_type": name, "head_dim": 8, "rms_norm_eps": 1e-5} | SIZES
+    config |= {"rope_parameters": {"type": "dynamic", "alpha": 1000.0, "rope_theta": 1e4}}
+
+    options = layer_options(config, name, 0, {})
+
+    assert options["qk_norm_position"] == "after_rope" and options["qk_norm_type"] == "rms"
+    assert rope_parameters(config)["rope_type"] == "ntk_alpha"
+    with pytest.raises(ValueError, match="no 'head_dim'"):
+        layer_options({**config, "head_dim": None}, name, 0, {})
+    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported"):
+        rope_parameters({**config, "rope_parameters": {"type": "dynamic", "factor": 2.0}})
+
+
+def test_nanochat_turns_its_pairs_by_minus_the_angle_with_a_weightless_norm():
+    config = {"model_type": "nanochat", "rms_norm_eps": 1e-6} | SIZES
+    config |= {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    model_freqs = np.array([1.0, 0.1, 0.01, 0.001], dtype=np.float32)
+
+    layer = grouped_from_hf(config, _zero_state(32, 4, 2, 8), inv_freq=model_freqs)
+
+    np.testing.assert_array_equal(layer.inv_freq, -model_freqs)  # the model's own, negated
+    assert (layer.qk_norm_position, layer.qk_norm_shape) == ("after_rope", "head")
+    assert list(layer.state_dict()) == [
+        f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ]
+
+
+def test_ministral3_reads_its_temperature_from_rope_parameters():
+    config = {"model_type": "ministral3", "head_dim": 8} | SIZES
+    yarn = dict(FAMILIES["ministral3"].rope_default)
+
+    read = layer_options(config, "ministral3", 0, {})["query_temperature"]
+    given = layer_options(
+        {**config, "rope_parameters": yarn | {"llama_4_scaling_beta": 0.3}}, "ministral3", 0, {}
+    )["query_temperature"]
+
+    assert read == {"kind": "log_floor", "offset": 0.0, "beta": 0.1, "length": 16384.0}
+    assert given["beta"] == 0.3
+    assert transformers.Ministral3Config().rope_parameters["llama_4_scaling_beta"] == read["beta"]
+    for key in ("llama_4_scaling_beta", "original_max_position_embeddings"):
+        without = {k: v for k, v in yarn.items() if k != key}
+        with pytest.raises(ValueError, match=f"rope_parameters has no '{key}'"):
+            layer_options({**config, "rope_parameters": without}, "ministral3", 0, {})
+
+
+def _zero_state(c, h, h_kv, d):
+    """A plain attention state dict of these sizes (no norm weights, no biases)."""
+    return {
+        "q_proj.weight": np.zeros((h * d, c)),
+        "k_proj.weight": np.zeros((h_kv * d, c)),
+        "v_proj.weight": np.zeros((h_kv * d, c)),
+        "o_proj.weight": np.zeros((c, h * d)),
+    }
