@@ -92,7 +92,8 @@ class GroupedQueryAttention(Module):
     ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,)); with ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
     trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
-    per element or Linear(C, H) per head, bias by ``gate_bias``.
+    per element or Linear(C, H) per head, bias by ``gate_bias``. With ``input_size``, q_proj,
+    k_proj, v_proj and g_proj read that many features instead of C.
 
     Args:
         hidden_size: C.
@@ -137,6 +138,9 @@ class GroupedQueryAttention(Module):
         gate_bias: whether g_proj has a bias.
         scaling: the score scale; None for 1 / sqrt(D) (Gemma 2: query_pre_attn_scalar^-0.5).
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
+        input_size: the width of x that q_proj, k_proj, v_proj (and g_proj) read; None for
+            hidden_size. o_proj writes hidden_size whatever it is (Zamba's shared attention
+            reads its hidden states concatenated with the embeddings, 2 * hidden_size).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -170,10 +174,16 @@ class GroupedQueryAttention(Module):
         gate_bias: bool = False,
         scaling: float | None = None,
         dropout: float = 0.0,
+        input_size: int | None = None,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.input_size = (  # x's width: q, k, v (and the gate) read it, o_proj writes C
+            self.hidden_size
+            if input_size is None
+            else validation.positive_int("input_size", input_size)
+        )
         self.num_heads = validation.positive_int("num_heads", num_heads)
         self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
         if self.num_heads % self.num_kv_heads:
@@ -219,9 +229,9 @@ class GroupedQueryAttention(Module):
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
-        self.q_proj = Linear(self.hidden_size, width, bias=bias, rng=self.rng)
-        self.k_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
-        self.v_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
+        self.q_proj = Linear(self.input_size, width, bias=bias, rng=self.rng)
+        self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
+        self.v_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.qk_norm:
             norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
@@ -236,7 +246,7 @@ class GroupedQueryAttention(Module):
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
-            self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias, rng=self.rng)
+            self.g_proj = Linear(self.input_size, gates, bias=gate_bias, rng=self.rng)
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
@@ -262,7 +272,7 @@ class GroupedQueryAttention(Module):
         """Causal self-attention of x's tokens over the cache's and their own.
 
         Args:
-            x: (B, N, C).
+            x: (B, N, C), or (B, N, input_size) when given.
             positions: RoPE positions, (N,) or (B, N) (each batch element its own: left
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
@@ -277,7 +287,7 @@ class GroupedQueryAttention(Module):
         Returns:
             (B, N, C).
         """
-        x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
+        x = validation.layer_input("x", x, self.input_size, (3,), self.dtype)
         b, n, _ = x.shape
         start = 0
         if cache is not None:
