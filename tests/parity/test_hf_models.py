@@ -140,12 +140,16 @@ class ModelCase:
 
 def attention_of(model, layer_idx):
     """The attention module of a decoder layer (Falcon's names differ; Nemotron-H's is its
-    ``mixer``), None on a hybrid's layer without attention (Mamba, convolution, ...)."""
+    ``mixer``; Zamba's and Zamba2's is the shared block's of a hybrid layer), None on a
+    hybrid's layer without attention (Mamba, convolution, ...)."""
     if hasattr(model, "h"):
         return model.h[layer_idx].self_attention
     layer = model.layers[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
+    shared = getattr(layer, "shared_transf", None) or getattr(layer, "shared_transformer", None)
+    if shared is not None:  # Zamba (shared_transf), Zamba2 (shared_transformer)
+        return shared.self_attn
     return getattr(layer, "self_attn", None)
 
 
@@ -1108,6 +1112,51 @@ CASES = [
         {"layer_types": ["full_attention", "linear_attention"], "rms_norm_eps": 1e-5}
         | {"head_dim": ABSENT},
     ),
+    # Zamba and Zamba2: the shared attention block reads 2 * hidden_size (input_size)
+    ModelCase(  # attention_head_dim = 2 * hidden_size / heads = 16, scores times (D / 2)^-0.5;
+        # two attention layers (transformers' weight tying fails on a Zamba with one)
+        "zamba-gqa",
+        "Zamba",
+        1,
+        False,
+        {"layers_block_type": ["linear_attention", "hybrid", "hybrid"], "num_hidden_layers": 3}
+        | {"mamba_d_state": 4, "head_dim": ABSENT},
+    ),
+    ModelCase(  # Zyphra/Zamba-7B-v1: its config class's pattern (attention at 2, then every 6th
+        # from 3 + 4), 16 = 16 kv heads (here 4 = 4); layer 7, the second use of the shared block
+        "zamba-7b-shaped",
+        "Zamba",
+        7,
+        False,
+        {"num_hidden_layers": 9, "num_key_value_heads": 4, "attn_layer_period": 6}
+        | {"attn_layer_offset": 4, "mamba_d_state": 4}
+        | {"head_dim": ABSENT},
+    ),
+    ModelCase(  # no RoPE (use_mem_rope off), no adapters
+        "zamba2-gqa",
+        "Zamba2",
+        1,
+        False,
+        {"layers_block_type": ["linear_attention", "hybrid"], "n_mamba_heads": 8}
+        | {"mamba_d_state": 4, "head_dim": ABSENT},
+    ),
+    ModelCase(  # Zyphra/Zamba2-2.7B: two shared blocks alternating over the attention layers,
+        # per-layer LoRA adapters (rank 128, here 4) folded on load, RoPE, 32 = 32 kv heads (here
+        # 4); layer 4 is the third attention layer: block 0 again, adapter slot 2
+        "zamba2-2.7b-shaped",
+        "Zamba2",
+        4,
+        False,
+        {
+            "layers_block_type": ["linear_attention", "hybrid", "hybrid", "linear_attention"]
+            + ["hybrid"],
+            "num_hidden_layers": 5,
+            "num_key_value_heads": 4,
+            "num_mem_blocks": 2,
+        }
+        | {"use_shared_attention_adapter": True, "adapter_rank": 4, "use_mem_rope": True}
+        | {"n_mamba_heads": 8, "mamba_d_state": 4, "head_dim": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1151,6 +1200,28 @@ def record_attention_call(model, layer_idx, **model_kwargs):
         for hook in hooks:
             hook.remove()
     return seen["args"], seen["kwargs"], seen["out"]
+
+
+def input_width(config):
+    """The width of the attention's input: 2 * hidden_size for Zamba's shared block."""
+    return getattr(config, "attention_hidden_size", None) or config.hidden_size
+
+
+def model_gradients(config, attention, layer_idx, grads):
+    """The layer's gradients under the model's names (``hf_attention_state_from_grouped``).
+    With Zamba2's adapters, which the converter folded into W_eff = W + B A and the way back
+    refuses, by the chain rule here: dW = dW_eff, dA = B^T dW_eff, dB = dW_eff A^T for the
+    layer's own slot (the module's ``layer_dic``); the block's other slots get none."""
+    if not getattr(config, "use_shared_attention_adapter", False):
+        return hf_attention_state_from_grouped(config.to_dict(), grads)
+    slot = attention.layer_dic[layer_idx]
+    out = dict(grads)
+    for proj in "qkv":
+        down, up = getattr(attention, f"linear_{proj}_adapter_list")[slot]  # A (r, C), B (C, r)
+        dweight = grads[f"{proj}_proj.weight"]
+        out[f"linear_{proj}_adapter_list.{slot}.0.weight"] = to_numpy(up.weight).T @ dweight
+        out[f"linear_{proj}_adapter_list.{slot}.1.weight"] = dweight @ to_numpy(down.weight).T
+    return out
 
 
 def attention_input(args, kwargs):
@@ -1261,8 +1332,8 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, config.hidden_size))
-    dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
+    x = rng.standard_normal((B, N, input_width(config)))
+    dout = rng.standard_normal((B, N, config.hidden_size)) * real[..., None]  # none from padding
 
     x_t = to_torch(x, requires_grad=True)
     expected = call_attention(attention, args, kwargs, x_t)
@@ -1274,13 +1345,16 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)
-        grads = hf_attention_state_from_grouped(config.to_dict(), grads)  # the model's names
+        grads = model_gradients(config, attention, case.layer_idx, grads)  # the model's names
         assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
         assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
         assert_close(dx, x_t.grad, name=f"{package} dx")
-        assert set(grads) == {name for name, _ in attention.named_parameters()}, package
+        unused = {name for name, param in attention.named_parameters() if param.grad is None}
+        assert all("_adapter_list." in name for name in unused), unused  # other layers' slots
+        assert set(grads) == {name for name, _ in attention.named_parameters()} - unused, package
         for name, param in attention.named_parameters():
-            assert_close(grads[name], param.grad, name=f"{package} {name}")
+            if name not in unused:
+                assert_close(grads[name], param.grad, name=f"{package} {name}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -48,8 +48,6 @@ CASES = {
     "mistral_large4": ("mistral_large4", "MistralLarge4Config", DSA),
     "dots3_note": ("dots3_note", "Dots3NoteConfig", DSA),
     "gpt_bigcode": ("gpt_bigcode", "GPTBigCodeConfig", ("c_attn", "shared")),
-    "zamba": ("zamba", "ZambaConfig", ("2 * hidden_size", "Mamba")),
-    "zamba2": ("zamba2", "Zamba2Config", ("2 * hidden_size", "LoRA adapters")),
     "blt": ("blt", "BltConfig", ("Byte Latent Transformer", "cross-attend")),
     "emu3": ("emu3", "Emu3Config", ("multimodal wrapper", "emu3_text_model")),
     "mllama": ("mllama", "MllamaConfig", ("cross_attention_layers", "vision encoder")),
