@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -73,8 +72,3 @@ def fold_adapters(attention: Mapping[str, np.ndarray], slot: int) -> dict[str, n
             )
         folded[f"{proj}_proj.weight"] = weight + up @ down  # forward: x W^T + (x A^T) B^T
     return folded
-
-
-def adapter_entries(attention: Mapping[str, Any]) -> list[str]:
-    """The adapter entries among an attention's (none where adapters are off)."""
-    return [key for key in attention if ADAPTER_KEY.fullmatch(key)]

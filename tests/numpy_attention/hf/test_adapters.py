@@ -103,7 +103,7 @@ def test_adapters_without_the_flag_are_unexpected_keys(rng):
 
 def test_the_way_back_refuses_folded_adapters_and_saves_the_wider_input(rng):
     prefix = "model.layers.4.shared_transformer.self_attn."
-    plain = {k: v for k, v in block(rng, prefix, []).items()}
+    plain = block(rng, prefix, [])
     config = ZAMBA2 | {"use_shared_attention_adapter": False}
     layer = grouped_from_hf(config, plain, layer_idx=4)
 
