@@ -117,7 +117,8 @@ class GroupedQueryAttention(Module):
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
     trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
     per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
-    ``o_norm`` = RMSNorm(H*D) (BitNet's ``attn_sub_norm``).
+    ``o_norm`` = RMSNorm(H*D) (BitNet's ``attn_sub_norm``). With ``input_size``, q_proj,
+    k_proj, v_proj and g_proj read that many features instead of C.
 
     Args:
         hidden_size: C.
@@ -179,6 +180,9 @@ class GroupedQueryAttention(Module):
         output_norm_eps: its eps; needs output_norm when not the default.
         scaling: the score scale; None for 1 / sqrt(D) (Gemma 2: query_pre_attn_scalar^-0.5).
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
+        input_size: the width of x that q_proj, k_proj, v_proj (and g_proj) read; None for
+            hidden_size. o_proj writes hidden_size whatever it is (Zamba's shared attention
+            reads its hidden states concatenated with the embeddings, 2 * hidden_size).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -218,10 +222,16 @@ class GroupedQueryAttention(Module):
         clip_after_norm: bool = False,
         output_norm: bool = False,
         output_norm_eps: float = 1e-6,
+        input_size: int | None = None,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.input_size = (  # x's width: q, k, v (and the gate) read it, o_proj writes C
+            self.hidden_size
+            if input_size is None
+            else validation.positive_int("input_size", input_size)
+        )
         self.num_heads = validation.positive_int("num_heads", num_heads)
         self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
         if self.num_heads % self.num_kv_heads:
@@ -278,9 +288,9 @@ class GroupedQueryAttention(Module):
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
-        self.q_proj = Linear(self.hidden_size, width, bias=bias, rng=self.rng)
-        self.k_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
-        self.v_proj = Linear(self.hidden_size, kv_width, bias=bias, rng=self.rng)
+        self.q_proj = Linear(self.input_size, width, bias=bias, rng=self.rng)
+        self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
+        self.v_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             self.q_norm: Module = WeightlessRMSNorm(
@@ -302,7 +312,7 @@ class GroupedQueryAttention(Module):
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
-            self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias, rng=self.rng)
+            self.g_proj = Linear(self.input_size, gates, bias=gate_bias, rng=self.rng)
         if self.output_norm:
             self.o_norm = RMSNorm(width, float(output_norm_eps))
 
@@ -333,7 +343,7 @@ class GroupedQueryAttention(Module):
         """Causal self-attention of x's tokens over the cache's and their own.
 
         Args:
-            x: (B, N, C).
+            x: (B, N, C), or (B, N, input_size) when given.
             positions: RoPE positions, (N,) or (B, N) (each batch element its own: left
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
@@ -348,7 +358,7 @@ class GroupedQueryAttention(Module):
         Returns:
             (B, N, C).
         """
-        x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
+        x = validation.layer_input("x", x, self.input_size, (3,), self.dtype)
         b, n, _ = x.shape
         start = 0
         if cache is not None:

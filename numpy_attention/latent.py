@@ -19,7 +19,8 @@ The chain, as transformers 5 computes it:
     absorbed:  q_lat = W_UK^T q_nope per head                      (B, H, N, L)
                o_lat = attention([q_lat, q_pe], [c, k_pe], c; causal, scaling)  MQA, (B, H, N, L)
                o = W_UV o_lat per head                             (B, H, N, Dv)
-    out = o_proj(merge_heads(o))                                   (B, N, C)
+    a = merge_heads(o) * act(g_proj(x))                            (B, N, H*Dv)  output_gate only
+    out = o_proj(a)                                                (B, N, C)
 
 W_UK (H, P, L) and W_UV (H, Dv, L) are the rows of ``kv_b_proj.weight`` (H*(P+Dv), L) that make
 k_nope and v. Both forms compute the same scores, q_nope . (W_UK c) = (W_UK^T q_nope) . c, so the
@@ -29,7 +30,9 @@ halves before the rotation as transformers does, so a cached k_pe reads like Hug
 
 The backward walks the chain in reverse through the parts' own backwards (Linear, RMSNorm, RoPE,
 the core's); k_pe is shared by every head, so its gradient sums over heads, and c feeds the
-keys and (absorbed) the values, so its gradient is the sum of both.
+keys and (absorbed) the values, so its gradient is the sum of both. The output gate (``gate.py``,
+Bailing-hybrid's per head sigmoid) scales the merged heads after both forms have made the same o,
+so it is one step for both; x feeds the gate too, and dx gets its term.
 
 Decoding, the layer hands its cache this call's c and k_pe: the expanded form takes back every
 cached row (``cache.append``) to expand, the absorbed form has the cache attend its queries over
@@ -37,7 +40,8 @@ them (``cache.attend``). A contiguous ``LatentCache`` or pages, ``PagedLatentCac
 latent_cache.py (equal results; docs/decoding.md).
 
 Derivation: docs/derivations/latent.md (the absorption, the scale, both backwards),
-docs/derivations/rope.md, docs/derivations/rmsnorm.md, docs/derivations/linear.md.
+docs/derivations/rope.md, docs/derivations/rmsnorm.md, docs/derivations/linear.md,
+docs/derivations/output-gate.md.
 Tests: tests/numpy_attention/test_latent.py (the layer over either cache too); against
 transformers in tests/parity/test_hf_latent.py.
 """
@@ -59,6 +63,7 @@ from .functional import (
     split_heads_backward,
     split_heads_forward,
 )
+from .gate import GateCtx, check_gate, gate_width, output_gate_backward, output_gate_forward
 from .grad_mode import no_grad
 from .grouped import _key_padding
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
@@ -117,6 +122,7 @@ class _LatentCtx(NamedTuple):
     form: _ExpandedCtx | _AbsorbedCtx
     attn: Any  # attention_forward's ctx
     out_heads: HeadsCtx
+    gate: GateCtx | None  # with an output gate
 
 
 class _CachedForward(NamedTuple):
@@ -131,7 +137,8 @@ class MultiHeadLatentAttention(Module):
     ``q_lora_rank`` is None, else ``q_a_proj`` = Linear(C, Lq, bias), ``q_a_layernorm`` =
     RMSNorm(Lq), ``q_b_proj`` = Linear(Lq, H*(P+R), no bias); ``kv_a_proj_with_mqa`` =
     Linear(C, L + R, bias), ``kv_a_layernorm`` = RMSNorm(L), ``kv_b_proj`` = Linear(L, H*(P+Dv),
-    no bias); ``o_proj`` = Linear(H*Dv, C, bias).
+    no bias); ``o_proj`` = Linear(H*Dv, C, bias); with ``output_gate``, ``g_proj`` =
+    Linear(C, H*Dv) per element or Linear(C, H) per head, bias by ``gate_bias``.
 
     Args:
         hidden_size: C.
@@ -154,6 +161,11 @@ class MultiHeadLatentAttention(Module):
             (LongCat-Flash's ``(hidden_size / kv_lora_rank) ** 0.5``); 1 elsewhere.
         query_temperature: (beta, length) scales each query by 1 + beta * log(1 + floor(
             position / length)) (Mistral 4's Llama-4 scaling), or None.
+        output_gate: None, or ``"element"`` (the merged heads times act(x W_g), W_g giving H*Dv
+            gates) or ``"head"`` (each head's Dv coordinates times one gate, W_g giving H:
+            Bailing-hybrid, Ling 3.0), before o_proj: ``GroupedQueryAttention``'s gate.
+        gate_activation: the gate's act, ``"sigmoid"`` or ``"softplus"``.
+        gate_bias: whether g_proj has a bias.
         norm_eps: the eps of q_a_layernorm and kv_a_layernorm.
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
         rng: generator or seed for the initial weights and the keep-masks drawn in train mode.
@@ -177,6 +189,9 @@ class MultiHeadLatentAttention(Module):
         scaling: float | None = None,
         latent_scale: float = 1.0,
         query_temperature: tuple[float, float] | None = None,
+        output_gate: str | None = None,
+        gate_activation: str = "sigmoid",
+        gate_bias: bool = False,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
         rng: np.random.Generator | int | None = None,
@@ -205,6 +220,9 @@ class MultiHeadLatentAttention(Module):
         self.scale = head**-0.5 if scaling is None else validation.finite_real("scaling", scaling)
         self.latent_scale = validation.finite_real("latent_scale", latent_scale)
         self.query_temperature = _check_temperature(query_temperature)
+        gate_bias = validation.flag("gate_bias", gate_bias)
+        self.output_gate = check_gate(output_gate, gate_activation, gate_bias)
+        self.gate_activation = str(gate_activation)
         norm_eps = validation.finite_real("norm_eps", norm_eps)
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
@@ -225,6 +243,9 @@ class MultiHeadLatentAttention(Module):
         per_head = self.qk_nope_head_dim + self.v_head_dim
         self.kv_b_proj = Linear(self.kv_lora_rank, h * per_head, bias=False, rng=self.rng)
         self.o_proj = Linear(h * self.v_head_dim, c, bias=bias, rng=self.rng)
+        if self.output_gate is not None:
+            gates = gate_width(self.output_gate, h, self.v_head_dim)
+            self.g_proj = Linear(c, gates, bias=gate_bias, rng=self.rng)
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` as a list
@@ -376,8 +397,11 @@ class MultiHeadLatentAttention(Module):
             o = attn.out  # (B, H, N, Dv)
             form = _ExpandedCtx(kv_heads)
         merged, out_heads = merge_heads_forward(o)  # (B, H, N, Dv) -> (B, N, H*Dv)
+        gate = None
+        if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
+            merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
         out = self.o_proj(merged)  # -> (B, N, C)
-        ctx = _LatentCtx(q_heads, q_rope, k_rope, temperature, form, attn.ctx, out_heads)
+        ctx = _LatentCtx(q_heads, q_rope, k_rope, temperature, form, attn.ctx, out_heads, gate)
         return out, ctx
 
     def _up_projections(self) -> tuple[np.ndarray, np.ndarray]:
@@ -389,7 +413,8 @@ class MultiHeadLatentAttention(Module):
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
-        dO = split(o_proj^T(dY));
+        dA = o_proj^T(dY);  with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
+        o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;  dO = split(dA);
         expanded: dQ, dK, dV = attention_backward(dO); dk_nope = dK[..., :P];
             dk_pe = sum over heads of dK[..., P:]; dc = kv_b_proj^T(merge([dk_nope, dV]));
         absorbed: do_lat = W_UV^T dO, dW_UV = dO^T o_lat; dQ', dK', dV' = attention_backward(
@@ -397,7 +422,8 @@ class MultiHeadLatentAttention(Module):
             dk_pe = dK'[..., L:]; dq_nope = W_UK dq_lat, dW_UK = q_nope^T dq_lat;
         then dq, dk_pe through the temperature and RoPE (rotate by -angle, re-interleave);
         dc through latent_scale and kv_a_layernorm; dx = q path^T(dq) +
-        kv_a_proj_with_mqa^T([dc, dk_pe]). Derivation: docs/derivations/latent.md.
+        kv_a_proj_with_mqa^T([dc, dk_pe]) (+ dxg). Derivation: docs/derivations/latent.md,
+        docs/derivations/output-gate.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -415,6 +441,10 @@ class MultiHeadLatentAttention(Module):
         dout, ctx = self._pop_ctx(dout)
         p, rank = self.qk_nope_head_dim, self.kv_lora_rank
         dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
+        dxg = None
+        if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
+            dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
+            dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
         do = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
         if isinstance(ctx.form, _AbsorbedCtx):
             do_lat, dw_uv = head_linear_backward(do, ctx.form.o_up)  # forward: o = W_UV o_lat
@@ -446,7 +476,8 @@ class MultiHeadLatentAttention(Module):
             dx_q = self.q_proj.backward(dq)  # (B, N, H*(P+R)) -> (B, N, C)
         else:
             dx_q = self.q_a_proj.backward(self.q_a_layernorm.backward(self.q_b_proj.backward(dq)))
-        return dx_q + dx_kv  # x feeds the query path and the latent path
+        dx = dx_q + dx_kv  # x feeds the query path and the latent path (and the gate's)
+        return dx if dxg is None else dx + dxg
 
 
 def _check_inv_freq(inv_freq: Any, rope_dim: int, rope_theta: Any) -> np.ndarray:

@@ -123,10 +123,16 @@ class GroupedQueryAttention(Module):
         clip_after_norm: bool = False,
         output_norm: bool = False,
         output_norm_eps: float = 1e-6,
+        input_size: int | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
         self.hidden_size = validation.positive_int("hidden_size", hidden_size)
+        self.input_size = (  # x's width: q, k, v (and the gate) read it, o_proj writes C
+            self.hidden_size
+            if input_size is None
+            else validation.positive_int("input_size", input_size)
+        )
         self.num_heads = validation.positive_int("num_heads", num_heads)
         self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
         if self.num_heads % self.num_kv_heads:
@@ -184,9 +190,9 @@ class GroupedQueryAttention(Module):
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
-        self.q_proj = Linear(self.hidden_size, width, bias=bias)
-        self.k_proj = Linear(self.hidden_size, kv_width, bias=bias)
-        self.v_proj = Linear(self.hidden_size, kv_width, bias=bias)
+        self.q_proj = Linear(self.input_size, width, bias=bias)
+        self.k_proj = Linear(self.input_size, kv_width, bias=bias)
+        self.v_proj = Linear(self.input_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             q_width = _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
@@ -203,7 +209,7 @@ class GroupedQueryAttention(Module):
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
-            self.g_proj = Linear(self.hidden_size, gates, bias=gate_bias)
+            self.g_proj = Linear(self.input_size, gates, bias=gate_bias)
         if self.output_norm:
             self.o_norm = RMSNorm(width, float(output_norm_eps))
 
@@ -234,7 +240,7 @@ class GroupedQueryAttention(Module):
         Returns:
             (B, N, C).
         """
-        x = validation.layer_input("x", x, self.hidden_size, (3,), self.q_proj.weight.dtype)
+        x = validation.layer_input("x", x, self.input_size, (3,), self.q_proj.weight.dtype)
         b, n, _ = x.shape
         start = 0
         if cache is not None:
@@ -346,6 +352,7 @@ class GroupedQueryAttention(Module):
     def extra_repr(self) -> str:
         options = [
             f"hidden_size={self.hidden_size}",
+            *([f"input_size={self.input_size}"] if self.input_size != self.hidden_size else []),
             f"num_heads={self.num_heads}",
             f"num_kv_heads={self.num_kv_heads}",
             f"head_dim={self.head_dim}",

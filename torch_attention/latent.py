@@ -15,18 +15,19 @@ The chain (backward by autograd here; the page derives the NumPy twin's):
     expanded:  k_nope, v = split_heads(kv_b_proj(c), H);  o = attention([q_nope, q_pe],
                [k_nope, k_pe], v)
     absorbed:  o = W_UV attention([W_UK^T q_nope, q_pe], [c, k_pe], c)   (MQA over the latent)
-    out = o_proj(merge_heads(o))
+    out = o_proj(merge_heads(o) * act(g_proj(x)))                 the gate: output_gate only
 
 Both forms use the layer's ``scaling`` ((P + R)^-0.5 by default). The attention runs on
 ``backend`` (``functional.attention``); absorbed, its values are the whole rows [c, k_pe] and the
 output's first L columns are kept (the same numbers; torch's CPU SDPA is fast only with V as wide
-as K).
+as K). The output gate (per element or per head, sigmoid or softplus, ``gate.py``) is the NumPy
+twin's.
 
 Decoding, the layer hands its cache this call's c and k_pe, as the NumPy twin does: the expanded
 form takes back every cached row (``cache.append``), the absorbed form has the cache attend
 (``cache.attend``); a ``LatentCache`` or a ``PagedLatentCache`` (latent_cache.py, equal results).
 
-Derivation: docs/derivations/latent.md.
+Derivation: docs/derivations/latent.md, docs/derivations/output-gate.md.
 Tests: tests/torch_attention/test_latent.py (the layer over either cache too); against the NumPy
 twin in tests/parity/test_run.py; against transformers in tests/parity/test_hf_latent.py.
 """
@@ -41,6 +42,7 @@ import torch
 
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
+from .gate import check_gate, gate_width, output_gate
 from .grouped import _key_padding
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import Linear, dropout_keep_mask
@@ -60,8 +62,9 @@ class MultiHeadLatentAttention(Module):
 
     Parameters, created in this order: ``q_proj`` (``q_lora_rank`` None) or ``q_a_proj``,
     ``q_a_layernorm``, ``q_b_proj``; ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``;
-    ``o_proj``. RoPE's frequencies are no parameter or buffer (Hugging Face's attention state
-    dicts have none): ``inv_freq`` is kept in float64 on the CPU and moved per call.
+    ``o_proj``; with ``output_gate``, ``g_proj``. RoPE's frequencies are no parameter or buffer
+    (Hugging Face's attention state dicts have none): ``inv_freq`` is kept in float64 on the CPU
+    and moved per call.
 
     Args: those of the NumPy twin (``rng`` aside: torch's generator draws the weights), and
         backend: the attention backend, ``functional.attention``'s ``backend``.
@@ -85,6 +88,9 @@ class MultiHeadLatentAttention(Module):
         scaling: float | None = None,
         latent_scale: float = 1.0,
         query_temperature: tuple[float, float] | None = None,
+        output_gate: str | None = None,
+        gate_activation: str = "sigmoid",
+        gate_bias: bool = False,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
         backend: str = "auto",
@@ -113,6 +119,9 @@ class MultiHeadLatentAttention(Module):
         self.scale = head**-0.5 if scaling is None else validation.finite_real("scaling", scaling)
         self.latent_scale = validation.finite_real("latent_scale", latent_scale)
         self.query_temperature = _check_temperature(query_temperature)
+        gate_bias = validation.flag("gate_bias", gate_bias)
+        self.output_gate = check_gate(output_gate, gate_activation, gate_bias)
+        self.gate_activation = str(gate_activation)
         self.norm_eps = validation.finite_real("norm_eps", norm_eps)
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
@@ -133,6 +142,9 @@ class MultiHeadLatentAttention(Module):
             self.kv_lora_rank, h * (self.qk_nope_head_dim + self.v_head_dim), bias=False
         )
         self.o_proj = Linear(h * self.v_head_dim, c, bias=bias)
+        if self.output_gate is not None:
+            gates = gate_width(self.output_gate, h, self.v_head_dim)
+            self.g_proj = Linear(c, gates, bias=gate_bias)
 
     def absorbs(self, n: int, m: int) -> bool:
         """What ``absorb=None`` picks for N queries over M cached keys (the NumPy twin's rule):
@@ -261,7 +273,10 @@ class MultiHeadLatentAttention(Module):
             queries = torch.cat([q_nope, q_pe], dim=-1)  # (B, H, N, P+R)
             keys = torch.cat([k_nope, k_pe], dim=-1)  # (B, H, M, P+R)
             o = attention(queries, keys, v, **options)  # (B, H, N, Dv)
-        return self.o_proj(merge_heads(o))  # (B, H, N, Dv) -> (B, N, H*Dv) -> (B, N, C)
+        merged = merge_heads(o)  # (B, H, N, Dv) -> (B, N, H*Dv)
+        if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
+            merged = output_gate(merged, self.g_proj(x), self.gate_activation)
+        return self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
 
     def extra_repr(self) -> str:
         options = [
@@ -278,6 +293,8 @@ class MultiHeadLatentAttention(Module):
             options.append(f"latent_scale={self.latent_scale}")
         if self.query_temperature is not None:
             options.append(f"query_temperature={self.query_temperature}")
+        if self.output_gate is not None:
+            options.append(f"output_gate={self.output_gate!r} ({self.gate_activation})")
         if self.dropout:
             options.append(f"dropout={self.dropout}")
         return ", ".join(options + [f"scaling={self.scale}", f"backend={self.backend!r}"])

@@ -644,6 +644,30 @@ FAMILIES: dict[str, Family] = {
         ),
         query_temperature=rules._ministral3_temperature,
     ),
+    # Zamba, Zamba2: one shared attention block (tied across layers) reading the hidden states
+    # concatenated with the embeddings (2 * hidden_size), scores times (D / 2)^-0.5; Zamba2 adds
+    # RoPE under use_mem_rope and per-layer LoRA adapters on q, k, v (folded on load)
+    "zamba": Family(
+        bias=None,
+        out_bias=None,
+        scaling="half_head_dim",
+        rotates=rules._never,
+        key_aliases=(("attention_head_dim", "head_dim"),),
+        mixers=rules._zamba_mixers,
+        refuse=rules._zamba_refuse,
+        input_size=rules._zamba_input_size,
+    ),
+    "zamba2": Family(
+        bias=None,
+        out_bias=None,
+        scaling="half_head_dim",
+        rotates=rules._zamba2_rotates,
+        key_aliases=(("attention_head_dim", "head_dim"),),
+        mixers=rules._zamba2_mixers,
+        refuse=rules._zamba2_refuse,
+        input_size=rules._zamba2_input_size,
+        adapters="use_shared_attention_adapter",
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -66,8 +66,9 @@ class Family:
             ``qk_norm_flag`` the config key that switches it on (None: always);
             ``norm_eps`` the config key of its eps.
         scaling: None (1/sqrt(D)), ``"query_pre_attn_scalar"`` (its ** -0.5),
-            ``"attention_multiplier"`` (the scale itself) or ``"scale_attn_weights"`` (1/sqrt(D)
-            under that flag, true by default, else 1: GPT-BigCode).
+            ``"attention_multiplier"`` (the scale itself), ``"scale_attn_weights"`` (1/sqrt(D)
+            under that flag, true by default, else 1: GPT-BigCode) or ``"half_head_dim"``
+            ((D / 2)^-0.5, Zamba's).
         softcap: config key of the score cap, or None.
         sinks: one learned sink per head.
         interleaved: RoPE pairs (x_2i, x_2i+1).
@@ -203,6 +204,16 @@ class Family:
     )
     """The temperature of layer i's queries after RoPE (the layer's ``query_temperature``) as the
     model reads it from its config (Ministral 3's ``llama_4_scaling_beta``); None: none."""
+    input_size: Callable[[Mapping[str, Any]], int] | None = None
+    """The width of x the attention reads, from the config, where it is not hidden_size
+    (Zamba's shared attention reads its hidden states concatenated with the embeddings, 2 *
+    hidden_size); q, k and v read it, o_proj writes hidden_size, and head_dim defaults to it
+    // num_attention_heads."""
+    adapters: str | None = None
+    """Config key that gives every attention layer its own LoRA adapters on q, k and v (Zamba2's
+    ``use_shared_attention_adapter``): the k-th attention layer of ``mixers`` uses slot k,
+    folded into the projections on load (``adapters.py``); the way back refuses such a config
+    (the fold cannot be split)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -315,9 +326,10 @@ def rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
 def sizes(
     config: Mapping[str, Any], family: Family, layer_idx: int | None = None
 ) -> dict[str, int]:
-    """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them:
-    layer ``layer_idx``'s query heads where the family has a count per layer (None: the
-    config's ``num_attention_heads``, all the RoPE code reads)."""
+    """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them
+    (and input_size where the family's attention reads another width): layer ``layer_idx``'s
+    query heads where the family has a count per layer (None: the config's
+    ``num_attention_heads``, all the RoPE code reads)."""
     config = class_view(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
@@ -342,18 +354,22 @@ def sizes(
     head_dim = config.get("head_dim") if family.head_dim_from_config else None
     if family.head_dim_required:  # no C // H in the model
         head_dim = required(config, "head_dim")
-    head_dim = head_dim or hidden_size // head_dim_heads
+    input_size = hidden_size if family.input_size is None else family.input_size(config)
+    head_dim = head_dim or input_size // head_dim_heads
     if family.heads_span_hidden and num_heads * head_dim != hidden_size:
         raise ValueError(
             f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
             f"{config.get('model_type')} o_proj takes hidden_size = {hidden_size} inputs"
         )
-    return {
+    shape = {
         "hidden_size": hidden_size,
         "num_heads": num_heads,
         "num_kv_heads": num_kv_heads,
         "head_dim": head_dim,
     }
+    if family.input_size is not None:
+        shape["input_size"] = input_size
+    return shape
 
 
 def _layer_heads(counts: Any, key: Any, layer_idx: int) -> int:
@@ -424,6 +440,8 @@ def options(
         options["scaling"] = None if multiplier is None else float(multiplier)
     elif family.scaling == "scale_attn_weights":  # false: scores q . k, without 1/sqrt(D)
         options["scaling"] = None if flag(config, family.scaling, True) else 1.0
+    elif family.scaling == "half_head_dim":  # Zamba: (D / 2)^-0.5
+        options["scaling"] = (options["head_dim"] / 2) ** -0.5
     if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
         multiplier = config.get(family.key_multiplier)
         multiplier = 1.0 if multiplier is None else float(multiplier)

@@ -28,7 +28,12 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   (``gate_proj``), sigmoid per head in LFM3, softplus per head or per element in Laguna (whose
   query heads may differ per layer).
 - Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
-  ``attention_multiplier``; Gemma 2 caps them (``attn_logit_softcapping``); GPT-OSS has sinks.
+  ``attention_multiplier``, Zamba and Zamba2 by ``(head_dim / 2) ** -0.5``; Gemma 2 caps them
+  (``attn_logit_softcapping``); GPT-OSS has sinks.
+- Input width: Zamba's and Zamba2's shared attention reads 2 * hidden_size features (the hidden
+  states concatenated with the embeddings): the layer's ``input_size``. Zamba2's per-layer LoRA
+  adapters on q, k and v are folded into the layer's projections (``adapters.py``); the way
+  back refuses such a config.
 - RoPE: half-split pairs (``rotate_half``), interleaved in Cohere 1/2 and GLM; a partial
   rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
   (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3;
@@ -64,6 +69,7 @@ from .. import validation
 from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
+from .adapters import fold_adapters
 from .families import (
     FAMILIES,
     check_layer,
@@ -72,7 +78,7 @@ from .families import (
     layer_options,
     model_type,
 )
-from .family import Family, as_mapping, class_view, sizes
+from .family import ATTENTION, Family, as_mapping, class_view, flag, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
 
@@ -242,6 +248,8 @@ def grouped_from_hf(
             f"{fn}: layer_idx is {layer_idx} but the config has num_hidden_layers = {num_layers}"
         )
     prefix, attention = _attention_entries(fn, state_dict, layer_idx, layout)
+    if family.adapters is not None and flag(config, family.adapters):
+        attention = _with_adapters_folded(fn, config, family, layer_idx, prefix, attention)
     options = layer_options(config, name, layer_idx, attention)
     options |= rope_options(config, layer_idx, inv_freq, long_inv_freq)
     expected = _model_shapes(family, hf_shapes(layout, _expected_shapes(options)))
@@ -298,6 +306,12 @@ def hf_attention_state_from_grouped(
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
     family = FAMILIES[name]
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
+    if family.adapters is not None and flag(config, family.adapters):
+        raise ValueError(
+            f"{fn}: {family.adapters} is set: grouped_from_hf folded the layer's LoRA adapters "
+            "into q_proj, k_proj and v_proj (W + B A), which cannot be split back into the "
+            "shared W and the layer's A and B"
+        )
     shape = sizes(config, family, layer_idx)
     arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
     h, h_kv, d, c = (
@@ -306,10 +320,11 @@ def hf_attention_state_from_grouped(
         shape["head_dim"],
         shape["hidden_size"],
     )
+    c_in = shape.get("input_size", c)  # Zamba's shared attention reads 2 * hidden_size
     expected = {
-        "q_proj.weight": (h * d, c),
-        "k_proj.weight": (h_kv * d, c),
-        "v_proj.weight": (h_kv * d, c),
+        "q_proj.weight": (h * d, c_in),
+        "k_proj.weight": (h_kv * d, c_in),
+        "v_proj.weight": (h_kv * d, c_in),
         "o_proj.weight": (c, h * d),
     }
     fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
@@ -333,6 +348,27 @@ def hf_attention_state_from_grouped(
                 f"({_sizes(shape)}) gives {want}"
             )
     return _model_names(family, join(family.layout, arrays, h, h_kv))
+
+
+def _with_adapters_folded(
+    fn: str,
+    config: Mapping[str, Any],
+    family: Family,
+    layer_idx: int,
+    prefix: str,
+    attention: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The entries with the layer's LoRA adapters folded into q, k and v (``adapters.py``): the
+    k-th attention layer of the family's ``mixers`` uses slot k."""
+    kinds = [] if family.mixers is None else family.mixers(config)
+    slot = kinds[:layer_idx].count(ATTENTION)
+    arrays = {key: _to_numpy(value) for key, value in attention.items()}
+    try:
+        return fold_adapters(arrays, slot)
+    except KeyError as error:
+        raise KeyError(f"{fn}: under the prefix '{prefix}', {error.args[0]}") from None
+    except ValueError as error:
+        raise ValueError(f"{fn}: {prefix}{error}") from None
 
 
 # -- the model's module names (LFM2's out_proj, StableLM's per-head norms) -------------------
@@ -424,10 +460,11 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         options["num_kv_heads"],
         options["head_dim"],
     )
+    c_in = options.get("input_size", c)
     shapes: dict[str, tuple[int, ...]] = {
-        "q_proj.weight": (h * d, c),
-        "k_proj.weight": (h_kv * d, c),
-        "v_proj.weight": (h_kv * d, c),
+        "q_proj.weight": (h * d, c_in),
+        "k_proj.weight": (h_kv * d, c_in),
+        "v_proj.weight": (h_kv * d, c_in),
         "o_proj.weight": (c, h * d),
     }
     if options["bias"]:

@@ -28,6 +28,12 @@ Models (``config["model_type"]``), each read from its transformers 5.23 model fi
   used unrotated; the converter passes ``inv_freq`` zeros, a rotation by angle 0, the identity)
   and scaled by (P + R)^-0.5 alone; its ``"linear_attention"`` layers (Kimi Delta Attention) are
   refused.
+- ``bailing_hybrid`` (Ling 3.0): V3's attention without a query LoRA (``q_proj`` always),
+  interleaved RoPE always (``apply_rotary_pos_emb_interleave``, no ``rope_interleave`` key), then
+  each head times ``sigmoid(g_proj(x))``, one gate per head, before o_proj
+  (``output_gate="head"``, g_proj (H, C) without a bias). Its ``"full_attention"`` layers (by
+  default every ``layer_group_size``-th) are MLA; its ``"linear_attention"`` layers (KDA) are
+  refused naming the MLA ones.
 
 Shared by all of them: ``q_a_layernorm`` and ``kv_a_layernorm`` keep RMSNorm's default eps 1e-6
 (``rms_norm_eps`` is not passed to them); biases (``attention_bias``) on q_a_proj,
@@ -43,7 +49,7 @@ the RoPE type is not ``default``, ``mscale_all_dim`` is set and ``factor`` > 1
 
 Models whose attention builds on MLA but is not this layer's are refused by name with the reason
 (``REFUSED``): DeepSeek-V3.2's, GLM-5's and others' sparse attention (a top-k indexer hides keys
-per query), output gates, a normed rope key, NoPE layers that widen the head.
+per query), output gates beside those, a normed rope key, NoPE layers that widen the head.
 
 Derivation: docs/derivations/latent.md. Tests: tests/numpy_attention/hf/test_latent.py;
 against transformers in tests/parity/test_hf_latent.py.
@@ -66,6 +72,7 @@ from .rope import hf_inv_freq, hf_rope_attention_factor, rope_parameters
 
 SUPPORTED_MODEL_TYPES = (
     "axk1",
+    "bailing_hybrid",
     "deepseek_v2",
     "deepseek_v3",
     "glm4_moe_lite",
@@ -86,7 +93,6 @@ REFUSED = {
     "hy_v4": _SPARSE + ", with an output gate and attention sinks",
     "axk2": _SPARSE + ", with an output gate and a fused query projection",
     "dots3_note": "an output gate, a normed rope key, sliding and indexed layers",
-    "bailing_hybrid": "a sigmoid output gate per head (g_proj)",
 }
 # their language models' configs, passed alone (config.text_config), for the same reasons
 REFUSED |= {f"{name}_text": REFUSED[name] for name in ("glm5_next", "mistral_large4", "dots3_note")}
@@ -97,6 +103,7 @@ _EXPECTED_FORM = (
 )
 _INTERLEAVED = ("axk1", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
 _QUERY_LORA_ALWAYS = ("axk1", "longcat_flash")
+_HYBRID = ("kimi_linear", "bailing_hybrid")  # MLA "full_attention" layers among linear ones
 
 
 def latent_from_hf(
@@ -215,11 +222,15 @@ def _check_layer(config: Mapping[str, Any], model_type: str, layer_idx: int) -> 
             f"latent_from_hf: layer_idx is {layer_idx} but the {model_type} config has {count} "
             "attention layers"
         )
-    if model_type == "kimi_linear":
-        kinds = _kimi_linear_layer_types(config)
+    if model_type in _HYBRID:
+        kinds = (
+            _kimi_linear_layer_types(config)
+            if model_type == "kimi_linear"
+            else _bailing_hybrid_layer_types(config)
+        )
         if kinds is not None and kinds[layer_idx] != "full_attention":
             raise ValueError(
-                f"kimi_linear layer {layer_idx} is {kinds[layer_idx]!r} (Kimi Delta Attention, "
+                f"{model_type} layer {layer_idx} is {kinds[layer_idx]!r} (Kimi Delta Attention, "
                 "linear attention), not MLA; its 'full_attention' layers are: "
                 f"{[i for i, kind in enumerate(kinds) if kind == 'full_attention']}"
             )
@@ -240,6 +251,18 @@ def _kimi_linear_layer_types(config: Mapping[str, Any]) -> list[str] | None:
             kinds[layer - 1] = "full_attention"
         return kinds
     return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(count)]
+
+
+def _bailing_hybrid_layer_types(config: Mapping[str, Any]) -> list[str] | None:
+    """Bailing-hybrid's layer types as its config computes them: ``layer_types``, else MLA on
+    every ``layer_group_size``-th layer (default 6), KDA on the others."""
+    if config.get("layer_types") is not None:
+        return list(config["layer_types"])
+    count = config.get("num_hidden_layers")
+    if count is None:
+        return None
+    group = int(config.get("layer_group_size") or 6)
+    return ["full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(count)]
 
 
 def _layer_options(
@@ -269,6 +292,11 @@ def _layer_options(
     if v_head_dim is None and model_type == "minicpm3":  # MiniCPM3's own default
         v_head_dim = hidden_size // num_heads
     q_lora_rank = config.get("q_lora_rank")
+    if q_lora_rank is not None and model_type == "bailing_hybrid":
+        raise ValueError(
+            f"the config sets q_lora_rank ({q_lora_rank}), but a bailing_hybrid layer always "
+            "projects its queries with one q_proj (its model reads no q_lora_rank)"
+        )
     if q_lora_rank is None and model_type in _QUERY_LORA_ALWAYS:
         raise ValueError(f"the config has no 'q_lora_rank', which a {model_type} layer needs")
     if model_type == "longcat_flash":
@@ -311,12 +339,14 @@ def _layer_options(
                 f"{'llama_4_scaling_beta' if beta is None else 'original_max_position_embeddings'}"
             )
         options["query_temperature"] = (float(beta), float(length))
+    if model_type == "bailing_hybrid":  # each head times sigmoid(g_proj(x)), no bias
+        options["output_gate"] = "head"
     options["scaling"] = scaling
     return options, rope_config
 
 
 def _rope_interleave(config: Mapping[str, Any], model_type: str) -> bool:
-    if model_type in ("deepseek_v2", "longcat_flash"):  # complex pairs; always interleaved
+    if model_type in ("deepseek_v2", "longcat_flash", "bailing_hybrid"):  # always interleaved
         return True
     if model_type in ("minicpm3", "kimi_linear"):  # rotate_half; no RoPE at all
         return False
@@ -342,6 +372,8 @@ def _rope_config(
         width = head_dim if params.get("rope_type", "default") == "default" else head_dim * partial
     elif model_type == "longcat_flash":
         width = (config.get("head_dim") or 64) * partial
+    elif model_type == "bailing_hybrid":  # its own default RoPE ignores the factor too
+        width = rope_dim if params.get("rope_type", "default") == "default" else rope_dim * partial
     else:  # head_dim is set to qk_rope_head_dim by the config itself
         width = rope_dim * partial
     if int(width) != rope_dim:
@@ -453,4 +485,6 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, .
     shapes["o_proj.weight"] = ((c, h * dv), "hidden_size, num_attention_heads * v_head_dim")
     if options["bias"]:
         shapes["o_proj.bias"] = ((c,), "hidden_size")
+    if options.get("output_gate") == "head":
+        shapes["g_proj.weight"] = ((h, c), "num_attention_heads, hidden_size")
     return shapes

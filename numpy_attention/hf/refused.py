@@ -119,13 +119,6 @@ REFUSED = {
         "Attention (a top-k indexer hides keys per query) over multi-head latent attention"
         for name in ("glm5_next", "mistral_large4", "dots3_note")
     },
-    "zamba": "zamba: its shared attention block reads attention_hidden_size = 2 * hidden_size "
-    "inputs (the hidden states concatenated with the original embeddings); the layer's input "
-    "width is hidden_size. The other layers are Mamba layers",
-    "zamba2": "zamba2: its shared attention blocks read 2 * hidden_size inputs (the hidden "
-    "states concatenated with the original embeddings) and add per-layer LoRA adapters to q, "
-    "k and v (use_shared_attention_adapter); the layer's input width is hidden_size. The other "
-    "layers are Mamba-2 layers",
     "blt": "blt: the Byte Latent Transformer: a local byte encoder and decoder that "
     "cross-attend to patches, a global transformer over patches and an entropy patcher; no "
     "single decoder stack of self-attention layers to convert",

@@ -560,3 +560,72 @@ def _hrm_text_refuse(config: Mapping[str, Any]) -> None:
             f"num_key_value_heads is {kv_heads}, but hrm_text's attention is multi-head: its code "
             f"builds k_proj and v_proj with all {heads} heads whatever the key says"
         )
+
+
+# Zamba and Zamba2: layers_block_type ("hybrid": the shared attention block, then a Mamba layer;
+# "linear_attention", legacy "mamba": a Mamba layer), else the config class's own pattern
+_ZAMBA_KINDS = {"hybrid": ATTENTION, "linear_attention": "a Mamba layer", "mamba": "a Mamba layer"}
+_ZAMBA2_KINDS = {key: value.replace("Mamba", "Mamba-2") for key, value in _ZAMBA_KINDS.items()}
+
+
+def _zamba_mixers(config: Mapping[str, Any]) -> list[str]:
+    types = config.get("layers_block_type")
+    if types is None:  # ZambaConfig: two Mamba layers, attention, then every period from offset
+        period = config.get("attn_layer_period")
+        offset = config.get("attn_layer_offset")
+        period, offset = (6 if period is None else period), (4 if offset is None else offset)
+        rest = range(required(config, "num_hidden_layers") - 3)
+        types = ["linear_attention"] * 2 + ["hybrid"]
+        types += ["hybrid" if i % period == offset else "linear_attention" for i in rest]
+    return _kinds(types, "layers_block_type", _ZAMBA_KINDS)
+
+
+def _zamba2_mixers(config: Mapping[str, Any]) -> list[str]:
+    types = config.get("layers_block_type")
+    if types is None:  # Zamba2Config's 54 layers, whatever num_hidden_layers says
+        mamba, hybrid = "linear_attention", "hybrid"
+        types = [mamba] + ([mamba] * 5 + [hybrid]) * 7 + [mamba] * 4 + [hybrid]
+        types += [mamba] * 3 + [hybrid] + [mamba] * 2
+    return _kinds(types, "layers_block_type", _ZAMBA2_KINDS)
+
+
+def _zamba_input_size(config: Mapping[str, Any]) -> int:
+    """attention_hidden_size (2 * hidden_size when missing, as ZambaConfig fills it in)."""
+    return int(config.get("attention_hidden_size") or 2 * required(config, "hidden_size"))
+
+
+def _zamba2_input_size(config: Mapping[str, Any]) -> int:
+    """2 * hidden_size: Zamba2Config sets attention_hidden_size so whatever a config.json says."""
+    return 2 * int(required(config, "hidden_size"))
+
+
+def _zamba_refuse(config: Mapping[str, Any]) -> None:
+    width = config.get("attention_hidden_size")
+    if width is None:
+        return
+    hidden = required(config, "hidden_size")
+    if width != 2 * hidden:
+        raise ValueError(
+            f"attention_hidden_size is {width}, but zamba's shared block reads its hidden states "
+            f"concatenated with the embeddings, 2 * hidden_size = {2 * hidden} (its input norm "
+            "and projections of another width fail on them)"
+        )
+
+
+def _zamba2_refuse(config: Mapping[str, Any]) -> None:
+    if not config.get("use_shared_attention_adapter"):
+        return
+    heads = required(config, "num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    if kv_heads != heads:
+        raise ValueError(
+            f"use_shared_attention_adapter is set with num_key_value_heads = {kv_heads} below "
+            f"num_attention_heads = {heads}: zamba2's k and v adapters write "
+            "attention_hidden_size = num_attention_heads * head_dim features onto k_proj's "
+            "num_key_value_heads * head_dim, which fails"
+        )
+
+
+def _zamba2_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """Zamba2's shared attention rotates q and k only under use_mem_rope."""
+    return flag(config, "use_mem_rope")

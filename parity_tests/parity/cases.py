@@ -372,6 +372,12 @@ def _latent_cases() -> list[LayerCase]:
             },
             {"n": 37, "batch": 1},
         ),
+        ("gate_head-padded-N7", {"output_gate": "head"}, {"n": 7, "padded": True}),  # Bailing
+        (
+            "gate_element-softplus-bias-N5",
+            {"output_gate": "element", "gate_activation": "softplus", "gate_bias": True},
+            {},
+        ),
     ]
     return [
         LayerCase(

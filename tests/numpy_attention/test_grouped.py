@@ -815,6 +815,57 @@ def test_a_gate_missing_from_the_state_dict_is_named(rng):
         GroupedQueryAttention(8, 4, 2, output_gate="head", rng=rng).load_state_dict(state)
 
 
+# -- an input wider than the output (Zamba's shared attention: 2 * hidden_size in, C out) -------
+
+WIDE = 2 * C  # input_size
+
+
+@pytest.mark.parametrize("option", ["plain", "gate_head_bias", "everything"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_a_wider_input_matches_torch_autograd_and_gradcheck(rng, option, kv_heads):
+    """q, k, v (and g) read input_size features, o_proj writes C: out (B, N, C), dx (B, N, 2C)."""
+    layer = make_layer(rng, kv_heads, input_size=WIDE, **OPTIONS[option])
+    _, forward = forward_inputs(rng, layer, padded=option == "everything")
+    x = rng.standard_normal((B, N, WIDE))
+    dout = rng.standard_normal((B, N, C))
+
+    assert_matches(layer, x, dout, torch_grads(layer, x, dout, **forward), **forward)
+    assert_gradcheck(gradcheck(layer, x[:, :4], **_first(forward, 4)))
+
+
+def _first(forward, n):
+    """The forward keywords cut to the first n tokens (positions, padding, keep-masks)."""
+    cut = {"positions": lambda a: a[..., :n], "key_padding_mask": lambda a: a[:, :n],
+           "attn_dropout_mask": lambda a: a[..., :n, :n]}  # fmt: skip
+    return {key: cut[key](value) for key, value in forward.items()}
+
+
+def test_a_wider_input_decodes_like_the_full_sequence(rng):
+    layer = make_layer(rng, 2, input_size=WIDE, output_gate="element").eval()
+    x = rng.standard_normal((B, 6, WIDE))
+    cache = KVCache(B, 2, 6, D, np.float64)
+
+    full = layer(x)
+    steps = [layer(x[:, start:stop], cache=cache) for start, stop in [(0, 3), (3, 4), (4, 6)]]
+
+    assert_close(np.concatenate(steps, axis=1), full, name="decoded rows")
+
+
+def test_a_wider_input_sizes_the_projections_and_refuses_an_x_of_width_c(rng):
+    layer = GroupedQueryAttention(8, 4, 2, input_size=16, output_gate="head", rng=rng)
+
+    shapes = {name: value.shape for name, value in layer.state_dict().items()}
+
+    assert shapes["q_proj.weight"] == (8, 16) and shapes["k_proj.weight"] == (4, 16)
+    assert shapes["v_proj.weight"] == (4, 16) and shapes["g_proj.weight"] == (4, 16)
+    assert shapes["o_proj.weight"] == (8, 8)
+    assert layer(np.zeros((1, 3, 16), np.float32)).shape == (1, 3, 8)
+    with pytest.raises(ValueError, match="x.*16"):
+        layer(np.zeros((1, 3, 8), np.float32))
+    with pytest.raises(ValueError, match="input_size must be a positive int"):
+        GroupedQueryAttention(8, 4, 2, input_size=0)
+
+
 def test_weights_of_another_head_dim_are_refused(rng):
     state = GroupedQueryAttention(8, 4, 2, head_dim=4, rng=rng).state_dict()
 

@@ -1,5 +1,6 @@
 """MultiHeadLatentAttention (numpy_attention.latent): gradcheck of both computations on inputs
-and every parameter, torch autograd by name, the absorbed form equal to the expanded one, float32,
+and every parameter (the output gate's g_proj too), torch autograd by name, the absorbed form
+equal to the expanded one, float32,
 decoding with the cache equal to the full sequence, over pages equal to the contiguous cache,
 ``absorb=None``'s choice, Hugging Face's names, and bad input (a wrong cache of either kind
 included) refused before any work. The caches themselves: test_latent_cache.py.
@@ -47,8 +48,13 @@ OPTIONS = {
         "query_temperature": (0.5, 2),  # positions 0..4: t = 1, 1, 1 + .5 log 2, ...
         "norm_eps": 0.1,
         "dropout": DROPOUT,
+        "output_gate": "head",
+        "gate_activation": "softplus",
+        "gate_bias": True,
     },
     "rotate_half": {"rope_interleave": False, "q_lora_rank": 3},
+    "gate_head": {"output_gate": "head"},  # Bailing-hybrid (Ling 3.0)
+    "gate_element_bias": {"output_gate": "element", "gate_bias": True},
 }
 FORMS = {"expanded": False, "absorbed": True}
 
@@ -120,6 +126,12 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
         dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
     )  # fmt: skip
     out = out.transpose(1, 2).reshape(b, n, -1)  # (B, H, N, Dv) -> (B, N, H*Dv)
+    if args["output_gate"] is not None:  # act(x W_g + b_g): (B, N, H*Dv) or (B, N, H)
+        pre = F.linear(x, params["g_proj.weight"], params.get("g_proj.bias"))
+        gate = torch.sigmoid(pre) if args["gate_activation"] == "sigmoid" else F.softplus(pre)
+        if args["output_gate"] == "head":
+            gate = gate.repeat_interleave(args["v_head_dim"], dim=-1)  # one per head's Dv
+        out = out * gate
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
 
@@ -162,7 +174,7 @@ def test_matches_torch_autograd_on_every_parameter_by_name(rng, option, form):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("option", ["plain", "everything"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias"])
 def test_gradcheck_on_inputs_and_every_parameter(rng, option, form):
     layer = make_layer(rng, **OPTIONS[option])
     x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
@@ -232,7 +244,7 @@ def test_float32_follows_float64(rng, form):
 
 
 @pytest.mark.parametrize("absorb", [None, False, True])
-@pytest.mark.parametrize("option", ["plain", "everything"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_head"])
 def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     """Left padding (elements: 2 and 4 padding tokens); prefill 3 tokens, then one at a time."""
     n, prefill = 7, 3
@@ -366,10 +378,16 @@ def test_parameters_are_named_like_hugging_face(rng):
     }
     assert list(plain.state_dict())[:2] == ["q_proj.weight", "kv_a_proj_with_mqa.weight"]
     assert plain.scale == (P + R) ** -0.5 and plain.dtype == np.float32
+    for kind, rows in [("element", H * DV), ("head", H)]:  # Bailing-hybrid: per head, H rows
+        gated = MultiHeadLatentAttention(C, H, **SIZES, output_gate=kind, gate_bias=True, rng=rng)
+        shapes = {name: value.shape for name, value in gated.state_dict().items()}
+        assert list(shapes)[-2:] == ["g_proj.weight", "g_proj.bias"]  # created last, as in HF
+        assert shapes["g_proj.weight"] == (rows, C) and shapes["g_proj.bias"] == (rows,)
 
 
 def test_constructor_args_survive_json(rng):
-    layer = make_layer(rng, inv_freq=np.array([1.0, 0.25], np.float32), query_temperature=[0.1, 8])
+    layer = make_layer(rng, inv_freq=np.array([1.0, 0.25], np.float32), query_temperature=[0.1, 8],
+                       output_gate="head", gate_activation="softplus")  # fmt: skip
 
     rebuilt = MultiHeadLatentAttention(**json.loads(json.dumps(layer.constructor_args())))
 
@@ -391,8 +409,14 @@ def test_constructor_args_survive_json(rng):
         ({"norm_eps": 0.0}, ValueError, "norm_eps must be > 0"),
         ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
         ({"rope_interleave": 1}, TypeError, "rope_interleave must be a bool"),
+        ({"output_gate": "channel"}, ValueError, "output_gate must be None or one of"),
+        ({"output_gate": "head", "gate_activation": "silu"}, ValueError,
+         "gate_activation must be one of .*'silu'"),
+        ({"gate_activation": "softplus"}, ValueError, "but output_gate is None"),
+        ({"gate_bias": True}, ValueError, "but output_gate is None"),
+        ({"output_gate": "head", "gate_bias": 1}, TypeError, "gate_bias must be a bool"),
     ],
-)
+)  # fmt: skip
 def test_bad_construction_is_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
         MultiHeadLatentAttention(C, H, **(SIZES | kwargs))

@@ -4,7 +4,8 @@ transformers' own attention module in float64 within FLOAT64_RTOL, both computat
 and absorbed), the NumPy layer and its torch twin.
 
 Each model is built from a tiny random config in code (no download): hidden 32, 4 heads,
-one layer (two for layer 1 of DeepSeek-V3 and Kimi K2.5; LongCat's sublayer 1 is in its first),
+one layer (two for layer 1 of DeepSeek-V3 and Kimi K2.5, six for Bailing-hybrid's layer 5 after
+five KDA layers; LongCat's sublayer 1 is in its first),
 kv_lora_rank 8, qk_nope_head_dim 6, qk_rope_head_dim 4, v_head_dim 5 (q_lora_rank 12 where the
 case has one), eager attention, float64 weights, the attention's parameters redrawn at a scale
 where softmax is neither flat nor one-hot, the norms' weights around 1. The RoPE of each case is
@@ -125,6 +126,13 @@ CASES = [
         "zero_expert_num": 1}, 1),
     LatentCase("kimi_linear-nope", "KimiLinear", SIZES | {
         "layer_types": ["full_attention"], "mlp_layer_types": ["dense"], "q_lora_rank": None}),
+    # bailing_hybrid (Ling 3.0): the output gate per head; KDA layers (head_dim their width)
+    LatentCase("bailing_hybrid-gate-bias", "BailingHybrid", SIZES | {
+        "layer_types": ["full_attention"], "mlp_layer_types": ["dense"], "head_dim": 8,
+        "attention_bias": True}),
+    LatentCase("bailing_hybrid-ling3-shaped", "BailingHybrid", SIZES | {
+        "num_hidden_layers": 6, "layer_group_size": 6, "mlp_layer_types": ["dense"] * 6,
+        "head_dim": 8, "rope_theta": 6e6}, 5),  # Ling 3.0's pattern: MLA closes each 6
 ]  # fmt: skip
 IDS = [case.name for case in CASES]
 FORMS = {"expanded": False, "absorbed": True}

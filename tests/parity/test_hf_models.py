@@ -175,8 +175,9 @@ def decoder_layers(model):
 def attention_of(model, layer_idx):
     """The attention module of a decoder layer (Falcon's, GPT-BigCode's and DBRX's names differ;
     Nemotron-H's is its ``mixer``, RecurrentGemma's its ``temporal_block``, ModernBERT
-    decoder's its ``attn``; a multimodal wrapper's is its language model's), None on a hybrid's
-    layer without attention (Mamba, convolution, recurrent, cross-attention, ...)."""
+    decoder's its ``attn``; Zamba's and Zamba2's is the shared block's of a hybrid layer; a
+    multimodal wrapper's is its language model's), None on a hybrid's layer without attention
+    (Mamba, convolution, recurrent, cross-attention, ...)."""
     model = language(model)
     if hasattr(model, "h"):
         block = model.h[layer_idx]
@@ -188,6 +189,9 @@ def attention_of(model, layer_idx):
         return layer.mixer if layer.block_type == "full_attention" else None
     if hasattr(layer, "temporal_block"):  # RecurrentGemma: an RG-LRU block or attention
         return layer.temporal_block if hasattr(layer.temporal_block, "q_proj") else None
+    shared = getattr(layer, "shared_transf", None) or getattr(layer, "shared_transformer", None)
+    if shared is not None:  # Zamba (shared_transf), Zamba2 (shared_transformer)
+        return shared.self_attn
     return getattr(layer, "self_attn", getattr(layer, "attn", None))
 
 
@@ -1683,6 +1687,51 @@ CASES += [
         {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None}
         | {"rope_parameters": MINISTRAL3_YARN},
     ),
+    # Zamba and Zamba2: the shared attention block reads 2 * hidden_size (input_size)
+    ModelCase(  # attention_head_dim = 2 * hidden_size / heads = 16, scores times (D / 2)^-0.5;
+        # two attention layers (transformers' weight tying fails on a Zamba with one)
+        "zamba-gqa",
+        "Zamba",
+        1,
+        False,
+        {"layers_block_type": ["linear_attention", "hybrid", "hybrid"], "num_hidden_layers": 3}
+        | {"mamba_d_state": 4, "head_dim": ABSENT},
+    ),
+    ModelCase(  # Zyphra/Zamba-7B-v1: its config class's pattern (attention at 2, then every 6th
+        # from 3 + 4), 16 = 16 kv heads (here 4 = 4); layer 7, the second use of the shared block
+        "zamba-7b-shaped",
+        "Zamba",
+        7,
+        False,
+        {"num_hidden_layers": 9, "num_key_value_heads": 4, "attn_layer_period": 6}
+        | {"attn_layer_offset": 4, "mamba_d_state": 4}
+        | {"head_dim": ABSENT},
+    ),
+    ModelCase(  # no RoPE (use_mem_rope off), no adapters
+        "zamba2-gqa",
+        "Zamba2",
+        1,
+        False,
+        {"layers_block_type": ["linear_attention", "hybrid"], "n_mamba_heads": 8}
+        | {"mamba_d_state": 4, "head_dim": ABSENT},
+    ),
+    ModelCase(  # Zyphra/Zamba2-2.7B: two shared blocks alternating over the attention layers,
+        # per-layer LoRA adapters (rank 128, here 4) folded on load, RoPE, 32 = 32 kv heads (here
+        # 4); layer 4 is the third attention layer: block 0 again, adapter slot 2
+        "zamba2-2.7b-shaped",
+        "Zamba2",
+        4,
+        False,
+        {
+            "layers_block_type": ["linear_attention", "hybrid", "hybrid", "linear_attention"]
+            + ["hybrid"],
+            "num_hidden_layers": 5,
+            "num_key_value_heads": 4,
+            "num_mem_blocks": 2,
+        }
+        | {"use_shared_attention_adapter": True, "adapter_rank": 4, "use_mem_rope": True}
+        | {"n_mamba_heads": 8, "mamba_d_state": 4, "head_dim": ABSENT},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1726,6 +1775,29 @@ def record_attention_call(model, layer_idx, **model_kwargs):
         for hook in hooks:
             hook.remove()
     return seen["args"], seen["kwargs"], seen["out"]
+
+
+def input_width(config):
+    """The width of the attention's input: 2 * hidden_size for Zamba's shared block."""
+    text = config.get_text_config()
+    return getattr(text, "attention_hidden_size", None) or text.hidden_size
+
+
+def model_gradients(config, attention, layer_idx, grads):
+    """The layer's gradients under the model's names (``hf_attention_state_from_grouped``).
+    With Zamba2's adapters, which the converter folded into W_eff = W + B A and the way back
+    refuses, by the chain rule here: dW = dW_eff, dA = B^T dW_eff, dB = dW_eff A^T for the
+    layer's own slot (the module's ``layer_dic``); the block's other slots get none."""
+    if not getattr(config, "use_shared_attention_adapter", False):
+        return hf_attention_state_from_grouped(config.to_dict(), grads, layer_idx=layer_idx)
+    slot = attention.layer_dic[layer_idx]
+    out = dict(grads)
+    for proj in "qkv":
+        down, up = getattr(attention, f"linear_{proj}_adapter_list")[slot]  # A (r, C), B (C, r)
+        dweight = grads[f"{proj}_proj.weight"]
+        out[f"linear_{proj}_adapter_list.{slot}.0.weight"] = to_numpy(up.weight).T @ dweight
+        out[f"linear_{proj}_adapter_list.{slot}.1.weight"] = dweight @ to_numpy(down.weight).T
+    return out
 
 
 def attention_input(args, kwargs):
@@ -1842,8 +1914,8 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     layers = convert_layers(case, config, model)
     padding, ours = padding_from_hf(attention_mask)  # key_padding_mask, positions (B, N)
     real = attention_mask.numpy() == 1  # (B, N)
-    x = rng.standard_normal((B, N, config.get_text_config().hidden_size))
-    dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
+    x = rng.standard_normal((B, N, input_width(config)))
+    dout = rng.standard_normal((B, N, config.get_text_config().hidden_size)) * real[..., None]
 
     x_t = to_torch(x, requires_grad=True)
     expected = call_attention(attention, args, kwargs, x_t)
@@ -1855,15 +1927,16 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
         out, dx, grads = forward_backward(layer, x, dout, ours, padding)
-        grads = hf_attention_state_from_grouped(  # the model's names
-            config.to_dict(), grads, layer_idx=case.layer_idx
-        )
+        grads = model_gradients(config, attention, case.layer_idx, grads)  # the model's names
         assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
         assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
         assert_close(dx, x_t.grad, name=f"{package} dx")
-        assert set(grads) == {name for name, _ in attention.named_parameters()}, package
+        unused = {name for name, param in attention.named_parameters() if param.grad is None}
+        assert all("_adapter_list." in name for name in unused), unused  # other layers' slots
+        assert set(grads) == {name for name, _ in attention.named_parameters()} - unused, package
         for name, param in attention.named_parameters():
-            assert_close(grads[name], param.grad, name=f"{package} {name}")
+            if name not in unused:
+                assert_close(grads[name], param.grad, name=f"{package} {name}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -157,6 +157,28 @@ def test_state_dict_keys_and_shapes_are_the_numpy_twins(options):
     }
 
 
+@pytest.mark.parametrize("backend", ["math", "sdpa", "manual"])
+def test_a_wider_input_matches_numpy(rng, backend):
+    """input_size = 2C (Zamba's shared attention): q, k, v and g read 2C features, o_proj
+    writes C; out, dx (B, N, 2C) and every parameter's gradient against the NumPy twin."""
+    np_layer, torch_layer = twins(rng, {"input_size": 2 * C, "output_gate": "head"}, backend)
+    _, padding, positions = left_padded(rng)
+    x = rng.standard_normal((2, 9, 2 * C))
+    dout = rng.standard_normal((2, 9, C))
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert f"input_size={2 * C}" in repr(torch_layer)
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
 def test_layer_matches_numpy_on_left_padding_with_every_option(rng):
     """Per-batch positions and a left-padded element (the registry has no (B, N) positions)."""
     np_layer, torch_layer = twins(rng, OPTIONS["all"])

@@ -31,6 +31,9 @@ EVERYTHING = {
     "scaling": 0.6,
     "latent_scale": 1.3,
     "query_temperature": (0.3, 3),
+    "output_gate": "head",
+    "gate_activation": "softplus",
+    "gate_bias": True,
 }
 
 
@@ -59,9 +62,11 @@ def left_padded(rng, b=2, n=9, pad=3):
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 5])
-def test_state_dict_is_the_numpy_twins_and_transfers_both_ways(rng, q_lora_rank):
-    np_layer, torch_layer = twins(rng, {"q_lora_rank": q_lora_rank, "bias": True})
-    fresh = np_latent.MultiHeadLatentAttention(C, H, **SIZES, q_lora_rank=q_lora_rank, bias=True)
+@pytest.mark.parametrize("gate", [None, "head", "element"])
+def test_state_dict_is_the_numpy_twins_and_transfers_both_ways(rng, q_lora_rank, gate):
+    options = {"q_lora_rank": q_lora_rank, "bias": True, "output_gate": gate}
+    np_layer, torch_layer = twins(rng, options)
+    fresh = np_latent.MultiHeadLatentAttention(C, H, **SIZES, **options)
 
     torch_state = to_numpy(torch_layer)
     fresh.astype(np.float64).load_state_dict(torch_state)
@@ -214,7 +219,10 @@ def test_bad_construction_and_input_are_refused(rng):
 
 
 def test_repr_names_the_sizes_and_options():
-    layer = MultiHeadLatentAttention(C, H, **SIZES, q_lora_rank=5, latent_scale=2.0)
+    layer = MultiHeadLatentAttention(C, H, **SIZES, q_lora_rank=5, latent_scale=2.0,
+                                     output_gate="head")  # fmt: skip
 
     assert "kv_lora_rank=6" in repr(layer) and "latent_scale=2.0" in repr(layer)
+    assert "output_gate='head' (sigmoid)" in repr(layer)
+    assert "(g_proj): Linear(in_features=12, out_features=3" in repr(layer)
     assert "(q_a_layernorm): RMSNorm(dim=5" in repr(layer)

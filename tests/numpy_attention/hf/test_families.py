@@ -199,13 +199,15 @@ HYBRIDS = {  # model_type -> its config class's keywords, the model's own list o
         "full_attention",
     ),
     "nemotron_h": ({"hybrid_override_pattern": "M*-EM*"}, "layers_block_type", "full_attention"),
+    "zamba": ({"num_hidden_layers": 12}, "layers_block_type", "hybrid"),
+    "zamba2": ({"num_hidden_layers": 54}, "layers_block_type", "hybrid"),  # its class's 54
 }
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_a_hybrid_s_attention_layers_are_the_ones_its_config_class_builds(name):
     keywords, key, attention = HYBRIDS[name]
-    config = transformers.AutoConfig.for_model(name, num_hidden_layers=LAYERS, **keywords)
+    config = transformers.AutoConfig.for_model(name, **({"num_hidden_layers": LAYERS} | keywords))
     theirs = [kind == attention for kind in getattr(config, key)]
     as_json = {
         key: value
@@ -247,6 +249,15 @@ def test_a_hybrid_s_attention_layers_are_the_ones_its_config_class_builds(name):
         ({"model_type": "lfm2_moe", "num_hidden_layers": 2}, "no 'layer_types'"),
         ({"model_type": "lfm2", "layer_types": ["conv", "sliding_attention"]}, r"layer_types\[1\]"),
         ({"model_type": "lfm2", "layer_types": ["full_attention"]}, "this lfm2 model has 1 layers"),
+        (
+            {"model_type": "zamba", "num_hidden_layers": 3},
+            r"layer 1 of this zamba model is a Mamba layer, not attention; its attention "
+            r"layers are \[2\]",
+        ),
+        (
+            {"model_type": "zamba2", "layers_block_type": ["hybrid", "mamba"]},
+            r"layer 1 of this zamba2 model is a Mamba-2 layer, .* are \[0\]",
+        ),
     ],
 )
 def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
@@ -265,6 +276,15 @@ def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
         (
             {"model_type": "stablelm", "hidden_size": 32, "num_attention_heads": 4, "head_dim": 16},
             "head_dim is 16, but stablelm's attention heads are .* 8 wide",
+        ),
+        (
+            {"model_type": "zamba", "hidden_size": 32, "attention_hidden_size": 48},
+            r"attention_hidden_size is 48, but .* 2 \* hidden_size = 64",
+        ),
+        (
+            {"model_type": "zamba2", "num_attention_heads": 4, "num_key_value_heads": 2}
+            | {"use_shared_attention_adapter": True},
+            "use_shared_attention_adapter is set with num_key_value_heads = 2 below",
         ),
     ],
 )

@@ -151,6 +151,21 @@ def test_kimi_linear_mla_layers_have_no_rope_and_no_mscale(rng):
     assert not layer.rope_interleave
 
 
+def test_bailing_hybrid_gates_each_head_and_its_mla_layer_closes_each_group(rng):
+    """Layer 5 of 6 (layer_group_size's default pattern); g_proj (H, C) loads; interleaved RoPE
+    whatever the config says."""
+    weights = state(rng, prefix="model.layers.5.self_attn.", q_lora_rank=None)
+    weights["model.layers.5.self_attn.g_proj.weight"] = rng.standard_normal((H, C))
+    cfg = config("bailing_hybrid", q_lora_rank=None, num_hidden_layers=6, rope_interleave=False)
+
+    layer = latent_from_hf(cfg, weights, layer_idx=5)
+
+    assert layer.output_gate == "head" and layer.gate_activation == "sigmoid"
+    np.testing.assert_array_equal(layer.g_proj.weight, weights[
+        "model.layers.5.self_attn.g_proj.weight"])  # fmt: skip
+    assert layer.rope_interleave and layer.q_lora_rank is None
+
+
 def test_kimi_k25_reads_its_text_config_and_its_language_models_weights(rng):
     k25 = {"model_type": "kimi_k25", "text_config": config("kimi_k2"), "vision_config": {}}
     weights = state(rng, prefix="model.language_model.layers.0.self_attn.")
@@ -181,6 +196,10 @@ def test_minicpm3_v_head_dim_defaults_to_the_head_width(rng):
         (config("axk1", q_lora_rank=None), ValueError, "no 'q_lora_rank', which a axk1"),
         (config("kimi_linear", layer_types=["linear_attention", "full_attention"]),
          ValueError, r"layer 0 is 'linear_attention'.*'full_attention' layers are: \[1\]"),
+        (config("bailing_hybrid", q_lora_rank=None, num_hidden_layers=6), ValueError,
+         r"layer 0 is 'linear_attention'.*'full_attention' layers are: \[5\]"),
+        (config("bailing_hybrid", layer_types=["full_attention"] * 2), ValueError,
+         r"sets q_lora_rank \(5\), but a bailing_hybrid layer always"),
         (config("mistral4"), ValueError, "rotates 8 dims.*qk_rope_head_dim is 4"),
         (config("mistral4", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                              "partial_rotary_factor": 0.5}),

@@ -45,8 +45,6 @@ CASES = {
     "glm5_next": ("glm5_next", "Glm5NextConfig", DSA),
     "mistral_large4": ("mistral_large4", "MistralLarge4Config", DSA),
     "dots3_note": ("dots3_note", "Dots3NoteConfig", DSA),
-    "zamba": ("zamba", "ZambaConfig", ("2 * hidden_size", "Mamba")),
-    "zamba2": ("zamba2", "Zamba2Config", ("2 * hidden_size", "LoRA adapters")),
     "blt": ("blt", "BltConfig", ("Byte Latent Transformer", "cross-attend")),
     "falcon_mamba": ("falcon_mamba", "FalconMambaConfig", ("state-space model", "no softmax")),
     "mamba": ("mamba", "MambaConfig", ("state-space model", "no softmax")),
