@@ -686,6 +686,8 @@ WRAPPERS: dict[str, tuple[tuple[str, ...], str]] = {
     "gemma3": (("gemma3_text",), "language_model"),
     "emu3": (("emu3_text_model",), "text_model"),
     "mllama": (("mllama_text_model",), "language_model"),
+    "qwen3_5": (("qwen3_5_text",), "language_model"),
+    "qwen3_5_moe": (("qwen3_5_moe_text",), "language_model"),
 }
 
 

@@ -80,12 +80,6 @@ REFUSED = {
     "indexer_budget tokens of them (plus the unfinished block), hiding the rest; the layer "
     "attends to every key. Its output gate (q_proj's per-head half, sigmoid) and QK-norm are "
     "qwen3_5_text's, which loads. Its linear_attention layers are gated DeltaNet (step 20)",
-    **{
-        name: f"{name}: the multimodal wrapper; pass config.text_config (and the language "
-        f"model's state dict): its language model is {name}_text, exact through grouped_from_hf "
-        "on its full_attention layers (text positions: the same position on the three mrope axes)"
-        for name in ("qwen3_5", "qwen3_5_moe")
-    },
     "qwen4_exp": "qwen4_exp: the multimodal wrapper; its language model is qwen4_exp_text, "
     "itself refused by name: a QSA indexer hides keys per query on every softmax layer",
     "cohere_compass_text": "cohere_compass_text: multimodal RoPE (mrope_section): each "

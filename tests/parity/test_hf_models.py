@@ -218,6 +218,8 @@ QWEN3_NEXT_MOE |= {"shared_expert_intermediate_size": 8}
 QWEN3_5 = {"linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2}
 QWEN3_5 |= {"linear_num_value_heads": 4}
 QWEN3_NEXT = QWEN3_5 | QWEN3_NEXT_MOE
+QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2}
+QWEN3_5_VISION |= {"out_hidden_size": 32, "num_position_embeddings": 16, "patch_size": 4}
 MROPE = {"mrope_section": [1, 1, 0], "mrope_interleaved": True}  # 2 frequencies: 4 of 16 turn
 LAGUNA_MOE = FLINT_MOE
 LAGUNA_YARN = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0, "partial_rotary_factor": 0.5}
@@ -1506,6 +1508,29 @@ CASES += [
         QWEN3_5
         | {"num_hidden_layers": 4, "head_dim": 16, "num_key_value_heads": 1}
         | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+    ),
+    ModelCase(  # Qwen/Qwen3.5-27B whole: its vision tower (qkv fused, another layout) beside the
+        # language model, converted from the wrapper's config and state dict
+        "qwen3_5-wrapper-27b-shaped",
+        "Qwen3_5",
+        3,
+        False,
+        QWEN3_5
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_key_value_heads": 1}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+        wrapper={"vision_config": QWEN3_5_VISION},
+    ),
+    ModelCase(
+        "qwen3_5_moe-wrapper-checkpoint",
+        "Qwen3_5Moe",
+        3,
+        False,
+        QWEN3_5
+        | QWEN3_NEXT_MOE
+        | {"num_hidden_layers": 4, "head_dim": 16, "num_attention_heads": 8}
+        | {"num_key_value_heads": 1, "rms_norm_eps": 1e-6}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7} | MROPE},
+        wrapper={"vision_config": QWEN3_5_VISION},
     ),
     ModelCase(
         "qwen3_5_moe_text-gate",

@@ -20,12 +20,9 @@ TINY |= {"num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 11}
 
 # model_type -> (the config class's module and name, words its reason must hold)
 QSA = ("indexed_attention", "QSA indexer", "top")
-TEXT_CONFIG = ("multimodal wrapper", "pass config.text_config", "exact")
 DSA = ("DeepSeek Sparse Attention", "top-k indexer")
 CASES = {
     "qwen4_exp_text": ("qwen4_exp", "Qwen4ExpTextConfig", QSA),
-    "qwen3_5": ("qwen3_5", "Qwen3_5Config", TEXT_CONFIG + ("qwen3_5_text",)),
-    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeConfig", TEXT_CONFIG + ("qwen3_5_moe_text",)),
     "qwen4_exp": ("qwen4_exp", "Qwen4ExpConfig", ("multimodal wrapper", "QSA indexer")),
     "cohere_compass_text": (
         "cohere_compass",
