@@ -668,6 +668,33 @@ FAMILIES: dict[str, Family] = {
         input_size=rules._zamba2_input_size,
         adapters="use_shared_attention_adapter",
     ),
+    # -- Beam (issue 28) --
+    # Beam: Qwen3's QK-norm, sliding layers that rotate and full ones that do not (a null
+    # rope_parameters entry: NoPE, with a query temperature), a sigmoid gate per element
+    # (gate_proj) whose bias is one per head (gate_bias, (H,))
+    "beam": Family(
+        sliding="layer_types",
+        fallback=rules._beam_sliding,
+        qk_norm=("rms", "head", 0.0),
+        rope_per_layer_type=True,
+        rotates=rules._beam_rotates,
+        config_defaults=(
+            ("head_dim", 128),
+            ("num_key_value_heads", 8),
+            ("num_hidden_layers", 52),
+            ("sliding_window", 512),
+            ("rms_norm_eps", 1e-6),
+        ),
+        rope_default=(
+            ("sliding_attention", (("rope_type", "default"), ("rope_theta", 10000.0))),
+            ("full_attention", None),
+        ),
+        renames=(("gate_proj", "g_proj"),),
+        refuse=rules._beam_refuse,
+        gate=rules._beam_gate,
+        query_temperature=rules._beam_temperature,
+        gate_bias_per_head="gate_bias",
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -214,6 +214,11 @@ class Family:
     ``use_shared_attention_adapter``): the k-th attention layer of ``mixers`` uses slot k,
     folded into the projections on load (``adapters.py``); the way back refuses such a config
     (the fold cannot be split)."""
+    gate_bias_per_head: str | None = None
+    """The model's key of a per-element gate's bias given once per head, (H,) (Beam's
+    ``gate_bias``): the layer's ``g_proj.bias`` (H*D,) holds each head's entry repeated over its D
+    coordinates (``grouped.py`` repeats it on load; on the way back the D copies of a weight must
+    agree, and a gradient's are summed, ``grads=True``)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------

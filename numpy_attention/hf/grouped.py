@@ -26,7 +26,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
 - Output gates before o_proj (``Family.gate``): sigmoid per element in Qwen3-Next and Qwen3.5
   (carried in q_proj: the ``"q_gate"`` layout splits it into ``g_proj``), AFMoE and HRM-Text
   (``gate_proj``), sigmoid per head in LFM3, softplus per head or per element in Laguna (whose
-  query heads may differ per layer).
+  query heads may differ per layer); Beam's sigmoid per element has a bias per head
+  (``gate_bias`` (H,), repeated over each head's D on load; on the way back a weight's D copies
+  must agree and a gradient's are summed, ``grads=True``).
 - Scores: Gemma 2/3 scale by ``query_pre_attn_scalar ** -0.5``, Granite by
   ``attention_multiplier``, Zamba and Zamba2 by ``(head_dim / 2) ** -0.5``; Gemma 2 caps them
   (``attn_logit_softcapping``); GPT-OSS has sinks.
@@ -38,7 +40,8 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   rotary width in Phi-3 and GLM (``partial_rotary_factor``); NoPE layers in SmolLM 3
   (``no_rope_layers``) and Cohere 2 (its full layers); one RoPE per layer type in Gemma 3;
   nanochat's pairs turn by -angle (the frequencies negated); Ministral 3 scales its queries by
-  Llama 4's temperature of the position after RoPE.
+  Llama 4's temperature of the position after RoPE; Beam's layer types whose
+  ``rope_parameters`` entry is null are NoPE and scale theirs by (1 + (p + 1) / 2048) ** 0.1.
   ``rope_parameters`` (transformers 5), or ``rope_theta`` and ``rope_scaling`` (a transformers
   4 ``config.json``), of type ``default``, ``linear``, ``llama3``, ``yarn``, ``proportional``
   (LFM3) or ``longrope``
@@ -252,7 +255,9 @@ def grouped_from_hf(
         attention = _with_adapters_folded(fn, config, family, layer_idx, prefix, attention)
     options = layer_options(config, name, layer_idx, attention)
     options |= rope_options(config, layer_idx, inv_freq, long_inv_freq)
-    expected = _model_shapes(family, hf_shapes(layout, _expected_shapes(options)))
+    expected = _model_shapes(
+        family, hf_shapes(layout, _expected_shapes(options)), options["num_heads"]
+    )
     _check_keys(attention, expected, prefix, layout)
     arrays = {key: _to_numpy(value) for key, value in attention.items()}
     for key, shape in expected.items():
@@ -264,7 +269,9 @@ def grouped_from_hf(
         validation.float_array(f"{fn}: {key}", arrays[key])
 
     arrays = _layer_names(
-        family, split(layout, arrays, options["num_heads"], options["num_kv_heads"])
+        family,
+        split(layout, arrays, options["num_heads"], options["num_kv_heads"]),
+        options["head_dim"],
     )
     dtype = np.float64 if arrays["q_proj.weight"].dtype == np.float64 else np.float32
     layer = GroupedQueryAttention(**options, rng=0)
@@ -275,7 +282,11 @@ def grouped_from_hf(
 
 
 def hf_attention_state_from_grouped(
-    config: Mapping[str, Any] | Any, state_dict: Mapping[str, Any], *, layer_idx: int = 0
+    config: Mapping[str, Any] | Any,
+    state_dict: Mapping[str, Any],
+    *,
+    layer_idx: int = 0,
+    grads: bool = False,
 ) -> dict[str, np.ndarray]:
     """The layer's state dict (or gradients, ``named_grads()``) in the model's attention layout:
     ``grouped_from_hf``'s way back. The names are the attention module's own (no prefix);
@@ -291,13 +302,18 @@ def hf_attention_state_from_grouped(
             and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
             has (biases, norms, sinks, the gate's ``g_proj``), passed through.
         layer_idx: the layer, whose query heads the config may give per layer (Laguna).
+        grads: ``state_dict`` holds gradients (``named_grads()``), not weights. It matters only
+            where one model parameter is several of the layer's: Beam's per-head ``gate_bias``
+            (H,) is g_proj's bias (H*D,) repeated over each head, so a weight's D copies must be
+            equal (one is kept) and a gradient's are summed (the chain rule).
 
     Returns:
         the model's names -> fresh NumPy arrays (copies).
 
     Raises:
         KeyError: a projection missing, or a bias on some of q, k, v only where they are fused.
-        ValueError: projections of other shapes than the config's.
+        ValueError: projections of other shapes than the config's; a per-head bias whose D
+            copies differ (not ``grads``).
     """
     fn = "hf_attention_state_from_grouped"
     config = language_model(as_mapping(config))
@@ -321,7 +337,7 @@ def hf_attention_state_from_grouped(
         shape["hidden_size"],
     )
     c_in = shape.get("input_size", c)  # Zamba's shared attention reads 2 * hidden_size
-    expected = {
+    expected: dict[str, tuple[int, ...]] = {
         "q_proj.weight": (h * d, c_in),
         "k_proj.weight": (h_kv * d, c_in),
         "v_proj.weight": (h_kv * d, c_in),
@@ -332,6 +348,8 @@ def hf_attention_state_from_grouped(
     )
     if family.layout == "q_gate":  # the gate is half of the model's q_proj
         expected["g_proj.weight"] = (h * d, c)
+    if family.gate_bias_per_head:  # Beam: one bias per head, repeated over its D in the layer
+        expected["g_proj.bias"] = (h * d,)
     missing = [key for key in expected if key not in arrays]
     biases = [f"{proj}.bias" for proj in fused]  # fused: their biases are one entry
     if any(key in arrays for key in biases):
@@ -347,7 +365,25 @@ def hf_attention_state_from_grouped(
                 f"{fn}: {key} has shape {arrays[key].shape}, but the config "
                 f"({_sizes(shape)}) gives {want}"
             )
-    return _model_names(family, join(family.layout, arrays, h, h_kv))
+    joined = join(family.layout, arrays, h, h_kv)
+    return _model_names(family, joined, head_bias=lambda bias: _head_bias(bias, h, d, grads))
+
+
+def _head_bias(bias: np.ndarray, heads: int, head_dim: int, grads: bool) -> np.ndarray:
+    """g_proj's bias (H*D,) as the model's per-head bias (H,): a gradient summed over each
+    head's D coordinates, a weight's one value per head, which its D copies must all hold."""
+    rows = bias.reshape(heads, head_dim)
+    if grads:
+        return rows.sum(axis=-1)
+    differ = np.flatnonzero((rows != rows[:, :1]).any(axis=-1))
+    if differ.size:
+        raise ValueError(
+            "hf_attention_state_from_grouped: g_proj.bias differs within head "
+            f"{int(differ[0])} ({differ.size} of {heads} heads): the model's gate bias is one "
+            "value per head, repeated over its head_dim coordinates, so the layer's must be too "
+            "(for gradients, pass grads=True: they are summed)"
+        )
+    return rows[:, 0].copy()
 
 
 def _with_adapters_folded(
@@ -375,18 +411,29 @@ def _with_adapters_folded(
 
 
 def _model_shapes(
-    family: Family, shapes: Mapping[str, tuple[int, ...]]
+    family: Family, shapes: Mapping[str, tuple[int, ...]], heads: int
 ) -> dict[str, tuple[int, ...]]:
     """The layer's entries and shapes under the model's names (``_model_names``)."""
-    return _model_names(family, shapes, per_head=lambda shape: [shape[1:]] * shape[0])
+    return _model_names(
+        family,
+        shapes,
+        per_head=lambda shape: [shape[1:]] * shape[0],
+        head_bias=lambda shape: (heads,),
+    )
 
 
-def _model_names(family: Family, state: Mapping[str, Any], per_head: Any = list) -> dict[str, Any]:
+def _model_names(
+    family: Family, state: Mapping[str, Any], per_head: Any = list, head_bias: Any = None
+) -> dict[str, Any]:
     """The layer's entries under the model's names: ``family.renames`` applied, a per-head
-    norm (H, D) split by ``per_head`` into one (D,) entry per head (StableLM)."""
+    norm (H, D) split by ``per_head`` into one (D,) entry per head (StableLM), g_proj's bias
+    made the model's per-head bias by ``head_bias`` (Beam's ``gate_bias``)."""
     to_model = {layer: model for model, layer in family.renames}
     out: dict[str, Any] = {}
     for key, value in state.items():
+        if family.gate_bias_per_head and key == "g_proj.bias":
+            out[family.gate_bias_per_head] = head_bias(value)
+            continue
         module, _, kind = key.partition(".")
         name = to_model.get(module, module)
         if family.norms_per_head_modules and module in ("q_norm", "k_norm"):
@@ -396,13 +443,19 @@ def _model_names(family: Family, state: Mapping[str, Any], per_head: Any = list)
     return out
 
 
-def _layer_names(family: Family, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _layer_names(
+    family: Family, state: Mapping[str, np.ndarray], head_dim: int
+) -> dict[str, np.ndarray]:
     """``_model_names``' inverse: the model's entries under the layer's names, per-head norms
-    stacked in head order (the caller has checked that every head is there)."""
+    stacked in head order (the caller has checked that every head is there), a per-head gate
+    bias (H,) repeated over each head's ``head_dim`` coordinates into g_proj's (H*D,)."""
     to_layer = dict(family.renames)
     out: dict[str, np.ndarray] = {}
     heads: dict[str, list[tuple[int, np.ndarray]]] = {}
     for key, value in state.items():
+        if family.gate_bias_per_head and key == family.gate_bias_per_head:
+            out["g_proj.bias"] = np.repeat(value, head_dim)
+            continue
         module, _, rest = key.partition(".")
         name = to_layer.get(module, module)
         if family.norms_per_head_modules and rest.startswith("norms."):

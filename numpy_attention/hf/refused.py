@@ -10,12 +10,6 @@ Tests: tests/numpy_attention/hf/test_refusals_d.py, test_refusals_e.py.
 from __future__ import annotations
 
 REFUSED = {
-    "beam": "beam: not a row yet, though its attention is the layer's (Qwen3's QK-norm, an output "
-    "gate sigmoid(x W_g + b_h) per element whose bias per head, gate_bias (H,), is g_proj's bias "
-    "repeated over each head, and on its NoPE full layers the query temperature "
-    "(1 + (p + 1) / 2048) ** 0.1; tests/parity/test_hf_models.py builds it by hand, exact): the "
-    "converter reads no output gate (gate_proj, gate_bias) and no null rope_parameters entry "
-    "for a NoPE layer type yet (issue 28)",
     "diffllama": "diffllama: differential attention, the difference of two softmax maps "
     "weighted by a learned lambda (lambda_q1, lambda_k1, ...), then a weightless RMSNorm "
     "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",

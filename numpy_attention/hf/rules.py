@@ -629,3 +629,64 @@ def _zamba2_refuse(config: Mapping[str, Any]) -> None:
 def _zamba2_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     """Zamba2's shared attention rotates q and k only under use_mem_rope."""
     return flag(config, "use_mem_rope")
+
+
+# Beam: its config class's pattern (every sixth layer and the last full, the others sliding); a
+# layer type whose rope_parameters entry is null runs without RoPE (NoPE) and scales its queries
+# by (1 + (p + 1) / 2048) ** 0.1; a sigmoid gate per element with a bias per head
+BEAM_TEMPERATURE = {"kind": "power", "exponent": 0.1, "length": 2048.0, "offset": 1.0}
+
+
+def _beam_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    last = required(config, "num_hidden_layers") - 1
+    return bool((layer_idx + 1) % 6) and layer_idx != last
+
+
+def _beam_rope(config: Mapping[str, Any], family: Family) -> Mapping[str, Any]:
+    """Beam's rope_parameters, one entry per layer type (null: NoPE), its config class's where a
+    config has none; a flat dict, or one without an entry for a layer type the model has,
+    refused (its rotary embedding reads ``rope_parameters[layer_type]`` and fails)."""
+    params = config.get("rope_parameters")
+    if params is None:
+        return {kind: None if value is None else dict(value) for kind, value in family.rope_default}
+    count = required(config, "num_hidden_layers")
+    kinds = {layer_kind(config, family, i) for i in range(count)}
+    missing = sorted(kind for kind in kinds if kind not in params)
+    if missing:
+        raise ValueError(
+            f"rope_parameters has no {missing[0]!r} entry: Beam's model reads "
+            "rope_parameters[layer_type] for each of its layer types (null: a NoPE layer) and "
+            "fails without it"
+        )
+    return params
+
+
+def _beam_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    return _beam_rope(config, family)[layer_kind(config, family, layer_idx)] is not None
+
+
+def _beam_temperature(
+    config: Mapping[str, Any], family: Family, layer_idx: int
+) -> dict[str, Any] | None:
+    return None if _beam_rotates(config, family, layer_idx) else dict(BEAM_TEMPERATURE)
+
+
+def _beam_gate(config: Mapping[str, Any]) -> tuple[str, str, bool]:
+    return ("element", "sigmoid", True)
+
+
+def _beam_refuse(config: Mapping[str, Any]) -> None:
+    """A config.json without rope_parameters: its config class ignores rope_theta and makes a
+    rope_scaling the one dict that its model cannot read per layer type."""
+    if config.get("rope_parameters") is not None:
+        return
+    for key, why in (
+        ("rope_scaling", "makes it a single rope_parameters dict, which the model cannot read "
+         "per layer type ('sliding_attention', 'full_attention') and fails on"),
+        ("rope_theta", "ignores it and gives the sliding layers its own RoPE (base 10000)"),
+    ):  # fmt: skip
+        if config.get(key) is not None:
+            raise ValueError(
+                f"the config has {key} but no rope_parameters: Beam's config class {why}; give "
+                "rope_parameters, one entry per layer type"
+            )

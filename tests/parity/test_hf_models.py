@@ -45,7 +45,6 @@ torch_attention/grouped.py) as Hugging Face's models use them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +56,6 @@ from torch.overrides import TorchFunctionMode
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.decode.cache import KVCache
-from numpy_attention.grouped import GroupedQueryAttention
 from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,
@@ -243,6 +241,18 @@ MODERNBERT_DECODER = {  # no key/value grouping; Hugging Face's window is local_
     "norm_eps": 1e-5,
     "pad_token_id": 0,  # its config wants an int
 }
+BEAM = {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]} | {
+    "mlp_layer_types": ["dense", "dense"],
+    "num_experts": 2,
+    "num_experts_per_tok": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "moe_intermediate_size": 8,
+    "rms_norm_eps": 1e-5,
+}
+BEAM_FULL_ROPE = {"rope_type": "default", "rope_theta": 1e6}
+BEAM_SHAPED = BEAM | {"num_hidden_layers": 6, "layer_types": None, "mlp_layer_types": None}
+BEAM_SHAPED |= {"num_attention_heads": 6, "num_key_value_heads": 1}
 CASES = [
     ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
     ModelCase("llama-llama3-rope", "Llama", 1, False, {"rope_parameters": LLAMA3_ROPE}, True),
@@ -1757,6 +1767,37 @@ CASES += [
         | {"use_shared_attention_adapter": True, "adapter_rank": 4, "use_mem_rope": True}
         | {"n_mamba_heads": 8, "mamba_d_state": 4, "head_dim": ABSENT},
     ),
+    # -- Beam (issue 28): Qwen3's QK-norm, a sigmoid gate per element with a bias per head
+    # (gate_bias (H,), repeated over each head's D on load, summed back for its gradient), and on
+    # a layer type whose rope_parameters entry is null, NoPE and the query temperature
+    # (1 + (p + 1) / 2048) ** 0.1; small dense MLPs (the MoE is outside the attention)
+    ModelCase("beam-sliding-rope", "Beam", 0, True, BEAM),
+    ModelCase("beam-full-nope-temperature", "Beam", 1, False, BEAM | {"attention_bias": True}),
+    ModelCase(  # the other way round: sliding layers without RoPE (so with the temperature),
+        # full ones rotating at their own base
+        "beam-sliding-nope-full-rope",
+        "Beam",
+        0,
+        True,
+        BEAM | {"rope_parameters": {"sliding_attention": None, "full_attention": BEAM_FULL_ROPE}},
+    ),
+    ModelCase(
+        "beam-full-rope",
+        "Beam",
+        1,
+        False,
+        BEAM | {"rope_parameters": {"sliding_attention": None, "full_attention": BEAM_FULL_ROPE}},
+    ),  # fmt: skip
+    ModelCase(  # reflection/Beam-1.0-501B-A23B: 48 query heads over 8 key/value heads (here 6
+        # over 1), its config class's layer pattern (every sixth layer and the last full, NoPE
+        # with the temperature; the others sliding with RoPE at base 10000): layers 4 and 5
+        "beam-1.0-501b-shaped-sliding",
+        "Beam",
+        4,
+        True,
+        BEAM_SHAPED,
+    ),
+    ModelCase("beam-1.0-501b-shaped-full", "Beam", 5, False, BEAM_SHAPED),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
@@ -1814,7 +1855,9 @@ def model_gradients(config, attention, layer_idx, grads):
     refuses, by the chain rule here: dW = dW_eff, dA = B^T dW_eff, dB = dW_eff A^T for the
     layer's own slot (the module's ``layer_dic``); the block's other slots get none."""
     if not getattr(config, "use_shared_attention_adapter", False):
-        return hf_attention_state_from_grouped(config.to_dict(), grads, layer_idx=layer_idx)
+        return hf_attention_state_from_grouped(
+            config.to_dict(), grads, layer_idx=layer_idx, grads=True
+        )
     slot = attention.layer_dic[layer_idx]
     out = dict(grads)
     for proj in "qkv":
@@ -1865,7 +1908,8 @@ def model_frequencies(case, config, model):
         return {"inv_freq": inv_freq}
     if hasattr(rotary, "layer_types"):  # one rotary embedding per layer type
         kind = config.layer_types[case.layer_idx]
-        return {"inv_freq": getattr(rotary, f"{kind}_original_inv_freq")}
+        inv_freq = getattr(rotary, f"{kind}_original_inv_freq", None)  # Beam: none on NoPE
+        return {} if inv_freq is None else {"inv_freq": inv_freq}
     frequencies = {"inv_freq": rotary.original_inv_freq}
     if rotary.rope_type == "longrope":
         original = config.rope_parameters["original_max_position_embeddings"]
@@ -2179,6 +2223,7 @@ GATED = {  # model_type -> (modeling module, attention class, its config keyword
     "laguna": ("laguna", "LagunaAttention", {"gating": "per-element"}, 1),
     "afmoe": ("afmoe", "AfmoeAttention", {}, 1),
     "hrm_text": ("hrm_text", "HrmTextAttention", {"attention_bias": True}, 0),
+    "beam": ("beam", "BeamAttention", {"attention_bias": True}, 1),
 }
 
 
@@ -2217,97 +2262,3 @@ def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
     assert set(back) == set(state)
     for key, value in back.items():
         assert np.array_equal(value, state[key]), key
-
-
-# -- Beam's attention built by hand (issue 28): its row waits for the gated families' converter --
-
-BEAM = ModelCase(  # layer 0 slides and rotates, layer 1 is full, NoPE, with the temperature
-    "beam-by-hand",
-    "Beam",
-    0,
-    True,
-    {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
-    | {"mlp_layer_types": ["dense", "dense"], "num_experts": 2, "num_experts_per_tok": 1}
-    | {"n_group": 1, "topk_group": 1, "moe_intermediate_size": 8, "rms_norm_eps": 1e-5},
-)
-# Beam's fixed temperature on its NoPE layers, (1 + (p + 1) / 2048) ** 0.1
-BEAM_TEMPERATURE = {"kind": "power", "exponent": 0.1, "length": 2048.0, "offset": 1.0}
-
-
-def beam_layers(config, model, layer_idx):
-    """The layer and its twin built by hand as BeamAttention: Qwen3's QK-norm before RoPE, RoPE
-    on the sliding layers and the temperature on the full ones, and the output gate per element
-    whose bias, one per head (gate_bias (H,)), is repeated over each head's D coordinates."""
-    attention = attention_of(model, layer_idx)
-    sliding = config.layer_types[layer_idx] == "sliding_attention"
-    h, d = config.num_attention_heads, config.head_dim
-    options = {"head_dim": d, "qk_norm": True, "norm_eps": config.rms_norm_eps}
-    options |= {"output_gate": "element", "gate_bias": True}
-    if sliding:
-        inv_freq = model.rotary_emb.sliding_attention_original_inv_freq
-        options |= {"window": (config.sliding_window - 1, 0), "inv_freq": to_numpy(inv_freq)}
-    else:
-        options |= {"rotary_dim": 0, "query_temperature": BEAM_TEMPERATURE}
-    layer = GroupedQueryAttention(
-        config.hidden_size, h, config.num_key_value_heads, **options
-    ).astype(np.float64)
-    state = {name: to_numpy(value) for name, value in attention.state_dict().items()}
-    state["g_proj.weight"] = state.pop("gate_proj.weight")
-    state["g_proj.bias"] = np.repeat(state.pop("gate_bias"), d)  # (H,) -> (H*D,)
-    layer.load_state_dict(state)
-    layer.eval()
-    twin = torch_attention.GroupedQueryAttention(**layer.constructor_args()).double().eval()
-    return {"numpy": layer, "torch": torch_attention.from_numpy(twin, layer)}
-
-
-def beam_grads(grads, heads, head_dim):
-    """The layer's gradients under Beam's names: g_proj's bias summed over each head's D."""
-    grads = dict(grads)
-    grads["gate_proj.weight"] = grads.pop("g_proj.weight")
-    grads["gate_bias"] = grads.pop("g_proj.bias").reshape(heads, head_dim).sum(axis=-1)
-    return grads
-
-
-@pytest.mark.parametrize("layer_idx", [0, 1], ids=["sliding-rope", "full-nope-temperature"])
-def test_beam_attention_is_the_layer_with_its_gate_and_temperature(rng, layer_idx):
-    """Out, dx and every parameter's gradient of BeamAttention, left-padded, then decoding with
-    the cache: the layer's output gate and query temperature are exactly Beam's."""
-    config, model = dataclasses.replace(BEAM, layer_idx=layer_idx).build()
-    embeds, attention_mask, positions = inputs(rng, True)
-    args, kwargs, _ = record_attention_call(
-        model, layer_idx, inputs_embeds=embeds, attention_mask=attention_mask,
-        position_ids=positions,
-    )  # fmt: skip
-    attention = attention_of(model, layer_idx)
-    layers = beam_layers(config, model, layer_idx)
-    padding, ours = padding_from_hf(attention_mask)
-    real = attention_mask.numpy() == 1
-    x = rng.standard_normal((B, N, config.hidden_size))
-    dout = rng.standard_normal(x.shape) * real[..., None]
-    x_t = to_torch(x, requires_grad=True)
-    expected = call_attention(attention, args, kwargs, x_t)
-    expected.backward(to_torch(dout))
-
-    for package, layer in layers.items():
-        out, dx, grads = forward_backward(layer, x, dout, ours, padding)
-        grads = beam_grads(grads, config.num_attention_heads, config.head_dim)
-        assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
-        assert_close(dx, x_t.grad, name=f"{package} dx")
-        assert set(grads) == {name for name, _ in attention.named_parameters()}, package
-        for name, param in attention.named_parameters():
-            assert_close(grads[name], param.grad, name=f"{package} {name}")
-
-    hf_cache = DynamicCache(config=config)
-    caches = {package: new_cache(layer) for package, layer in layers.items()}
-    for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
-        args, kwargs, expected = record_attention_call(
-            model, layer_idx, inputs_embeds=embeds[:, start:stop],
-            attention_mask=attention_mask[:, :stop], position_ids=positions[:, start:stop],
-            past_key_values=hf_cache, use_cache=True,
-        )  # fmt: skip
-        padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
-        x = to_numpy(attention_input(args, kwargs))
-        rows = real[:, start:stop]
-        for package, layer in layers.items():
-            out = decode_step(layer, x, ours, padding, caches[package])
-            assert_close(out[rows], to_numpy(expected)[rows], name=f"{package} {start}:{stop}")

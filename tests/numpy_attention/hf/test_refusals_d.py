@@ -28,7 +28,6 @@ DRAFTER = {
 }
 # model_type -> (extra config keywords, words the refusal must contain)
 REFUSED = {
-    "beam": ({"num_key_value_heads": 2}, "output gate.*temperature"),
     "diffllama": ({}, "differential attention"),
     "doge": ({}, "dynamic mask"),
     "inkling_text": ({}, "short convolutions.*relative-position"),
