@@ -2,8 +2,9 @@
 model reads it, the attention weights found in any state dict, fused projections split on load
 and joined on save, NumPy only (transformers is never imported).
 
-Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES``, 60 families (Llama,
-Mistral, the Qwens, the Gemmas, GPT-OSS, Phi, OLMo, Cohere, Granite, GLM, Falcon and their
+Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
+``families.WRAPPERS``, 94 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
 
