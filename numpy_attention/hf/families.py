@@ -668,6 +668,25 @@ FAMILIES: dict[str, Family] = {
         input_size=rules._zamba2_input_size,
         adapters="use_shared_attention_adapter",
     ),
+    # Persimmon: one fused query_key_value viewed as (H, 3, D), per head [q_h; k_h; v_h] (the
+    # falcon layout with g = 1: no key/value head count is read), biases on it and on dense,
+    # an nn.LayerNorm with a bias over each head of q and k (qk_layernorm, on by default),
+    # half the head rotated by default, head_dim = hidden_size // num_attention_heads
+    "persimmon": Family(
+        bias="<always>",
+        out_bias="<always>",
+        qk_norm=("layer_bias", "head", 0.0),
+        qk_norm_flag="qk_layernorm",
+        norm_eps="layer_norm_eps",
+        partial_rotary=True,
+        partial_rotary_default=0.5,
+        layout="falcon",
+        head_dim_from_config=False,
+        renames=(("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
+        config_defaults=(("qk_layernorm", True), ("layer_norm_eps", 1e-5), ("rope_theta", 1e4)),
+        refuse=rules._stablelm_refuse,
+        all_kv_heads=True,
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -263,7 +263,7 @@ def _never(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     return False
 
 
-# StableLM (and Mllama's text model, ModernBERT decoder): its attention's head width is
+# StableLM (and Mllama's text model, ModernBERT decoder, Persimmon): its attention's head width is
 # hidden_size // num_attention_heads whatever head_dim says, and its rotary embedding reads
 # head_dim: the two must agree
 def _stablelm_refuse(config: Mapping[str, Any]) -> None:
