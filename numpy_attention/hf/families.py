@@ -359,13 +359,18 @@ FAMILIES: dict[str, Family] = {
         partial_rotary_default=0.25,
         refuse=rules._stablelm_refuse,
     ),
-    # Phi: q, k, v and dense (its o_proj) always carry a bias, whatever the config says
+    # Phi: q, k, v and dense (its o_proj) always carry a bias, whatever the config says; under
+    # qk_layernorm an nn.LayerNorm with a bias over each head of q and k, before RoPE
     "phi": Family(
         bias="<always>",
         out_bias="<always>",
+        qk_norm=("layer_bias", "head", 0.0),
+        qk_norm_flag="qk_layernorm",
+        norm_eps="layer_norm_eps",
         partial_rotary=True,
-        renames=(("dense", "o_proj"),),
+        renames=(("dense", "o_proj"), ("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
         partial_rotary_default=0.5,
+        config_defaults=(("layer_norm_eps", 1e-5),),
         refuse=rules._phi_refuse,
     ),
     "nemotron": Family(partial_rotary=True, partial_rotary_default=0.5),

@@ -1763,6 +1763,13 @@ CASES += [
         | {"num_attention_heads": 8, "rope_theta": 25000.0, "partial_rotary_factor": 0.5}
         | {"qk_layernorm": True, "layer_norm_eps": 1e-5},
     ),
+    ModelCase(  # Phi's qk_layernorm, the same nn.LayerNorm per head (no released Phi sets it)
+        "phi-qk-layernorm",
+        "Phi",
+        1,
+        False,
+        {"qk_layernorm": True, "layer_norm_eps": 0.1},
+    ),
 ]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}

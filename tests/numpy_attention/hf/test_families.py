@@ -268,7 +268,11 @@ def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"model_type": "phi", "qk_layernorm": True}, "phi's QK-norm is a LayerNorm with a bias"),
+        (
+            {"model_type": "phi", "qk_layernorm": True, "hidden_size": 32}
+            | {"num_attention_heads": 4, "head_dim": 10},
+            "qk_layernorm is set with head_dim 10: phi's QK-norm is a LayerNorm of width .* 8",
+        ),
         (
             {"model_type": "nemotron_h", "sliding_window": 4},
             "sliding_window is set, but nemotron_h's attention never slides",
