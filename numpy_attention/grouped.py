@@ -112,8 +112,9 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (an RMSNorm or LayerNorm, weight by
-    ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,); none for
-    ``"rms_weightless"``); with ``sinks``,
+    ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,), and for
+    ``"layer_bias"`` a bias of the weight's shape beside it; none for ``"rms_weightless"``); with
+    ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
     trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
     per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
@@ -144,7 +145,9 @@ class GroupedQueryAttention(Module):
         qk_norm: a norm of q and k, before RoPE or after it (``qk_norm_position``).
         norm_eps: the QK-norm's eps.
         qk_norm_type: ``"rms"`` (RMSNorm: Qwen3, Gemma 3, OLMo 2, Hunyuan), ``"layer"``
-            (LayerNorm without bias: Cohere) or ``"rms_weightless"`` (RMSNorm without a weight,
+            (LayerNorm without bias: Cohere), ``"layer_bias"`` (LayerNorm with a bias, parameters
+            ``q_norm.bias`` and ``k_norm.bias`` of the weights' shapes: Persimmon, MPT's whole
+            projection) or ``"rms_weightless"`` (RMSNorm without a weight,
             no parameter: nanochat, Llama 4's L2Norm; shape ``"head"`` or ``"all"``, no offset).
         qk_norm_shape: what is normalized and the weight's shape: ``"head"`` each head's D
             coordinates, one weight (D,) for all heads (Qwen3, Gemma 3); ``"per_head"`` each
@@ -300,8 +303,10 @@ class GroupedQueryAttention(Module):
                 _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim), norm_eps
             )
         elif self.qk_norm:
-            norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
-            offset = {"weight_offset": norm_weight_offset}
+            norm = _NORMS[qk_norm_type]
+            offset: dict[str, Any] = {"weight_offset": norm_weight_offset}
+            if qk_norm_type == "layer_bias":  # q_norm.bias, k_norm.bias beside the weights
+                offset["bias"] = True
             self.q_norm = norm(
                 _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim), norm_eps, **offset
             )
@@ -557,7 +562,12 @@ class GroupedQueryAttention(Module):
         return dx if dxg is None else dx + dxg
 
 
-QK_NORM_TYPES = ("rms", "layer", "rms_weightless")
+QK_NORM_TYPES = ("rms", "layer", "layer_bias", "rms_weightless")
+_NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
+    "rms": RMSNorm,
+    "layer": LayerNorm,
+    "layer_bias": LayerNorm,
+}  # the QK-norm's class by qk_norm_type (the weightless one aside)
 QK_NORM_SHAPES = ("head", "per_head", "all")
 QK_NORM_POSITIONS = ("before_rope", "after_rope")
 

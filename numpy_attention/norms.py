@@ -1,9 +1,10 @@
-"""The norms of QK-norm: RMSNorm and LayerNorm (without a bias), each a pure pair ``x_forward`` /
-``x_backward`` and a thin layer holding its weight.
+"""The norms of QK-norm: RMSNorm and LayerNorm (with or without a bias), each a pure pair
+``x_forward`` / ``x_backward`` and a thin layer holding its weight (and LayerNorm's bias).
 
     RMSNorm:    x_hat = x / sqrt(mean(x^2) + eps)                 over the last axis
     LayerNorm:  x_hat = (x - mean(x)) / sqrt(var(x) + eps)        var the biased variance
     both:       y = (offset + w) * x_hat
+    LayerNorm with a bias (Persimmon's, ``nn.LayerNorm``'s):  y = (offset + w) * x_hat + b
 
 with a learned weight w. ``weight_offset`` is 0 for the plain weight of Llama, Qwen3 and OLMo 2
 (w starts at ones); Gemma's norms scale by (1 + w) (w starts at zeros), ``weight_offset=1``, so
@@ -17,10 +18,10 @@ Hugging Face's norms compute in float32 whatever the input's dtype; these comput
 dtype, so float64 stays float64.
 
 Shape legend: "..." leading axes (B, N or B, H, N), D the normalized width, W the weight's shape
-(D,) or (H, D), the trailing axes of x.
+(D,) or (H, D), the trailing axes of x (and the bias's).
 
 Derivation: docs/derivations/rmsnorm.md (RMSNorm, the (1 + w) weight, a weight per head),
-docs/derivations/layernorm.md (LayerNorm).
+docs/derivations/layernorm.md (LayerNorm, its bias).
 Tests: tests/numpy_attention/test_norms.py; as QK-norm, tests/numpy_attention/test_grouped.py.
 """
 
@@ -85,16 +86,24 @@ def rmsnorm_backward(dout: np.ndarray, ctx: NormCtx) -> tuple[np.ndarray, np.nda
 
 
 def layernorm_forward(
-    x: np.ndarray, weight: np.ndarray, eps: float = 1e-5, *, weight_offset: float = 0.0
+    x: np.ndarray,
+    weight: np.ndarray,
+    eps: float = 1e-5,
+    *,
+    weight_offset: float = 0.0,
+    bias: np.ndarray | None = None,
 ) -> tuple[np.ndarray, NormCtx]:
-    """y = (offset + w) * (x - mean(x)) / sqrt(var(x) + eps), over the last axis, no bias
-    (Cohere's LayerNorm; ``torch.nn.functional.layer_norm`` with ``bias=None``).
+    """y = (offset + w) * (x - mean(x)) / sqrt(var(x) + eps) (+ b), over the last axis: without
+    a bias Cohere's LayerNorm (``torch.nn.functional.layer_norm`` with ``bias=None``), with one
+    ``nn.LayerNorm``'s (Persimmon's QK-norm).
 
     Args:
         x: (..., D).
         weight: W = (D,) or the trailing shape of x, e.g. (H, D); in x's dtype.
         eps: > 0, added to the (biased) variance under the root.
         weight_offset: added to the weight.
+        bias: None, or b of the weight's shape W and x's dtype, added after the scale. Its
+            gradient is ``layernorm_bias_backward``'s (the ctx does not need it).
 
     Returns:
         y (..., D) in x's dtype and the ctx for ``layernorm_backward``.
@@ -104,7 +113,10 @@ def layernorm_forward(
     variance = np.mean(centered * centered, axis=-1, keepdims=True)  # (..., 1)
     inv_std = 1 / np.sqrt(variance + x.dtype.type(eps))  # (..., 1)
     x_hat = centered * inv_std  # (..., D)
-    return x_hat * scale, NormCtx(x_hat, inv_std, scale)
+    out = x_hat * scale
+    if bias is not None:
+        out = out + _check_bias(bias, x, scale.shape)
+    return out, NormCtx(x_hat, inv_std, scale)
 
 
 def layernorm_backward(dout: np.ndarray, ctx: NormCtx) -> tuple[np.ndarray, np.ndarray]:
@@ -130,6 +142,21 @@ def layernorm_backward(dout: np.ndarray, ctx: NormCtx) -> tuple[np.ndarray, np.n
     return inv_std * (dx_hat - mean_g - x_hat * mean_gx), dweight
 
 
+def layernorm_bias_backward(dout: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Gradient of LayerNorm's bias: forward y = (offset + w) * x_hat + b, b broadcast over every
+    row, so db = sum over the rows of dy (every leading axis the bias does not have).
+    Derivation: docs/derivations/layernorm.md.
+
+    Args:
+        dout: (..., *W), the forward's output shape.
+        shape: W, the bias's shape (the trailing axes of dout).
+
+    Returns:
+        dbias W.
+    """
+    return dout.reshape((-1, *shape)).sum(axis=0)
+
+
 def _check(
     x: np.ndarray, weight: np.ndarray, eps: float, weight_offset: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -144,6 +171,15 @@ def _check(
     validation.same_dtype(x=x, weight=weight)
     offset = validation.finite_real("weight_offset", weight_offset)
     return x, weight + x.dtype.type(offset), _check_eps(eps)
+
+
+def _check_bias(bias: np.ndarray, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """LayerNorm's bias checked: the weight's shape W and x's dtype."""
+    bias = validation.float_array("bias", bias)
+    if bias.shape != shape:
+        raise ValueError(f"the bias must have the weight's shape {shape}, got {bias.shape}")
+    validation.same_dtype(x=x, bias=bias)
+    return bias
 
 
 def _weight_grad(dout: np.ndarray, x_hat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -182,15 +218,20 @@ class _Norm(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., *W) -> (..., *W), normalized over the last axis."""
+        x = self._checked_input(x)
+        out, ctx = self._forward(x, self.weight, self.eps, weight_offset=self.weight_offset)
+        self._save_ctx(ctx, out)
+        return out
+
+    def _checked_input(self, x: np.ndarray) -> np.ndarray:
+        """x checked as (..., *W) in the weight's dtype."""
         name = type(self).__name__
         x = validation.layer_input("x", x, self.shape[-1], None, self.weight.dtype, name)
         if x.shape[x.ndim - len(self.shape) :] != self.shape:
             raise ValueError(
                 f"{name} of weight {self.shape} needs x (..., *{self.shape}), got {x.shape}"
             )
-        out, ctx = self._forward(x, self.weight, self.eps, weight_offset=self.weight_offset)
-        self._save_ctx(ctx, out)
-        return out
+        return x
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         """dout (..., *W) -> dx (..., *W); adds dweight into the grads."""
@@ -222,18 +263,54 @@ class RMSNorm(_Norm):
 
 
 class LayerNorm(_Norm):
-    """Layer normalization of the last axis with a learned scale and no bias, as Cohere's QK-norm
-    (``CohereLayerNorm``): parameter ``weight``.
+    """Layer normalization of the last axis with a learned scale: parameter ``weight``, and with
+    ``bias`` a parameter ``bias`` of the weight's shape, zeros at initialisation. Without a bias
+    Cohere's QK-norm (``CohereLayerNorm``); with one ``nn.LayerNorm``'s (Persimmon's QK-norm).
 
     Args:
         dim: the weight's shape W: D, or a tuple such as (H, D) (Cohere's weight per head); the
             norm is over the last axis.
         eps: > 0, added to the variance under the root.
         weight_offset: the scale is (offset + w).
+        bias: a learned bias b added after the scale, y = (offset + w) * x_hat + b.
     """
 
     _forward = staticmethod(layernorm_forward)
     _backward = staticmethod(layernorm_backward)
+
+    def __init__(
+        self,
+        dim: int | tuple[int, ...],
+        eps: float = 1e-6,
+        *,
+        weight_offset: float = 0.0,
+        bias: bool = False,
+    ) -> None:
+        super().__init__(dim, eps, weight_offset=weight_offset)
+        self.has_bias = validation.flag("bias", bias)
+        if self.has_bias:
+            self.register_parameter("bias", np.zeros(self.shape, dtype=np.float32))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (..., *W) -> (..., *W), normalized over the last axis (plus the bias)."""
+        if not self.has_bias:
+            return super().forward(x)
+        x = self._checked_input(x)
+        out, ctx = layernorm_forward(
+            x, self.weight, self.eps, weight_offset=self.weight_offset, bias=self.bias
+        )
+        self._save_ctx(ctx, out)
+        return out
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """dout (..., *W) -> dx (..., *W); adds dweight (and dbias) into the grads."""
+        if not self.has_bias:
+            return super().backward(dout)
+        dout, ctx = self._pop_ctx(dout)
+        dx, dweight = layernorm_backward(dout, ctx)
+        self._accumulate("weight", dweight)
+        self._accumulate("bias", layernorm_bias_backward(dout, self.shape))
+        return dx
 
 
 class WeightlessRMSNorm(Module):

@@ -77,7 +77,8 @@ class GroupedQueryAttention(Module):
     Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
     ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
-    ``qk_norm_shape``; none for ``"rms_weightless"``); with ``sinks``, ``sinks`` (H,), zeros;
+    ``qk_norm_shape``, with a bias beside for ``"layer_bias"``; none for ``"rms_weightless"``);
+    with ``sinks``, ``sinks`` (H,), zeros;
     with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
     bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
@@ -200,11 +201,14 @@ class GroupedQueryAttention(Module):
             self.q_norm: nn.Module = WeightlessRMSNorm(q_width, self.norm_eps)
             self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
         elif self.qk_norm:
-            norm = LayerNorm if qk_norm_type == "layer" else RMSNorm
+            norm = _NORMS[qk_norm_type]
             q_dim = _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
             k_dim = _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
-            self.q_norm = norm(q_dim, self.norm_eps, weight_offset=norm_weight_offset)
-            self.k_norm = norm(k_dim, self.norm_eps, weight_offset=norm_weight_offset)
+            options: dict[str, Any] = {"weight_offset": norm_weight_offset}
+            if qk_norm_type == "layer_bias":  # q_norm.bias, k_norm.bias beside the weights
+                options["bias"] = True
+            self.q_norm = norm(q_dim, self.norm_eps, **options)
+            self.k_norm = norm(k_dim, self.norm_eps, **options)
         if self.has_sinks:
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         if self.output_gate is not None:
@@ -388,7 +392,12 @@ class GroupedQueryAttention(Module):
         return ", ".join(options + [f"backend={self.backend!r}"])
 
 
-QK_NORM_TYPES = ("rms", "layer", "rms_weightless")
+QK_NORM_TYPES = ("rms", "layer", "layer_bias", "rms_weightless")
+_NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
+    "rms": RMSNorm,
+    "layer": LayerNorm,
+    "layer_bias": LayerNorm,
+}  # the QK-norm's class by qk_norm_type (the weightless one aside)
 QK_NORM_SHAPES = ("head", "per_head", "all")
 QK_NORM_POSITIONS = ("before_rope", "after_rope")
 

@@ -1,6 +1,6 @@
 """The norms of QK-norm in torch, the twins of ``numpy_attention.norms``: RMSNorm and LayerNorm
-(without a bias), a weight of shape (D,) or (H, D) (a weight per head), scale (offset + w). The
-backward is autograd's.
+(with or without a bias), a weight of shape (D,) or (H, D) (a weight per head), scale
+(offset + w). The backward is autograd's.
 
 Shape legend: "..." leading axes, D the normalized width, W the weight's shape (the trailing axes
 of x).
@@ -79,14 +79,36 @@ class RMSNorm(_Norm):
 
 
 class LayerNorm(_Norm):
-    """Layer normalization of the last axis without a bias (Cohere's QK-norm):
-    y = (offset + w) * (x - mean(x)) / sqrt(var(x) + eps), var the biased variance.
+    """Layer normalization of the last axis: y = (offset + w) * (x - mean(x)) / sqrt(var(x) +
+    eps) (+ b), var the biased variance; without a bias Cohere's QK-norm, with one
+    ``nn.LayerNorm``'s (Persimmon's): parameter ``bias`` of the weight's shape, zeros.
 
     Args:
         dim: the weight's shape W: D, or a tuple such as (H, D) (Cohere's weight per head).
         eps: > 0, added to the variance under the root.
         weight_offset: the scale is (offset + w).
+        bias: a learned bias b added after the scale.
     """
+
+    def __init__(
+        self,
+        dim: int | tuple[int, ...],
+        eps: float = 1e-6,
+        *,
+        weight_offset: float = 0.0,
+        bias: bool = False,
+    ) -> None:
+        super().__init__(dim, eps, weight_offset=weight_offset)
+        self.has_bias = validation.flag("bias", bias)
+        self.bias = nn.Parameter(torch.zeros(self.shape)) if self.has_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., *W) -> (..., *W), normalized over the last axis (plus the bias)."""
+        out = super().forward(x)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", bias=True" if self.has_bias else "")
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         centered = x - x.mean(dim=-1, keepdim=True)  # (..., D)

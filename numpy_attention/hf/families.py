@@ -359,13 +359,18 @@ FAMILIES: dict[str, Family] = {
         partial_rotary_default=0.25,
         refuse=rules._stablelm_refuse,
     ),
-    # Phi: q, k, v and dense (its o_proj) always carry a bias, whatever the config says
+    # Phi: q, k, v and dense (its o_proj) always carry a bias, whatever the config says; under
+    # qk_layernorm an nn.LayerNorm with a bias over each head of q and k, before RoPE
     "phi": Family(
         bias="<always>",
         out_bias="<always>",
+        qk_norm=("layer_bias", "head", 0.0),
+        qk_norm_flag="qk_layernorm",
+        norm_eps="layer_norm_eps",
         partial_rotary=True,
-        renames=(("dense", "o_proj"),),
+        renames=(("dense", "o_proj"), ("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
         partial_rotary_default=0.5,
+        config_defaults=(("layer_norm_eps", 1e-5),),
         refuse=rules._phi_refuse,
     ),
     "nemotron": Family(partial_rotary=True, partial_rotary_default=0.5),
@@ -694,6 +699,25 @@ FAMILIES: dict[str, Family] = {
         gate=rules._beam_gate,
         query_temperature=rules._beam_temperature,
         gate_bias_per_head="gate_bias",
+    ),
+    # Persimmon: one fused query_key_value viewed as (H, 3, D), per head [q_h; k_h; v_h] (the
+    # falcon layout with g = 1: no key/value head count is read), biases on it and on dense,
+    # an nn.LayerNorm with a bias over each head of q and k (qk_layernorm, on by default),
+    # half the head rotated by default, head_dim = hidden_size // num_attention_heads
+    "persimmon": Family(
+        bias="<always>",
+        out_bias="<always>",
+        qk_norm=("layer_bias", "head", 0.0),
+        qk_norm_flag="qk_layernorm",
+        norm_eps="layer_norm_eps",
+        partial_rotary=True,
+        partial_rotary_default=0.5,
+        layout="falcon",
+        head_dim_from_config=False,
+        renames=(("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")),
+        config_defaults=(("qk_layernorm", True), ("layer_norm_eps", 1e-5), ("rope_theta", 1e4)),
+        refuse=rules._stablelm_refuse,
+        all_kv_heads=True,
     ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal

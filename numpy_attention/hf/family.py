@@ -219,6 +219,10 @@ class Family:
     ``gate_bias``): the layer's ``g_proj.bias`` (H*D,) holds each head's entry repeated over its D
     coordinates (``grouped.py`` repeats it on load; on the way back the D copies of a weight must
     agree, and a gradient's are summed, ``grads=True``)."""
+    all_kv_heads: bool = False
+    """Every query head has its own key/value head, whatever the config says (Persimmon's
+    attention reads no key/value head count; its fused ``query_key_value`` is the ``"falcon"``
+    layout with g = 1)."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -342,7 +346,9 @@ def sizes(
     counts = None if family.heads_per_layer is None else config.get(family.heads_per_layer)
     if counts is not None and layer_idx is not None:
         num_heads = _layer_heads(counts, family.heads_per_layer, layer_idx)
-    if family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
+    if family.all_kv_heads:  # Persimmon: multi-head, no key/value head count read
+        num_kv_heads = num_heads
+    elif family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
         if flag(config, "new_decoder_architecture"):
             num_kv_heads = config.get("num_kv_heads") or num_heads
         else:
@@ -409,7 +415,7 @@ def options(
             f"use_bidirectional_attention is set: that {name} layer is not causal, and "
             "GroupedQueryAttention always is"
         )
-    if family.layout == "falcon" and config.get("alibi"):
+    if family.layout == "falcon" and not family.all_kv_heads and config.get("alibi"):
         raise ValueError(
             "alibi is set: this Falcon adds ALiBi to its scores instead of rotating q and k "
             "(and scales after the bias); GroupedQueryAttention rotates"

@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 94 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 95 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -18,8 +18,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   on its projections; Qwen2 has no key and biases on q, k and v only: read from the state dict.
 - QK-norm: RMSNorm per head (Qwen3, Qwen3-MoE), per head with Gemma's (1 + w) (Gemma 3), over
   the whole projection (OLMo 2), or a bias-free LayerNorm with a weight per head (Cohere, under
-  ``use_qk_norm``), before RoPE; after RoPE in Hunyuan (RMSNorm per head) and nanochat (a
-  weightless RMSNorm).
+  ``use_qk_norm``), or a LayerNorm with a bias per head (Persimmon's ``qk_layernorm``: the
+  ``q_norm.bias`` and ``k_norm.bias`` of ``qk_norm_type="layer_bias"``), before RoPE; after
+  RoPE in Hunyuan (RMSNorm per head) and nanochat (a weightless RMSNorm).
 - Sliding windows: ``layer_types[layer_idx]``, else the family's own rule; Mistral, Phi-3 and
   StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
   ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
@@ -530,6 +531,11 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "q_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h, d),
             "k_norm.weight": _norm_shape(options.get("qk_norm_shape", "head"), h_kv, d),
         }
+        if options.get("qk_norm_type") == "layer_bias":  # nn.LayerNorm's bias, as its weight
+            shapes |= {
+                "q_norm.bias": shapes["q_norm.weight"],
+                "k_norm.bias": shapes["k_norm.weight"],
+            }
     if options.get("sinks"):
         shapes["sinks"] = (h,)
     if options.get("output_norm"):

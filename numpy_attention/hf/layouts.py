@@ -8,7 +8,7 @@ fused, split on load and joined on save.
   each kv head c, the g = H / H_kv query heads that read it, then k_c, then v_c (Falcon's
   ``_split_heads`` views it as (H_kv, g + 2, D)); an optional ``query_key_value.bias`` alike;
   ``dense`` is o_proj. Multi-query (one kv head) and multi-head (g = 1) Falcons are the same
-  layout.
+  layout, and so is Persimmon's (always g = 1: (H, 3, D), per head [q_h; k_h; v_h]).
 - ``"gpt_bigcode"`` (GPT-BigCode, StarCoder): ``c_attn.weight`` and ``c_attn.bias`` (an
   ``nn.Linear``, not GPT-2's transposed ``Conv1D``), then ``c_proj`` as o_proj. Multi-query,
   its rows are [all query heads; k; v] (the output split at H D and H D + D); multi-head, the

@@ -263,7 +263,7 @@ def _never(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     return False
 
 
-# StableLM (and Mllama's text model, ModernBERT decoder): its attention's head width is
+# StableLM (and Mllama's text model, ModernBERT decoder, Persimmon): its attention's head width is
 # hidden_size // num_attention_heads whatever head_dim says, and its rotary embedding reads
 # head_dim: the two must agree
 def _stablelm_refuse(config: Mapping[str, Any]) -> None:
@@ -277,12 +277,18 @@ def _stablelm_refuse(config: Mapping[str, Any]) -> None:
         )
 
 
-# Phi: qk_layernorm is a LayerNorm with a bias (nn.LayerNorm's default) on q and k
+# Phi: qk_layernorm is an nn.LayerNorm of width hidden_size // num_attention_heads (the layer's
+# qk_norm_type "layer_bias"), applied to heads of head_dim: the two must agree
 def _phi_refuse(config: Mapping[str, Any]) -> None:
-    if config.get("qk_layernorm"):
+    if not config.get("qk_layernorm"):
+        return
+    head_dim = config.get("head_dim")
+    width = required(config, "hidden_size") // required(config, "num_attention_heads")
+    if head_dim is not None and head_dim != width:
         raise ValueError(
-            "qk_layernorm is set: phi's QK-norm is a LayerNorm with a bias over each head of q "
-            "and k; the layer's QK-norm has no bias"
+            f"qk_layernorm is set with head_dim {head_dim}: phi's QK-norm is a LayerNorm of "
+            f"width hidden_size // num_attention_heads = {width}, which heads of {head_dim} "
+            "cannot pass through (the model fails)"
         )
 
 

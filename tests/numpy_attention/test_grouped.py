@@ -101,6 +101,26 @@ OPTIONS = {
     # positions reach 4: t(p) takes 3 values over the rows (1, 1 + beta log 2, 1 + beta log 3)
     "temperature_log_floor": {"query_temperature": TEMPERATURE_LOG_FLOOR},  # Ministral 3
     "temperature_power": {"query_temperature": TEMPERATURE_POWER, "rotary_dim": 0},  # Beam
+    "qk_norm_layer_bias": {  # Persimmon: nn.LayerNorm over each head, one (D,) weight and bias
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "norm_eps": 0.1,
+    },
+    "qk_norm_layer_bias_all_clip": {  # MPT's qk_ln with its clip_qkv (its ALiBi aside)
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "qk_norm_shape": "all",
+        "clip_qkv": 0.8,
+    },
+    # a weight and bias per head, partial rotary. (After RoPE a bias on k would be a no-op, b . q
+    # the same for every key of a row: softmax drops it and its gradient is 0.)
+    "qk_norm_layer_bias_per_head_partial": {
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "qk_norm_shape": "per_head",
+        "norm_weight_offset": 1.0,
+        "rotary_dim": 2,
+    },
     "everything": {
         "qk_norm": True,
         "norm_eps": 0.1,
@@ -138,14 +158,17 @@ OPTIONS = {
 
 
 def make_layer(rng, kv_heads=2, **options):
-    """A float64 layer; sinks and norm weights random (their initial zeros and ones would hide a
-    wrong gradient); train mode only with dropout (whose keep-masks the tests give)."""
+    """A float64 layer; sinks, norm weights and norm biases random (their initial zeros and ones
+    would hide a wrong gradient); train mode only with dropout (whose keep-masks the tests give)."""
     layer = GroupedQueryAttention(C, H, kv_heads, head_dim=D, rng=rng, **options)
     layer.astype(np.float64).train(options.get("dropout", 0.0) > 0)
     state = layer.state_dict()
     for name in ("sinks", "q_norm.weight", "k_norm.weight", "o_norm.weight"):
         if name in state:
             state[name] = 1.0 + 0.5 * rng.standard_normal(state[name].shape)
+    for name in ("q_norm.bias", "k_norm.bias"):
+        if name in state:
+            state[name] = 0.5 * rng.standard_normal(state[name].shape)
     layer.load_state_dict(state)
     return layer
 
@@ -180,17 +203,20 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     b, n, _ = x.shape
     heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
 
-    def norm(y, weight):
+    def norm(y, norm_name):
         """QK-norm of y (B, N, count*D): over each head's D or the whole width, scale (o + w)
-        (1 without a weight)."""
+        (1 without a weight), plus the bias of ``"layer_bias"``."""
+        weight = params.get(f"{norm_name}.weight")
+        bias = params[f"{norm_name}.bias"] if args["qk_norm_type"] == "layer_bias" else None
         if args["qk_norm_shape"] != "all":
             y = y.reshape(b, n, -1, d)  # (B, N, count, D): per head
-        if args["qk_norm_type"] == "layer":
+        if args["qk_norm_type"] in ("layer", "layer_bias"):
             y_hat = F.layer_norm(y, y.shape[-1:], None, None, args["norm_eps"])
         else:
             y_hat = F.rms_norm(y, y.shape[-1:], None, args["norm_eps"])
         scale = 1.0 if weight is None else args["norm_weight_offset"] + weight
-        return (y_hat * scale).reshape(b, n, -1)
+        shift = 0.0 if bias is None else bias
+        return (y_hat * scale + shift).reshape(b, n, -1)
 
     before_rope = args["qk_norm"] and args["qk_norm_position"] == "before_rope"
     after_rope = args["qk_norm"] and args["qk_norm_position"] == "after_rope"
@@ -201,13 +227,13 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         if clip is not None and not args["clip_after_norm"]:
             y = y.clamp(-clip, clip)
         if norm_name is not None and before_rope:
-            y = norm(y, params.get(f"{norm_name}.weight"))
+            y = norm(y, norm_name)
         if clip is not None and args["clip_after_norm"]:  # v too: it has no norm
             y = y.clamp(-clip, clip)
         return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
 
     def norm_heads(y, norm_name):  # after RoPE: (B, count, N, D) normed as the projection
-        flat = norm(y.transpose(1, 2).reshape(b, n, -1), params.get(f"{norm_name}.weight"))
+        flat = norm(y.transpose(1, 2).reshape(b, n, -1), norm_name)
         return flat.reshape(b, n, -1, d).transpose(1, 2)
 
     q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
@@ -339,6 +365,9 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
         "qk_norm_weightless_all",
         "everything_after_rope",
         "temperature_power",
+        "qk_norm_layer_bias",
+        "qk_norm_layer_bias_all_clip",
+        "qk_norm_layer_bias_per_head_partial",
     ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
@@ -450,6 +479,11 @@ DECODE = {
         {"qk_norm": True, "qk_norm_position": "after_rope"}
         | {"query_temperature": TEMPERATURE_LOG_FLOOR},
         2,
+    ),
+    "persimmon_layer_bias_partial_rotary": (  # MHA, half the head rotated, biases everywhere
+        {"qk_norm": True, "qk_norm_type": "layer_bias", "rotary_dim": 2, "bias": True}
+        | {"out_bias": True},
+        4,
     ),
     "weightless_after_rope_power": (
         {"qk_norm": True, "qk_norm_type": "rms_weightless", "qk_norm_position": "after_rope"}

@@ -1,7 +1,7 @@
 """RMSNorm and LayerNorm (numpy_attention.norms): gradcheck of the pure pairs and the layers,
-torch's own ``F.rms_norm`` / ``F.layer_norm`` under autograd in float64 (with a weight per head
-and the (offset + w) scale too), float32, the layers' parameter and gradient accumulation, bad
-input."""
+torch's own ``F.rms_norm`` / ``F.layer_norm`` under autograd in float64 (with a weight per head,
+the (offset + w) scale and LayerNorm's bias too), float32, the layers' parameter and gradient
+accumulation, bad input."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from numpy_attention.norms import (
     RMSNorm,
     WeightlessRMSNorm,
     layernorm_backward,
+    layernorm_bias_backward,
     layernorm_forward,
     rmsnorm_backward,
     rmsnorm_forward,
@@ -92,6 +93,80 @@ def test_every_form_matches_torch_under_autograd(rng, norm, weight, offset):
     assert_close(out, expected, name="out")
     assert_close(dx, tx.grad, name="dx")
     assert_close(layer.named_grads()["weight"], tweight.grad, name="weight")
+
+
+def _layernorm_with_bias(x, weight, bias, eps, weight_offset):
+    """layernorm_forward with its bias as a third differentiated input."""
+    out, ctx = layernorm_forward(x, weight, eps, weight_offset=weight_offset, bias=bias)
+    return out, (ctx, bias.shape)
+
+
+def _layernorm_with_bias_backward(dout, saved):
+    ctx, shape = saved
+    return (*layernorm_backward(dout, ctx), layernorm_bias_backward(dout, shape))
+
+
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_gradcheck_of_layernorm_with_a_bias(rng, weight, offset):
+    """dx, dweight and dbias (the sum of dy over the rows) against central differences."""
+    shape = WEIGHTS[weight]
+
+    report = gradcheck(
+        partial(_layernorm_with_bias, eps=0.3, weight_offset=offset),
+        rng.standard_normal((B, N, H, D)),
+        rng.standard_normal(shape),
+        rng.standard_normal(shape),
+        backward=_layernorm_with_bias_backward,
+    )
+
+    assert_gradcheck(report)
+
+
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_layernorm_with_a_bias_matches_torch_under_autograd(rng, weight, offset):
+    """The layer with ``bias=True`` (Persimmon's QK-norm, nn.LayerNorm's): out, dx, dweight and
+    dbias against torch's F.layer_norm times (offset + w) plus b; gradcheck of the layer."""
+    shape = WEIGHTS[weight]
+    layer = LayerNorm(shape, eps=0.2, weight_offset=offset, bias=True).astype(np.float64)
+    layer.load_state_dict(
+        {"weight": rng.standard_normal(shape), "bias": rng.standard_normal(shape)}
+    )
+    x = 3.0 * rng.standard_normal((B, N, H, D)) + 1.0
+    dout = rng.standard_normal(x.shape)
+    tx = to_torch(x, requires_grad=True)
+    tweight = to_torch(layer.weight, requires_grad=True)
+    tbias = to_torch(layer.bias, requires_grad=True)
+
+    out = layer(x)
+    dx = layer.backward(dout)
+    expected = torch_norm("layer", tx, tweight, 0.2, offset) + tbias
+    expected.backward(to_torch(dout))
+
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    assert_close(out, expected, name="out")
+    assert_close(dx, tx.grad, name="dx")
+    assert_close(layer.named_grads()["weight"], tweight.grad, name="weight")
+    assert_close(layer.named_grads()["bias"], tbias.grad, name="bias")
+    assert_gradcheck(gradcheck(layer, x))
+
+
+def test_layernorm_bias_starts_at_zero_and_is_refused_in_another_shape(rng):
+    layer = LayerNorm((H, D), bias=True)
+    x = rng.standard_normal((N, H, D))
+
+    assert layer.bias.shape == (H, D) and layer.bias.dtype == np.float32
+    assert np.all(layer.bias == 0.0)
+    np.testing.assert_array_equal(
+        layer(x.astype(np.float32)), LayerNorm((H, D))(x.astype(np.float32))
+    )
+    with pytest.raises(
+        ValueError, match=r"the bias must have the weight's shape \(3, 8\), got \(8,\)"
+    ):
+        layernorm_forward(x, np.ones((H, D)), bias=np.zeros(D))
+    with pytest.raises(TypeError, match="x float64, bias float32"):
+        layernorm_forward(x, np.ones((H, D)), bias=np.zeros((H, D), np.float32))
 
 
 @pytest.mark.parametrize("eps", [1e-6, 0.5])

@@ -1799,6 +1799,44 @@ CASES += [
     ),
     ModelCase("beam-1.0-501b-shaped-full", "Beam", 5, False, BEAM_SHAPED),
 ]
+# -- a QK-norm with a bias: Persimmon ------------------------------------------------------------
+# Persimmon's attention reads no key/value head count and no head_dim (hidden_size // heads): the
+# SIZES keys are left out. Its fused query_key_value is per head [q_h; k_h; v_h].
+PERSIMMON_SIZES = {"num_key_value_heads": ABSENT, "head_dim": ABSENT}
+CASES += [
+    ModelCase(  # the config class's defaults: qk_layernorm on, half the head (4 of 8) rotated
+        "persimmon-qk-layernorm",
+        "Persimmon",
+        1,
+        False,
+        PERSIMMON_SIZES | {"layer_norm_eps": 0.1},
+        unpadded=True,
+    ),
+    ModelCase(  # no QK-norm, a quarter of the head rotated
+        "persimmon-no-qk-layernorm",
+        "Persimmon",
+        0,
+        False,
+        PERSIMMON_SIZES | {"qk_layernorm": False, "partial_rotary_factor": 0.25},
+    ),
+    ModelCase(  # adept/persimmon-8b-base: 64 heads of 64 (here 8 of 4), multi-head, half rotary,
+        # rope_theta 25000, qk_layernorm with eps 1e-5, as its config.json gives them
+        "persimmon-8b-shaped",
+        "Persimmon",
+        1,
+        False,
+        PERSIMMON_SIZES
+        | {"num_attention_heads": 8, "rope_theta": 25000.0, "partial_rotary_factor": 0.5}
+        | {"qk_layernorm": True, "layer_norm_eps": 1e-5},
+    ),
+    ModelCase(  # Phi's qk_layernorm, the same nn.LayerNorm per head (no released Phi sets it)
+        "phi-qk-layernorm",
+        "Phi",
+        1,
+        False,
+        {"qk_layernorm": True, "layer_norm_eps": 0.1},
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [

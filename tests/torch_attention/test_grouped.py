@@ -34,6 +34,12 @@ OPTIONS = {
     "interleaved": {"rope_interleaved": True},
     "gate": {"output_gate": "element"},
     "clip_output_norm": {"clip_qkv": 2.0, "bias": True, "output_norm": True},  # a third clamped
+    "qk_norm_layer_bias": {  # Persimmon's: a LayerNorm with a bias per head, half rotated
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "rotary_dim": 2,
+        "bias": True,
+    },
     "qk_norm_after_rope_temperature": {  # Hunyuan's norm, Ministral 3's temperature
         "qk_norm": True,
         "qk_norm_position": "after_rope",
@@ -94,6 +100,12 @@ FAMILY_OPTIONS = {
         "qk_norm_type": "layer",
         "qk_norm_shape": "per_head",
         "qk_norm_position": "after_rope",
+    },
+    "qk_norm_layer_bias_all_partial": {
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "qk_norm_shape": "all",
+        "rotary_dim": 2,
     },
     "temperature_power_nope": {  # Beam's NoPE layers
         "rotary_dim": 0,

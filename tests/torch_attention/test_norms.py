@@ -58,6 +58,32 @@ def test_norms_match_numpy_forward_and_backward(rng, norm, dim, offset):
     assert_close(norm.weight.grad, dweight, name="dweight")
 
 
+@pytest.mark.parametrize("dim", [D, (3, D)], ids=["shared", "per_head"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_layernorm_with_a_bias_matches_numpy_forward_and_backward(rng, dim, offset):
+    """Persimmon's QK-norm: out, dx, dweight and dbias against the NumPy pair's hand-derived
+    backward (dbias the sum of dy over the rows)."""
+    x = rng.standard_normal((2, 5, 3, D)) + 0.5
+    weight, bias = rng.standard_normal(dim), rng.standard_normal(dim)
+    dout = rng.standard_normal(x.shape)
+    norm = LayerNorm(dim, eps=1e-5, weight_offset=offset, bias=True).double()
+    with torch.no_grad():
+        norm.weight.copy_(to_torch(weight))
+        norm.bias.copy_(to_torch(bias))
+
+    expected, ctx = np_norms.layernorm_forward(x, weight, 1e-5, weight_offset=offset, bias=bias)
+    x_t = to_torch(x, requires_grad=True)
+    out = norm(x_t)
+    out.backward(to_torch(dout))
+    dx, dweight = np_norms.layernorm_backward(dout, ctx)
+
+    assert [name for name, _ in norm.named_parameters()] == ["weight", "bias"]
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    assert_close(norm.weight.grad, dweight, name="dweight")
+    assert_close(norm.bias.grad, np_norms.layernorm_bias_backward(dout, norm.shape), name="dbias")
+
+
 def test_rmsnorm_passes_gradcheck(rng):
     norm = RMSNorm(D, eps=1e-6).double()
     x = to_torch(rng.standard_normal((3, 2, D)), requires_grad=True)

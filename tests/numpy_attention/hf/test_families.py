@@ -268,7 +268,11 @@ def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"model_type": "phi", "qk_layernorm": True}, "phi's QK-norm is a LayerNorm with a bias"),
+        (
+            {"model_type": "phi", "qk_layernorm": True, "hidden_size": 32}
+            | {"num_attention_heads": 4, "head_dim": 10},
+            "qk_layernorm is set with head_dim 10: phi's QK-norm is a LayerNorm of width .* 8",
+        ),
         (
             {"model_type": "nemotron_h", "sliding_window": 4},
             "sliding_window is set, but nemotron_h's attention never slides",
@@ -276,6 +280,11 @@ def test_a_hybrid_s_other_layers_are_refused_by_what_they_are(config, message):
         (
             {"model_type": "stablelm", "hidden_size": 32, "num_attention_heads": 4, "head_dim": 16},
             "head_dim is 16, but stablelm's attention heads are .* 8 wide",
+        ),
+        (
+            {"model_type": "persimmon", "hidden_size": 32, "num_attention_heads": 4}
+            | {"head_dim": 16},
+            "head_dim is 16, but persimmon's attention heads are .* 8 wide",
         ),
         (
             {"model_type": "zamba", "hidden_size": 32, "attention_hidden_size": 48},
@@ -298,6 +307,7 @@ def test_configs_a_family_cannot_mean_are_refused_by_the_key(config, message):
     [
         ("stablelm", {}, 2),  # the config class's 0.25 of 8
         ("phi", {}, 4),
+        ("persimmon", {}, 4),  # the config class's 0.5 of 8
         ("nemotron", {"partial_rotary_factor": 0.25}, 2),
         ("bamba", {"partial_rotary_factor": 1.0}, 4),  # the class overwrites it with 0.5
         ("granitemoehybrid", {}, 0),  # NoPE unless position_embedding_type is "rope"
@@ -316,8 +326,31 @@ def test_the_rotated_width_is_the_one_the_config_class_gives(name, keywords, rot
     theirs = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1) * 8
 
     assert rotary_dim(as_json, 0) == rotated
-    if name in ("stablelm", "phi", "nemotron", "bamba"):
+    if name in ("stablelm", "phi", "persimmon", "nemotron", "bamba"):
         assert theirs == rotated
+
+
+def test_persimmon_reads_its_config_class_s_defaults_and_no_kv_head_count():
+    """A config.json that leaves qk_layernorm, layer_norm_eps and rope_theta out gets the config
+    class's (on, 1e-5, 1e4); num_key_value_heads, which the attention never reads, changes
+    nothing: multi-head, the fused query_key_value split per head."""
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2}
+    model = transformers.PersimmonModel(
+        transformers.PersimmonConfig(**sizes, intermediate_size=16, vocab_size=11)
+    )
+    state = {key: value.detach().numpy() for key, value in model.state_dict().items()}
+    as_json = {"model_type": "persimmon", **sizes, "num_key_value_heads": 2}
+
+    layer = grouped_from_hf(as_json, state, layer_idx=1)
+
+    args = layer.constructor_args()
+    assert (args["num_heads"], args["num_kv_heads"], args["head_dim"]) == (4, 4, 8)
+    assert args["qk_norm"] and args["qk_norm_type"] == "layer_bias" and args["norm_eps"] == 1e-5
+    assert args["rope_theta"] == 1e4 and args["rotary_dim"] == 4
+    assert args["bias"] and args["out_bias"]
+    np.testing.assert_array_equal(
+        layer.state_dict()["k_norm.bias"], state["layers.1.self_attn.k_layernorm.bias"]
+    )
 
 
 # -- the families read from their config classes (Mixtral to Solar Open) --
