@@ -4,7 +4,7 @@ attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm afte
 state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
 Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
-Tests: tests/numpy_attention/hf/test_refusals_d.py, test_refusals_e.py.
+Tests: tests/numpy_attention/hf/test_refused.py.
 """
 
 from __future__ import annotations

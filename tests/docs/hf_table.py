@@ -5,7 +5,7 @@ it. Generated from the tests, never written by hand:
 - "exact": a case of tests/parity/test_hf_models.py or test_hf_latent.py builds that model type
   and proves the converted layer exact against transformers' module (named in the row);
 - "refused": ``numpy_attention.hf.refused.REFUSED`` or ``latent.REFUSED`` holds its reason, which
-  ``grouped_from_hf`` raises (tests/numpy_attention/hf/test_refusals_*.py);
+  ``grouped_from_hf`` raises (tests/numpy_attention/hf/test_refused.py);
 - "no reason yet": neither, so the converter gives its generic message (a row to write);
 - the types out of scope (encoders, encoder-decoders, decoders released before 2023, speech and
   image models) are listed by kind under the table, as ``OUT_OF_SCOPE`` names them.
