@@ -13,7 +13,7 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
-    o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
+    o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -186,6 +186,10 @@ class GroupedQueryAttention(Module):
         input_size: the width of x that q_proj, k_proj, v_proj (and g_proj) read; None for
             hidden_size. o_proj writes hidden_size whatever it is (Zamba's shared attention
             reads its hidden states concatenated with the embeddings, 2 * hidden_size).
+        alibi_slopes: None, or (H,) ALiBi slopes, one per query head: the scores get
+            ``-slope_h * |p_i - j|`` (query i at key position M - N + i), on the training path
+            and the cache's alike (MPT). A constant, no parameter; the backward is the core's
+            (docs/derivations/alibi.md).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -226,6 +230,7 @@ class GroupedQueryAttention(Module):
         output_norm: bool = False,
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
+        alibi_slopes: Any = None,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -286,6 +291,7 @@ class GroupedQueryAttention(Module):
                 "that follows RoPE"
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
+        self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -322,12 +328,12 @@ class GroupedQueryAttention(Module):
             self.o_norm = RMSNorm(width, float(output_norm_eps))
 
     def constructor_args(self) -> dict[str, Any]:
-        """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` and
-        ``long_inv_freq`` arrays as lists of floats (exact: float64 holds every float32 value),
-        ``window`` as a tuple whether it was given as a tuple or as the list JSON reads back,
-        ``query_temperature`` as a plain dict."""
+        """The base's, in a form that survives JSON (``save_module``): ``inv_freq``,
+        ``long_inv_freq`` and ``alibi_slopes`` arrays as lists of floats (exact: float64 holds
+        every float32 value), ``window`` as a tuple whether it was given as a tuple or as the
+        list JSON reads back, ``query_temperature`` as a plain dict."""
         args = super().constructor_args()
-        for name in ("inv_freq", "long_inv_freq"):
+        for name in ("inv_freq", "long_inv_freq", "alibi_slopes"):
             if args[name] is not None:
                 args[name] = np.asarray(args[name], dtype=np.float64).tolist()
         if args["window"] is not None:
@@ -442,6 +448,7 @@ class GroupedQueryAttention(Module):
             scale=self.scaling,
             softcap=self.softcap,
             sinks=self.sinks if self.has_sinks else None,
+            alibi_slopes=self.alibi_slopes,
             enable_gqa=True,
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
@@ -604,6 +611,21 @@ def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) 
     if not np.all(np.isfinite(freqs)):
         raise ValueError(f"{name} must be finite")
     return freqs.astype(np.float64)
+
+
+def _check_alibi(slopes: Any, heads: int) -> np.ndarray | None:
+    """ALiBi's slopes as float64 (H,), one per query head, finite (None passes through)."""
+    if slopes is None:
+        return None
+    slopes = validation.float_array("alibi_slopes", slopes)
+    if slopes.shape != (heads,):
+        raise ValueError(
+            f"alibi_slopes must be (H,) = ({heads},), one slope per query head, got shape "
+            f"{slopes.shape}"
+        )
+    if not np.all(np.isfinite(slopes)):
+        raise ValueError("alibi_slopes must be finite (None for no ALiBi)")
+    return slopes.astype(np.float64)
 
 
 def _check_long_rope(

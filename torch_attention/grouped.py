@@ -14,7 +14,7 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
-    o = attention(q, k, v; causal, window, softcap, sinks, scale, GQA, dropout)   (B, H, N, D)
+    o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -82,8 +82,8 @@ class GroupedQueryAttention(Module):
     with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
     bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
-    ``inv_freq`` and ``long_inv_freq`` are kept in float64 on the CPU and moved per call, so
-    ``.to(dtype)`` never rounds them.
+    ``inv_freq``, ``long_inv_freq`` and ``alibi_slopes`` are kept in float64 on the CPU and
+    moved per call, so ``.to(dtype)`` never rounds them.
 
     Args: those of the NumPy twin (``rng`` aside: torch's generator draws the weights), and
         backend: the attention backend, ``functional.attention``'s ``backend``.
@@ -125,6 +125,7 @@ class GroupedQueryAttention(Module):
         output_norm: bool = False,
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
+        alibi_slopes: Any = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -186,6 +187,7 @@ class GroupedQueryAttention(Module):
                 "that follows RoPE"
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
+        self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -318,6 +320,7 @@ class GroupedQueryAttention(Module):
             scale=self.scaling,
             softcap=self.softcap,
             sinks=self.sinks if self.has_sinks else None,
+            alibi_slopes=self.alibi_slopes,
             enable_gqa=True,
             dropout_p=self.dropout if self.training else 0.0,
             dropout_mask=keep,
@@ -440,6 +443,26 @@ def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) 
     if not bool(torch.isfinite(freqs).all()):
         raise ValueError(f"{name} must be finite")
     return freqs.to(torch.float64)
+
+
+def _check_alibi(slopes: Any, heads: int) -> torch.Tensor | None:
+    """ALiBi's slopes (H,), one per query head, float64 on the CPU like ``inv_freq`` (moved per
+    call, never rounded by ``.to(dtype)``), finite (None passes through)."""
+    if slopes is None:
+        return None
+    if isinstance(slopes, torch.Tensor):
+        slopes = slopes.detach().cpu()
+    tensor = torch.as_tensor(np.asarray(slopes))
+    if not tensor.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a floating-point array, got dtype {tensor.dtype}")
+    if tuple(tensor.shape) != (heads,):
+        raise ValueError(
+            f"alibi_slopes must be (H,) = ({heads},), one slope per query head, got shape "
+            f"{tuple(tensor.shape)}"
+        )
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError("alibi_slopes must be finite (None for no ALiBi)")
+    return tensor.to(torch.float64)
 
 
 def _check_long_rope(

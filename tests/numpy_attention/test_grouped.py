@@ -33,6 +33,7 @@ DROPOUT = 0.3
 MODEL_INV_FREQ = np.array([1.0, 0.0125], dtype=np.float32)
 LONG_INV_FREQ = np.array([0.7, 0.002], dtype=np.float32)  # LongRoPE's long set, other values
 TEMPERATURE_LOG_FLOOR = {"kind": "log_floor", "beta": 0.6, "length": 2.0, "offset": 0.0}
+ALIBI_SLOPES = np.array([0.5, 0.25, 0.125, 1.5])  # (H,): one per query head, unequal
 TEMPERATURE_POWER = {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0}
 
 # Each option on its own, and all of them together. Dropout runs in train mode with an explicit
@@ -143,6 +144,19 @@ OPTIONS = {
         "clip_qkv": 0.8,
         "clip_after_norm": True,
     },
+    # MPT's ALiBi without RoPE; then with its whole-projection LayerNorm with a bias and its
+    # clip, half of each head rotated here: without RoPE k_norm.bias adds q . b to a whole row
+    # of scores, its gradient 0 (to rounding, which no relative error can compare)
+    "alibi_nope": {"alibi_slopes": ALIBI_SLOPES, "rotary_dim": 0},
+    "alibi_mpt": {
+        "alibi_slopes": ALIBI_SLOPES,
+        "rotary_dim": 2,
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "qk_norm_shape": "all",
+        "clip_qkv": 0.8,
+    },
+    "alibi_rope_window_sinks": {"alibi_slopes": ALIBI_SLOPES, "window": (2, 0), "sinks": True},
     "everything_after_rope": {  # Llama 4's RoPE layers with its NoPE layers' temperature
         "qk_norm": True,
         "qk_norm_type": "rms_weightless",
@@ -268,7 +282,9 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         out, _ = oracle_attention(
             q, k, v, causal=True, window=args["window"], key_padding_mask=padding,
             scale=args["scaling"], softcap=args["softcap"], sinks=params.get("sinks"),
-            enable_gqa=True, dropout_p=args["dropout"],
+            alibi_slopes=None if args["alibi_slopes"] is None else torch.tensor(
+                args["alibi_slopes"], dtype=torch.float64
+            ), enable_gqa=True, dropout_p=args["dropout"],
             dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
         )  # fmt: skip
     else:
@@ -368,6 +384,8 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
         "qk_norm_layer_bias",
         "qk_norm_layer_bias_all_clip",
         "qk_norm_layer_bias_per_head_partial",
+        "alibi_mpt",
+        "alibi_rope_window_sinks",
     ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
@@ -453,6 +471,8 @@ def test_dropout_draws_from_the_layers_generator_and_is_off_in_eval(rng):
 
 DECODE = {
     "plain": ({}, 2),
+    "alibi_mpt": (OPTIONS["alibi_mpt"], 2),  # each cached key's distance to the new rows
+    "alibi_rope_gqa": ({"alibi_slopes": ALIBI_SLOPES, "qk_norm": True}, 1),
     "left_padding": ({}, 2),
     "window": ({"window": (2, 0)}, 2),  # a window shorter than the sequence
     "sinks_softcap_qk_norm": (
@@ -702,9 +722,9 @@ def test_a_module_file_keeps_model_frequencies_and_the_window(tmp_path, rng):
         load_module(path, make_layer(rng, 2, **{**options, "window": (2, 0)}))
 
 
-def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
+def test_a_module_file_keeps_the_clip_the_output_norm_and_alibi(tmp_path, rng):
     options = {"clip_qkv": 0.5, "qk_norm": True, "clip_after_norm": True, "output_norm": True}
-    options |= {"output_norm_eps": 0.01}
+    options |= {"output_norm_eps": 0.01, "alibi_slopes": ALIBI_SLOPES}
     layer = make_layer(rng, 2, **options)
     path = tmp_path / "gqa.npz"
     x = rng.standard_normal((B, N, C))
@@ -716,6 +736,8 @@ def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
     np.testing.assert_array_equal(loaded(x), layer(x))
     with pytest.raises(ValueError, match=r"gqa\.npz.*clip_qkv"):
         load_module(path, make_layer(rng, 2, **{**options, "clip_qkv": 0.6}))
+    with pytest.raises(ValueError, match=r"gqa\.npz.*alibi_slopes"):
+        load_module(path, make_layer(rng, 2, **{**options, "alibi_slopes": ALIBI_SLOPES / 2}))
 
 
 @pytest.mark.parametrize(
@@ -809,6 +831,14 @@ def test_a_module_file_keeps_the_clip_and_the_output_norm(tmp_path, rng):
         ((8, 4, 2), {"gate_activation": "softplus"}, ValueError, "but output_gate is None"),
         ((8, 4, 2), {"gate_bias": True}, ValueError, "but output_gate is None"),
         ((8, 4, 2), {"output_gate": "head", "gate_bias": 1}, TypeError, "gate_bias must be a bool"),
+        ((8, 4, 2), {"alibi_slopes": [0.5, 0.25]}, ValueError, r"alibi_slopes must be \(H,\)"),
+        ((8, 4, 2), {"alibi_slopes": [[0.5] * 4]}, ValueError, r"alibi_slopes must be \(H,\)"),
+        (
+            (8, 4, 2),
+            {"alibi_slopes": [0.5, np.inf, 0.1, 0.2]},
+            ValueError,
+            "alibi_slopes must be finite",
+        ),
         ((8, 4, 2), {"clip_qkv": 0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": -8.0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),

@@ -45,6 +45,7 @@ OPTIONS = {
         "qk_norm_position": "after_rope",
         "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 0.0},
     },
+    "alibi": {"alibi_slopes": [0.5, 0.25, 0.125, 1.5], "rotary_dim": 0},  # MPT's, no RoPE
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -105,6 +106,14 @@ FAMILY_OPTIONS = {
         "qk_norm": True,
         "qk_norm_type": "layer_bias",
         "qk_norm_shape": "all",
+        "rotary_dim": 2,
+    },
+    "alibi_qk_norm_layer_bias_all_clip": {  # MPT's attention, half the head rotated here
+        "alibi_slopes": [0.5, 0.25, 0.125, 1.5],
+        "qk_norm": True,
+        "qk_norm_type": "layer_bias",
+        "qk_norm_shape": "all",
+        "clip_qkv": 2.0,
         "rotary_dim": 2,
     },
     "temperature_power_nope": {  # Beam's NoPE layers
@@ -476,6 +485,9 @@ def test_cache_reset_starts_a_new_sequence(rng):
         ({"gate_bias": True}, ValueError, "but output_gate is None"),
         ({"clip_qkv": 0.0}, ValueError, "clip_qkv must be > 0"),
         ({"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),
+        ({"alibi_slopes": np.ones(2)}, ValueError, r"alibi_slopes must be \(H,\) = \(4,\)"),
+        ({"alibi_slopes": [1, 2, 3, 4]}, TypeError, "alibi_slopes must be a floating-point"),
+        ({"alibi_slopes": [0.5, np.nan, 0.1, 0.2]}, ValueError, "alibi_slopes must be finite"),
         ({"output_norm_eps": 1e-5}, ValueError, "but output_norm is False"),
         ({"output_norm": True, "output_gate": "head"}, ValueError, "output_norm and output_gate"),
         ({"qk_norm_position": "after_rope"}, ValueError, "but qk_norm is False"),
