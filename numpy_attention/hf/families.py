@@ -719,6 +719,32 @@ FAMILIES: dict[str, Family] = {
         refuse=rules._stablelm_refuse,
         all_kv_heads=True,
     ),
+    # MPT: DBRX's fused Wqkv [q; k; v] (one key/value head per query head) and out_proj, no
+    # biases, no RoPE: ALiBi's slopes as MptModel builds them, the clip, scale and dropout in the
+    # nested attn_config
+    "mpt": Family(
+        bias=None,
+        out_bias=None,
+        layout="dbrx",
+        head_dim_from_config=False,
+        heads_span_hidden=True,
+        all_kv_heads=True,
+        rotates=lambda config, family, layer_idx: False,
+        key_aliases=(
+            ("d_model", "hidden_size"),
+            ("n_heads", "num_attention_heads"),
+            ("n_layers", "num_hidden_layers"),
+        ),
+        nested_keys=(
+            ("attn_config", "clip_qkv", "clip_qkv"),
+            ("attn_config", "attn_pdrop", "attention_dropout"),
+            ("attn_config", "softmax_scale", "softmax_scale"),
+        ),
+        clip_qkv="clip_qkv",
+        scaling="softmax_scale",
+        refuse=rules._mpt_refuse,
+        alibi=rules._mpt_alibi,
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

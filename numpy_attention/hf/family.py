@@ -223,6 +223,9 @@ class Family:
     """Every query head has its own key/value head, whatever the config says (Persimmon's
     attention reads no key/value head count; its fused ``query_key_value`` is the ``"falcon"``
     layout with g = 1)."""
+    alibi: Callable[[Mapping[str, Any]], list[float] | None] | None = None
+    """ALiBi's slopes (H,) from the config, as the model's code builds them (MPT's
+    ``build_mpt_alibi_tensor``): the layer's ``alibi_slopes``; None: no ALiBi on this config."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -453,6 +456,11 @@ def options(
         options["scaling"] = None if flag(config, family.scaling, True) else 1.0
     elif family.scaling == "half_head_dim":  # Zamba: (D / 2)^-0.5
         options["scaling"] = (options["head_dim"] / 2) ** -0.5
+    elif family.scaling == "softmax_scale":  # MPT's attn_config entry; null: 1/sqrt(D)
+        value = config.get(family.scaling)
+        options["scaling"] = (
+            None if value is None else validation.finite_real("attn_config.softmax_scale", value)
+        )
     if family.key_multiplier is not None:  # k * m scores as q k^T * (m / sqrt(D))
         multiplier = config.get(family.key_multiplier)
         multiplier = 1.0 if multiplier is None else float(multiplier)
@@ -471,6 +479,9 @@ def options(
     if gate is not None:
         kind, activation, gate_bias = gate
         options |= {"output_gate": kind, "gate_activation": activation, "gate_bias": gate_bias}
+    slopes = None if family.alibi is None else family.alibi(config)
+    if slopes is not None:
+        options["alibi_slopes"] = slopes
     return options
 
 

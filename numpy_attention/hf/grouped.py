@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 95 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 96 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.

@@ -34,10 +34,6 @@ REFUSED = {
     "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
     "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
     "layer has one head width and no value scale (issue 28)",
-    "mpt": "mpt: ALiBi, a linear bias per head added to the scores, instead of RoPE; "
-    "GroupedQueryAttention always rotates and has no ALiBi (the functional core has). Its QK-norm "
-    "(qk_ln, a LayerNorm with a bias over the whole projection) is the layer's "
-    "qk_norm_type='layer_bias' with qk_norm_shape='all' (issue 28)",
     "gemma3n": "gemma3n: the multimodal Gemma 3n config; its language model 'gemma3n_text' is "
     "itself refused: a weightless RMSNorm on the values and keys and values shared across "
     "layers (issue 28)",

@@ -9,6 +9,7 @@ tests/parity/test_hf_models.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -696,3 +697,52 @@ def _beam_refuse(config: Mapping[str, Any]) -> None:
                 f"the config has {key} but no rope_parameters: Beam's config class {why}; give "
                 "rope_parameters, one entry per layer type"
             )
+
+
+# MPT: what transformers' MptModel and MptAttention do with the nested attn_config
+_MPT_ALIBI_BIAS_MAX = 8  # MptModel builds its slopes with the default, never the config's
+_MPT_IGNORED = (  # attn_config entries transformers' MPT never reads (the original code does)
+    ("qk_ln", False, "a LayerNorm of q and k"),
+    ("prefix_lm", False, "a bidirectional prefix"),
+    ("attn_uses_sequence_id", False, "a mask between packed sequences"),
+    ("attn_type", "multihead_attention", "its multi-query attention"),
+)
+
+
+def _mpt_refuse(config: Mapping[str, Any]) -> None:
+    attn = config.get("attn_config") or {}
+    if attn.get("alibi", True) is not True:
+        raise ValueError(
+            f"attn_config.alibi is {attn.get('alibi')!r}: transformers' MPT adds ALiBi whatever "
+            "it says (and has no other positions), the original code would then have none; "
+            "neither reading is worth a guess"
+        )
+    bias_max = attn.get("alibi_bias_max", _MPT_ALIBI_BIAS_MAX)
+    if bias_max != _MPT_ALIBI_BIAS_MAX:
+        raise ValueError(
+            f"attn_config.alibi_bias_max is {bias_max!r}: transformers' MptModel builds its "
+            f"slopes with {_MPT_ALIBI_BIAS_MAX} whatever it says, the original code with it"
+        )
+    for key, default, what in _MPT_IGNORED:
+        if attn.get(key, default) != default:
+            raise ValueError(
+                f"attn_config.{key} is {attn.get(key)!r}: the original MPT code applies {what}, "
+                "transformers' MPT ignores it; neither reading would be a guess worth making"
+            )
+    if config.get("no_bias", True) is not True:
+        raise ValueError(
+            f"no_bias is {config.get('no_bias')!r}: transformers' MptAttention has no biases on "
+            "Wqkv and out_proj whatever it says, the original code would add them"
+        )
+
+
+def _mpt_alibi(config: Mapping[str, Any]) -> list[float]:
+    """MPT's slopes, as ``build_mpt_alibi_tensor`` builds them (in float64): for H heads and
+    P = H rounded up to a power of 2, 1 / 2^(k * (8 / P)) for k = 1..P; when P > H the odd
+    ks' slopes come first, then the even ones', and the first H are kept."""
+    heads = int(config["num_attention_heads"])
+    power = 2 ** math.ceil(math.log2(heads))
+    slopes = [1.0 / 2.0 ** (k * (_MPT_ALIBI_BIAS_MAX / power)) for k in range(1, power + 1)]
+    if power != heads:
+        slopes = (slopes[1::2] + slopes[::2])[:heads]
+    return slopes

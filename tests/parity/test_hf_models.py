@@ -180,8 +180,9 @@ def attention_of(model, layer_idx):
     if hasattr(model, "h"):
         block = model.h[layer_idx]
         return block.self_attention if hasattr(block, "self_attention") else block.attn
-    if hasattr(model, "blocks"):
-        return model.blocks[layer_idx].norm_attn_norm.attn
+    if hasattr(model, "blocks"):  # DBRX's norm_attn_norm.attn, MPT's attn
+        block = model.blocks[layer_idx]
+        return block.norm_attn_norm.attn if hasattr(block, "norm_attn_norm") else block.attn
     layer = decoder_layers(model)[layer_idx]
     if getattr(layer, "block_type", None) is not None and hasattr(layer, "mixer"):
         return layer.mixer if layer.block_type == "full_attention" else None
@@ -1835,6 +1836,33 @@ CASES += [
         1,
         False,
         {"qk_layernorm": True, "layer_norm_eps": 0.1},
+    ),
+]
+# -- ALiBi: MPT ------------------------------------------------------------------------------------
+# MPT names its sizes d_model, n_heads, n_layers (multi-head, head width d_model // n_heads) and
+# builds its ALiBi bias over max_seq_len keys on every forward; no RoPE, no position ids read.
+MPT_SIZES = {name: ABSENT for name in ("hidden_size", "num_attention_heads", "head_dim")}
+MPT_SIZES |= {"num_key_value_heads": ABSENT, "num_hidden_layers": ABSENT}
+MPT_SIZES |= {"intermediate_size": ABSENT, "d_model": 32, "n_heads": 4, "n_layers": 2}
+MPT_SIZES |= {"max_seq_len": 32, "expansion_ratio": 1}
+CASES += [
+    ModelCase("mpt-alibi", "Mpt", 1, False, MPT_SIZES, unpadded=True),
+    ModelCase(  # 6 heads, not a power of 2: the slopes of 8 heads, odd ones first, the first 6
+        "mpt-6-heads-clip-scale",
+        "Mpt",
+        0,
+        False,
+        MPT_SIZES
+        | {"d_model": 48, "n_heads": 6}
+        | {"attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.3}},
+    ),
+    ModelCase(  # mosaicml/mpt-7b: 32 heads of 128 (here of 2), max_seq_len 2048, slopes
+        # 2^-(k / 4), no clip, default scale
+        "mpt-7b-shaped",
+        "Mpt",
+        1,
+        False,
+        MPT_SIZES | {"d_model": 64, "n_heads": 32, "max_seq_len": 2048},
     ),
 ]
 IDS = [case.name for case in CASES]

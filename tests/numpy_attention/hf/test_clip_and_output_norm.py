@@ -176,3 +176,53 @@ def test_bitnet_refuses_heads_that_do_not_span_the_hidden_size():
 def test_bitnet_without_its_norm_weight_is_named():
     with pytest.raises(KeyError, match="attn_sub_norm.weight"):
         grouped_from_hf(config_of("bitnet", num_key_value_heads=4), state())
+
+
+# -- MPT: DBRX's Wqkv layout with ALiBi instead of RoPE ----------------------------------------
+
+MPT = {"d_model": 48, "n_heads": 6, "n_layers": 2, "vocab_size": 11, "max_seq_len": 16}
+
+
+def mpt_config(attn=None, **top):
+    return transformers.MptConfig(**(MPT | top), attn_config=attn or {}).to_dict()
+
+
+def test_mpt_reads_its_nested_attn_config_alibi_and_no_rope():
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    config = mpt_config({"clip_qkv": 6.0, "softmax_scale": 0.25})
+    config["attn_config"]["attn_pdrop"] = 0.125  # the config class types it int
+    fused = np.arange(144)[:, None] * np.ones((1, 48))  # rows [q 48; k 48; v 48]
+
+    layer = grouped_from_hf(config, {"Wqkv.weight": fused, "out_proj.weight": np.eye(48)})
+    # the model's bias of the last query row: -slope_h * (M - 1 - j), here M = 2, key j = 0
+    model_slopes = -build_mpt_alibi_tensor(6, 2)[:, 0, 0].double().numpy()
+
+    assert (layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.rotary_dim) == (6, 6, 8, 0)
+    assert layer.clip_qkv == 6.0 and layer.scaling == 0.25 and layer.dropout == 0.125
+    np.testing.assert_array_equal(layer.alibi_slopes, model_slopes)  # powers of 2: exact
+    assert layer.k_proj.weight[:, 0].tolist() == list(range(48, 96))
+    back = hf_attention_state_from_grouped(config, layer.state_dict())
+    np.testing.assert_array_equal(back["Wqkv.weight"], fused)
+
+
+@pytest.mark.parametrize(
+    ("attn", "top", "match"),
+    [
+        ({"alibi": False}, {}, "attn_config.alibi is False: transformers' MPT adds ALiBi"),
+        ({"alibi_bias_max": 16}, {}, "attn_config.alibi_bias_max is 16: .* with 8"),
+        ({"qk_ln": True}, {}, "attn_config.qk_ln is True: .*LayerNorm of q and k"),
+        ({"prefix_lm": True}, {}, "attn_config.prefix_lm is True"),
+        ({"attn_uses_sequence_id": True}, {}, "attn_config.attn_uses_sequence_id is True"),
+        ({"attn_type": "multiquery_attention"}, {}, "attn_config.attn_type is 'multiquery"),
+        ({}, {"no_bias": False}, "no_bias is False: .*no biases on Wqkv and out_proj"),
+        ({"softmax_scale": float("nan")}, {}, "attn_config.softmax_scale"),
+        ({"clip_qkv": -1.0}, {}, "clip_qkv is -1.0"),
+    ],
+)
+def test_mpt_refuses_what_its_transformers_code_cannot_mean(attn, top, match):
+    config = mpt_config(**top)
+    config["attn_config"] |= attn
+
+    with pytest.raises(ValueError, match=match):
+        grouped_from_hf(config, {"Wqkv.weight": np.zeros((144, 48))})

@@ -40,7 +40,6 @@ TWISTS = {
     "llama4": (NESTED, "llama4_text.*chunked attention"),
     "llama4_text": ({}, "chunks.*after RoPE.*temperature"),
     "mimo_v2_flash": ({}, "v_head_dim.*attention_value_scale"),
-    "mpt": ({"d_model": 32, "n_heads": 4, "n_layers": 2, "hidden_size": None}, "ALiBi.*no ALiBi"),
     "gemma3n": (NESTED, "gemma3n_text.*RMSNorm on the values"),
     "gemma3n_text": ({}, "v_norm.*KV sharing"),
     "gemma4": (NESTED, "gemma4_text.*RMSNorm on the values"),
