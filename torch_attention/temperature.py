@@ -19,42 +19,12 @@ from typing import Any
 
 import torch
 
-from . import validation
+from numpy_attention.temperature import (  # the rules are pure Python, shared
+    TEMPERATURE_KINDS,
+    check_temperature,
+)
 
 __all__ = ["TEMPERATURE_KINDS", "check_temperature", "query_temperature", "temperature_scale"]
-
-TEMPERATURE_KINDS: dict[str, tuple[str, ...]] = {
-    "log_floor": ("beta", "length", "offset"),
-    "power": ("exponent", "length", "offset"),
-}
-
-
-def check_temperature(spec: Any) -> dict[str, Any] | None:
-    """The temperature's spec checked (the NumPy twin's rules): None, or a mapping with
-    ``kind`` and exactly that kind's parameters, finite, ``length`` > 0; a plain dict back."""
-    if spec is None:
-        return None
-    if not isinstance(spec, Mapping):
-        raise TypeError(
-            f"query_temperature must be None or a mapping with a 'kind', got {type(spec).__name__}"
-        )
-    kind = spec.get("kind")
-    if kind not in TEMPERATURE_KINDS:
-        raise ValueError(
-            f"query_temperature['kind'] must be one of {list(TEMPERATURE_KINDS)}, got {kind!r}"
-        )
-    names = TEMPERATURE_KINDS[kind]
-    given = set(spec) - {"kind"}
-    if given != set(names):
-        raise ValueError(
-            f"query_temperature of kind {kind!r} takes {list(names)}, got {sorted(given)}"
-        )
-    checked: dict[str, Any] = {"kind": str(kind)}
-    for name in names:
-        checked[name] = validation.finite_real(f"query_temperature[{name!r}]", spec[name])
-    if checked["length"] <= 0:
-        raise ValueError(f"query_temperature['length'] must be > 0, got {checked['length']}")
-    return checked
 
 
 def temperature_scale(positions: torch.Tensor, spec: Mapping[str, Any]) -> torch.Tensor:
