@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import validation
+from . import grouped_options, validation
 from .clip import ClipCtx, check_clip, clip_backward, clip_forward
 from .decode.cache import KVCache, PagedKVCache
 from .functional import (
@@ -254,7 +254,7 @@ class GroupedQueryAttention(Module):
                 )
             head_dim = self.hidden_size // self.num_heads
         self.head_dim = validation.positive_int("head_dim", head_dim)
-        self.rotary_dim = _check_rotary_dim(rotary_dim, self.head_dim)
+        self.rotary_dim = grouped_options.check_rotary_dim(rotary_dim, self.head_dim)
         self.inv_freq = _check_inv_freq("inv_freq", inv_freq, self.rotary_dim, rope_theta)
         self.long_inv_freq, self.original_max_positions = _check_long_rope(
             long_inv_freq, original_max_positions, self.rotary_dim
@@ -267,7 +267,7 @@ class GroupedQueryAttention(Module):
         norm_eps = validation.finite_real("norm_eps", norm_eps)
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
-        self.qk_norm_shape = _check_qk_norm(
+        self.qk_norm_shape = grouped_options.check_qk_norm(
             self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
         )
         self.qk_norm_position = str(qk_norm_position)
@@ -290,7 +290,9 @@ class GroupedQueryAttention(Module):
                 f"qk_norm_position is {self.qk_norm_position!r}: no model clamps after a norm "
                 "that follows RoPE"
             )
-        self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
+        self.output_norm = grouped_options.check_output_norm(
+            output_norm, output_norm_eps, self.output_gate
+        )
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
         self.rng = np.random.default_rng(rng)
 
@@ -303,10 +305,12 @@ class GroupedQueryAttention(Module):
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             self.q_norm: Module = WeightlessRMSNorm(
-                _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim), norm_eps
+                grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim),
+                norm_eps,
             )
             self.k_norm: Module = WeightlessRMSNorm(
-                _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim), norm_eps
+                grouped_options.norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim),
+                norm_eps,
             )
         elif self.qk_norm:
             norm = _NORMS[qk_norm_type]
@@ -314,10 +318,14 @@ class GroupedQueryAttention(Module):
             if qk_norm_type == "layer_bias":  # q_norm.bias, k_norm.bias beside the weights
                 offset["bias"] = True
             self.q_norm = norm(
-                _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim), norm_eps, **offset
+                grouped_options.norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim),
+                norm_eps,
+                **offset,
             )
             self.k_norm = norm(
-                _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim), norm_eps, **offset
+                grouped_options.norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim),
+                norm_eps,
+                **offset,
             )
         if self.has_sinks:
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
@@ -569,32 +577,11 @@ class GroupedQueryAttention(Module):
         return dx if dxg is None else dx + dxg
 
 
-QK_NORM_TYPES = ("rms", "layer", "layer_bias", "rms_weightless")
 _NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
     "rms": RMSNorm,
     "layer": LayerNorm,
     "layer_bias": LayerNorm,
 }  # the QK-norm's class by qk_norm_type (the weightless one aside)
-QK_NORM_SHAPES = ("head", "per_head", "all")
-QK_NORM_POSITIONS = ("before_rope", "after_rope")
-
-
-def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
-    """R: even, at most D; D when None (which must then be even)."""
-    if rotary_dim is None:
-        if head_dim % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim} "
-                "(or give an even rotary_dim below it)"
-            )
-        return head_dim
-    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
-    if rotary % 2 or rotary > head_dim:
-        raise ValueError(
-            f"rotary_dim must be even (RoPE rotates pairs) and at most head_dim = {head_dim}, "
-            f"got {rotary}"
-        )
-    return rotary
 
 
 def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) -> np.ndarray:
@@ -646,34 +633,6 @@ def _check_long_rope(
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
 
 
-def _check_qk_norm(
-    qk_norm: bool, norm_type: Any, shape: Any, offset: Any, position: Any = "before_rope"
-) -> str:
-    """The QK-norm's options checked; its shape returned. Options given without qk_norm are
-    refused (they would do nothing), and so are a weight's shape or offset for a weightless
-    norm (it has no weight)."""
-    if norm_type not in QK_NORM_TYPES:
-        raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
-    if shape not in QK_NORM_SHAPES:
-        raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
-    if position not in QK_NORM_POSITIONS:
-        raise ValueError(
-            f"qk_norm_position must be one of {list(QK_NORM_POSITIONS)}, got {position!r}"
-        )
-    offset = validation.finite_real("norm_weight_offset", offset)
-    if not qk_norm and (norm_type, shape, offset, position) != ("rms", "head", 0.0, "before_rope"):
-        raise ValueError(
-            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r}, norm_weight_offset="
-            f"{offset} and qk_norm_position={position!r} describe a QK-norm, but qk_norm is False"
-        )
-    if norm_type == "rms_weightless" and (shape == "per_head" or offset != 0.0):
-        raise ValueError(
-            f"qk_norm_type='rms_weightless' has no weight: qk_norm_shape must be 'head' or "
-            f"'all' (got {shape!r}) and norm_weight_offset 0 (got {offset})"
-        )
-    return str(shape)
-
-
 def _clip_qkv(
     clip: float, q: np.ndarray, k: np.ndarray, v: np.ndarray
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[ClipCtx, ClipCtx, ClipCtx]]:
@@ -688,37 +647,6 @@ def _clip_qkv_backward(
     """``_clip_qkv``'s backward: each gradient zeroed where its clamp bit."""
     q_ctx, k_ctx, v_ctx = ctxs
     return clip_backward(dq, q_ctx), clip_backward(dk, k_ctx), clip_backward(dv, v_ctx)
-
-
-def _check_output_norm(output_norm: Any, eps: Any, output_gate: str | None) -> bool:
-    """``output_norm`` checked against its eps (> 0; a non-default eps needs the norm) and the
-    output gate (refused together: no model has both, so their order would be a guess)."""
-    output_norm = validation.flag("output_norm", output_norm)
-    eps = validation.finite_real("output_norm_eps", eps)
-    if eps <= 0:
-        raise ValueError(f"output_norm_eps must be > 0, got {eps}")
-    if not output_norm and eps != 1e-6:
-        raise ValueError(
-            f"output_norm_eps={eps} describes an output norm, but output_norm is False"
-        )
-    if output_norm and output_gate is not None:
-        raise ValueError(
-            f"output_norm and output_gate={output_gate!r} together: no model has both, and "
-            "whether the norm comes before or after the gate would be a guess"
-        )
-    return output_norm
-
-
-def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
-    """The QK-norm weight's shape for a projection of ``heads`` heads."""
-    if shape == "per_head":
-        return (heads, head_dim)
-    return _norm_width(shape, heads, head_dim)
-
-
-def _norm_width(shape: str, heads: int, head_dim: int) -> int:
-    """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
-    return heads * head_dim if shape == "all" else head_dim
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

@@ -53,6 +53,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from numpy_attention import grouped_options
+
 from . import validation
 from .clip import check_clip, clip
 from .decode.cache import KVCache, PagedKVCache
@@ -149,7 +151,7 @@ class GroupedQueryAttention(Module):
                 )
             head_dim = self.hidden_size // self.num_heads
         self.head_dim = validation.positive_int("head_dim", head_dim)
-        self.rotary_dim = _check_rotary_dim(rotary_dim, self.head_dim)
+        self.rotary_dim = grouped_options.check_rotary_dim(rotary_dim, self.head_dim)
         self.rope_theta = validation.finite_real("rope_theta", rope_theta)
         self.inv_freq = _check_inv_freq("inv_freq", inv_freq, self.rotary_dim, rope_theta)
         self.long_inv_freq, self.original_max_positions = _check_long_rope(
@@ -163,7 +165,7 @@ class GroupedQueryAttention(Module):
         self.norm_eps = validation.finite_real("norm_eps", norm_eps)
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
-        self.qk_norm_shape = _check_qk_norm(
+        self.qk_norm_shape = grouped_options.check_qk_norm(
             self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
         )
         self.qk_norm_position = str(qk_norm_position)
@@ -186,7 +188,9 @@ class GroupedQueryAttention(Module):
                 f"qk_norm_position is {self.qk_norm_position!r}: no model clamps after a norm "
                 "that follows RoPE"
             )
-        self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
+        self.output_norm = grouped_options.check_output_norm(
+            output_norm, output_norm_eps, self.output_gate
+        )
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
         self.backend = check_backend(backend)
 
@@ -198,14 +202,16 @@ class GroupedQueryAttention(Module):
         self.v_proj = Linear(self.input_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
-            q_width = _norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
-            k_width = _norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
+            q_width = grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
+            k_width = grouped_options.norm_width(
+                self.qk_norm_shape, self.num_kv_heads, self.head_dim
+            )
             self.q_norm: nn.Module = WeightlessRMSNorm(q_width, self.norm_eps)
             self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
         elif self.qk_norm:
             norm = _NORMS[qk_norm_type]
-            q_dim = _norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
-            k_dim = _norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
+            q_dim = grouped_options.norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
+            k_dim = grouped_options.norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim)
             options: dict[str, Any] = {"weight_offset": norm_weight_offset}
             if qk_norm_type == "layer_bias":  # q_norm.bias, k_norm.bias beside the weights
                 options["bias"] = True
@@ -395,32 +401,11 @@ class GroupedQueryAttention(Module):
         return ", ".join(options + [f"backend={self.backend!r}"])
 
 
-QK_NORM_TYPES = ("rms", "layer", "layer_bias", "rms_weightless")
 _NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
     "rms": RMSNorm,
     "layer": LayerNorm,
     "layer_bias": LayerNorm,
 }  # the QK-norm's class by qk_norm_type (the weightless one aside)
-QK_NORM_SHAPES = ("head", "per_head", "all")
-QK_NORM_POSITIONS = ("before_rope", "after_rope")
-
-
-def _check_rotary_dim(rotary_dim: Any, head_dim: int) -> int:
-    """R: even, at most D; D when None (which must then be even)."""
-    if rotary_dim is None:
-        if head_dim % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of coordinates: head_dim must be even, got {head_dim} "
-                "(or give an even rotary_dim below it)"
-            )
-        return head_dim
-    rotary = validation.non_negative_int("rotary_dim", rotary_dim)
-    if rotary % 2 or rotary > head_dim:
-        raise ValueError(
-            f"rotary_dim must be even (RoPE rotates pairs) and at most head_dim = {head_dim}, "
-            f"got {rotary}"
-        )
-    return rotary
 
 
 def _check_inv_freq(name: str, inv_freq: Any, rotary_dim: int, rope_theta: Any) -> torch.Tensor:
@@ -481,62 +466,6 @@ def _check_long_rope(
         raise ValueError("long_inv_freq needs RoPE: rotary_dim is 0")
     freqs = _check_inv_freq("long_inv_freq", long_inv_freq, rotary_dim, 1.0)
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
-
-
-def _check_qk_norm(
-    qk_norm: bool, norm_type: Any, shape: Any, offset: Any, position: Any = "before_rope"
-) -> str:
-    """The QK-norm's options checked (the NumPy twin's rules); its shape returned."""
-    if norm_type not in QK_NORM_TYPES:
-        raise ValueError(f"qk_norm_type must be one of {list(QK_NORM_TYPES)}, got {norm_type!r}")
-    if shape not in QK_NORM_SHAPES:
-        raise ValueError(f"qk_norm_shape must be one of {list(QK_NORM_SHAPES)}, got {shape!r}")
-    if position not in QK_NORM_POSITIONS:
-        raise ValueError(
-            f"qk_norm_position must be one of {list(QK_NORM_POSITIONS)}, got {position!r}"
-        )
-    offset = validation.finite_real("norm_weight_offset", offset)
-    if not qk_norm and (norm_type, shape, offset, position) != ("rms", "head", 0.0, "before_rope"):
-        raise ValueError(
-            f"qk_norm_type={norm_type!r}, qk_norm_shape={shape!r}, norm_weight_offset="
-            f"{offset} and qk_norm_position={position!r} describe a QK-norm, but qk_norm is False"
-        )
-    if norm_type == "rms_weightless" and (shape == "per_head" or offset != 0.0):
-        raise ValueError(
-            f"qk_norm_type='rms_weightless' has no weight: qk_norm_shape must be 'head' or "
-            f"'all' (got {shape!r}) and norm_weight_offset 0 (got {offset})"
-        )
-    return str(shape)
-
-
-def _check_output_norm(output_norm: Any, eps: Any, output_gate: str | None) -> bool:
-    """``output_norm`` checked against its eps and the output gate (the NumPy twin's rules)."""
-    output_norm = validation.flag("output_norm", output_norm)
-    eps = validation.finite_real("output_norm_eps", eps)
-    if eps <= 0:
-        raise ValueError(f"output_norm_eps must be > 0, got {eps}")
-    if not output_norm and eps != 1e-6:
-        raise ValueError(
-            f"output_norm_eps={eps} describes an output norm, but output_norm is False"
-        )
-    if output_norm and output_gate is not None:
-        raise ValueError(
-            f"output_norm and output_gate={output_gate!r} together: no model has both, and "
-            "whether the norm comes before or after the gate would be a guess"
-        )
-    return output_norm
-
-
-def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
-    """The QK-norm weight's shape for a projection of ``heads`` heads."""
-    if shape == "per_head":
-        return (heads, head_dim)
-    return _norm_width(shape, heads, head_dim)
-
-
-def _norm_width(shape: str, heads: int, head_dim: int) -> int:
-    """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
-    return heads * head_dim if shape == "all" else head_dim
 
 
 def _key_padding(

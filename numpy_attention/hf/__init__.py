@@ -4,8 +4,10 @@
 ``MultiHeadLatentAttention`` (``latent.py``).
 
 - ``families.py``: what each family's attention reads from its config, one row per
-  ``model_type``; ``family.py`` the machinery every row shares (the ``Family`` dataclass, the
-  layer options), ``rules.py`` the rules rows name (which layers slide, rotate, are attention),
+  ``model_type``, joined from ``rows/`` (``classic``, ``fused``, ``hybrids``, ``twists``: each
+  module's rows beside the rules they name: which layers slide, rotate, are attention);
+  ``family.py`` the machinery every row shares (the ``Family`` dataclass, the layer options),
+  ``rules.py`` the few rules several row modules share,
   ``refused.py`` the model types refused by name with their reasons;
 - ``rope.py``: RoPE's parameters, frequencies and attention factor as the model computes them;
 - ``layouts.py``: where each layout keeps q, k, v and o (fused projections split and joined).

@@ -3,7 +3,8 @@
 config class reads it (``class_view``), which layers slide and rotate (``layer_kind``,
 ``rotates``), which layers are attention at all (``check_kind``), the sizes and the layer
 options (RoPE aside, ``rope.py``) a row gives ``GroupedQueryAttention``. NumPy only; transformers
-is never imported. The rows are ``families.py``, the rules they name ``rules.py``.
+is never imported. The rows are ``rows/*.py`` (joined in ``families.py``), each beside the rules
+it names.
 
 Tests: tests/numpy_attention/hf/test_families.py; against transformers in
 tests/parity/test_hf_models.py.

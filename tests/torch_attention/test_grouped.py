@@ -14,6 +14,7 @@ import torch
 
 import numpy_attention.decode.cache as np_caches
 import numpy_attention.grouped as np_grouped
+import torch_attention.grouped as torch_grouped
 from torch_attention import from_numpy
 from torch_attention.decode.cache import KVCache, PagedKVCache
 from torch_attention.grouped import GroupedQueryAttention
@@ -575,3 +576,10 @@ def test_repr_names_the_options():
     assert "WeightlessRMSNorm" in repr(after) and "qk_norm_position='after_rope'" in repr(after)
     assert "query_temperature={'kind': 'power'" in repr(after)
     assert to_numpy(layer.sinks).tolist() == [0.0] * H
+
+
+def test_the_option_checks_are_the_numpy_twins() -> None:
+    """One set of rules: the torch layer imports numpy_attention.grouped_options."""
+    from numpy_attention import grouped_options
+
+    assert torch_grouped.grouped_options is grouped_options
