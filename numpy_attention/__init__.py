@@ -34,6 +34,7 @@ from . import (
     rope,
     rules,
     scores,
+    sparse,
     state,
     threads,
     tiled,
@@ -62,6 +63,7 @@ from .module import Module, ModuleList
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
+from .sparse import sparse_attention_backward, sparse_attention_forward
 from .state import load_module, save_module
 from .varlen import varlen_attention_backward, varlen_attention_forward
 
@@ -72,6 +74,9 @@ __all__ = [
     "merge_attention_backward",
     "merge_attention_forward",
     "scores",
+    "sparse",
+    "sparse_attention_backward",
+    "sparse_attention_forward",
     "threads",
     "varlen",
     "varlen_attention_backward",

@@ -41,6 +41,7 @@ from .layers import Dropout, Linear
 from .merge import merge_attention
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import rope, rope_inv_freq
+from .sparse import sparse_attention
 from .transfer import from_numpy, to_numpy
 from .varlen import varlen_attention
 
@@ -76,6 +77,7 @@ __all__ = [
     "rope",
     "rope_inv_freq",
     "to_numpy",
+    "sparse_attention",
     "varlen",
     "varlen_attention",
     "decode",
