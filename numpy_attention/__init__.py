@@ -26,6 +26,7 @@ from . import (
     fused,
     grouped,
     hf,
+    indexer,
     latent,
     latent_cache,
     masks,
