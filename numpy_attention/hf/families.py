@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import rules
-from .family import Family, as_mapping, check_kind, options
+from .family import FULL, Family, as_mapping, check_kind, options
 from .refused import REFUSED
 
 FAMILIES: dict[str, Family] = {
@@ -744,6 +744,37 @@ FAMILIES: dict[str, Family] = {
         scaling="softmax_scale",
         refuse=rules._mpt_refuse,
         alibi=rules._mpt_alibi,
+    ),
+    # MiMo-V2-Flash: values v_head_dim wide (not head_dim) times attention_value_scale before
+    # the cache, sliding layers with twice the key/value heads and sinks, full ones with
+    # neither; one default RoPE per layer type on int(head_dim * 0.334) coordinates; no bias on
+    # o_proj; its config class's sliding_window_size W' means a window of W' + 1 keys
+    "mimo_v2_flash": Family(
+        out_bias=None,
+        sliding="layer_types",
+        fallback=rules._mimo_sliding,
+        partial_rotary=True,
+        partial_rotary_default=rules.MIMO_PARTIAL_ROTARY,
+        partial_rotary_top_level=False,
+        rope_per_layer_type=True,
+        rope_type_thetas=(rules.MIMO_ROPE_THETAS[FULL], "swa_rope_theta", 10_000.0),
+        config_defaults=(
+            ("head_dim", 192),
+            ("v_head_dim", 128),
+            ("num_key_value_heads", 4),
+            ("sliding_window", 129),
+            ("attention_value_scale", 0.707),
+        ),
+        derived=lambda config: (
+            {}
+            if config.get("sliding_window_size") is None
+            else {"sliding_window": config["sliding_window_size"] + 1}
+        ),
+        refuse=rules._mimo_refuse,
+        v_head_dim="v_head_dim",
+        value_scale="attention_value_scale",
+        layer_kv_heads=rules._mimo_kv_heads,
+        sliding_sinks=True,
     ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal

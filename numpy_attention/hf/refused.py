@@ -31,9 +31,6 @@ REFUSED = {
     "express. The rest is the layer's: the L2 QK-norm after RoPE (use_qk_norm) is a weightless "
     "RMSNorm, and its NoPE layers' temperature (attn_temperature_tuning) a log_floor query "
     "temperature, though over positions counted from the cache, not position_ids (issue 28)",
-    "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
-    "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
-    "layer has one head width and no value scale (issue 28)",
     "gemma3n": "gemma3n: the multimodal Gemma 3n config; its language model 'gemma3n_text' is "
     "itself refused: a weightless RMSNorm on the values and keys and values shared across "
     "layers (issue 28)",
