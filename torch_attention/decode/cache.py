@@ -140,8 +140,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         return (
-            f"KVCache(shape={tuple(self.k.shape)}, dtype={self.dtype}, device={self.device}, "
-            f"length={self._length})"
+            f"KVCache(shape={tuple(self.k.shape)}, v_head_dim={self.v.shape[3]}, "
+            f"dtype={self.dtype}, device={self.device}, length={self._length})"
         )
 
 
