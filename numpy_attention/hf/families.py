@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import rules
-from .family import FULL, Family, as_mapping, check_kind, options
+from .family import FULL, SLIDING, Family, as_mapping, check_kind, options
 from .refused import REFUSED
 
 FAMILIES: dict[str, Family] = {
@@ -757,7 +757,11 @@ FAMILIES: dict[str, Family] = {
         partial_rotary_default=rules.MIMO_PARTIAL_ROTARY,
         partial_rotary_top_level=False,
         rope_per_layer_type=True,
-        rope_type_thetas=(rules.MIMO_ROPE_THETAS[FULL], "swa_rope_theta", 10_000.0),
+        rope_type_thetas=(
+            rules.MIMO_ROPE_THETAS[FULL],
+            "swa_rope_theta",
+            rules.MIMO_ROPE_THETAS[SLIDING],
+        ),
         config_defaults=(
             ("head_dim", 192),
             ("v_head_dim", 128),
