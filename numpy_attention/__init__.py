@@ -74,6 +74,7 @@ __all__ = [
     "merge",
     "merge_attention_backward",
     "merge_attention_forward",
+    "indexer",
     "scores",
     "sparse",
     "sparse_attention_backward",

@@ -5,18 +5,23 @@ without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
-(``hidden_size``), D head width (``head_dim``).
+(``hidden_size``), D head width (``head_dim``), Dv value head width (``v_head_dim``, D by
+default).
 
 The layer's chain, and its backward walking it in reverse through the parts' own backwards:
 
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
-    v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
+    v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
-    a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
-    a = o_norm(a)                                      (B, N, H*D)      output_norm only
+    a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
+    a = o_norm(a)                                      (B, N, H*Dv)     output_norm only
     out = o_proj(a)                                    (B, N, C)
+
+The values may be narrower than the queries and keys (``v_head_dim``, MiMo-V2-Flash) and scaled
+by a constant s_v (``value_scale``, 1 by default: MiMo-V2-Flash's ``attention_value_scale``),
+which the backward applies to dV again (docs/derivations/value-scale.md).
 
 With ``clip_qkv = c`` each of q_proj(x), k_proj(x) and v_proj(x) is clamped to [-c, c]
 (``clip.py``) before the QK-norm, or, with ``clip_after_norm``, q and k after it (OLMoE; v has
@@ -44,7 +49,8 @@ Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's 
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
 docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
-docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
+docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
+docs/derivations/value-scale.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -109,8 +115,9 @@ class GroupedQueryAttention(Module):
     """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2/3,
     GPT-OSS, Phi-3, OLMo 2, Cohere 1/2, StarCoder 2, Granite, SmolLM 3, GLM and Falcon.
 
-    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
-    ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
+    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` =
+    Linear(C, H_kv*D, bias), ``v_proj`` = Linear(C, H_kv*Dv, bias), ``o_proj`` = Linear(H*Dv,
+    C, out_bias) (Dv = D unless ``v_head_dim`` says otherwise); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (an RMSNorm or LayerNorm, weight by
     ``qk_norm_shape``: (D,), (H, D) and (H_kv, D), or (H*D,) and (H_kv*D,), and for
     ``"layer_bias"`` a bias of the weight's shape beside it; none for ``"rms_weightless"``); with
@@ -190,6 +197,12 @@ class GroupedQueryAttention(Module):
             ``-slope_h * |p_i - j|`` (query i at key position M - N + i), on the training path
             and the cache's alike (MPT). A constant, no parameter; the backward is the core's
             (docs/derivations/alibi.md).
+        v_head_dim: Dv, the values' head width, which v_proj gives per key/value head and
+            o_proj reads per query head (H*Dv); None for D (MiMo-V2-Flash: 128 against D =
+            192). The score scale stays 1 / sqrt(D) unless ``scaling`` is given.
+        value_scale: s_v, a constant the values are multiplied by after v_proj (and its clamp)
+            and before the cache: the cache holds s_v * v (MiMo-V2-Flash's
+            ``attention_value_scale``); the backward scales dV by it. Finite.
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -231,6 +244,8 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        v_head_dim: int | None = None,
+        value_scale: float = 1.0,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -294,15 +309,21 @@ class GroupedQueryAttention(Module):
             output_norm, output_norm_eps, self.output_gate
         )
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.v_head_dim = validation.positive_int(
+            "v_head_dim", self.head_dim if v_head_dim is None else v_head_dim
+        )
+        self.value_scale = validation.finite_real("value_scale", value_scale)
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        v_width = self.num_kv_heads * self.v_head_dim  # v_proj's output, H_kv*Dv
+        merged_width = self.num_heads * self.v_head_dim  # the merged heads o_proj reads, H*Dv
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
         self.q_proj = Linear(self.input_size, width, bias=bias, rng=self.rng)
         self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
-        self.v_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
-        self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
+        self.v_proj = Linear(self.input_size, v_width, bias=bias, rng=self.rng)
+        self.o_proj = Linear(merged_width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             self.q_norm: Module = WeightlessRMSNorm(
                 grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim),
@@ -330,10 +351,10 @@ class GroupedQueryAttention(Module):
         if self.has_sinks:
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
         if self.output_gate is not None:
-            gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
+            gates = gate_width(self.output_gate, self.num_heads, self.v_head_dim)
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias, rng=self.rng)
         if self.output_norm:
-            self.o_norm = RMSNorm(width, float(output_norm_eps))
+            self.o_norm = RMSNorm(merged_width, float(output_norm_eps))
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq``,
@@ -367,8 +388,8 @@ class GroupedQueryAttention(Module):
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``KVCache`` of this layer's (B, H_kv, D) and dtype, or a
-                ``PagedKVCache`` of its (H_kv, D) and dtype (equal results): this call's keys
+            cache: a ``KVCache`` of this layer's (B, H_kv, D), Dv and dtype, or a
+                ``PagedKVCache`` of its (H_kv, D), Dv and dtype (equal results): this call's keys
                 and values are appended and the queries attend with ``align="bottom-right"``
                 (token i of x sits at position ``cache.length + i`` of the key axis). No
                 backward follows a forward with a cache.
@@ -386,6 +407,7 @@ class GroupedQueryAttention(Module):
                     f"cache must be a KVCache or a PagedKVCache, got {type(cache).__name__}"
                 )
             cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype)
+            grouped_options.check_cache_values(cache.v.shape[-1], self.v_head_dim)
             start = cache.length
         m = start + n
         if positions is None:
@@ -423,7 +445,7 @@ class GroupedQueryAttention(Module):
             "rotary_dim": self.rotary_dim,
         }
         q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
-        v = self.v_proj(x)  # (B, N, H_kv*D)
+        v = self.v_proj(x)  # (B, N, H_kv*Dv)
         clip, clips = self.clip_qkv, None
         if clip is not None and not self.clip_after_norm:  # OLMo, DBRX
             (q, k, v), clips = _clip_qkv(clip, q, k, v)
@@ -434,7 +456,9 @@ class GroupedQueryAttention(Module):
             (q, k, v), clips = _clip_qkv(clip, q, k, v)
         q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, D)
         k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
+        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, then cached
+            v = v * self.value_scale
         q, q_rope = rope_forward(q, positions, **rope)
         k, k_rope = rope_forward(k, positions, **rope)
         if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
@@ -443,7 +467,8 @@ class GroupedQueryAttention(Module):
         temperature = None
         if self.query_temperature is not None:  # q * t(p), row by row
             q, temperature = query_temperature_forward(q, positions, self.query_temperature)
-        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
+        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
+        # (B, H_kv, M, Dv))
         attend = attention_forward if cache is None else cache.attend
         attn = attend(
             q,
@@ -460,14 +485,14 @@ class GroupedQueryAttention(Module):
             enable_gqa=True,
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
-        )  # (B, H, N, D)
-        merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
+        )  # (B, H, N, Dv)
+        merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, Dv) -> (B, N, H*Dv)
         gate = None
-        if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
+        if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
         if self.output_norm:  # BitNet: an RMSNorm over all H*D coordinates of each token
             merged = self.o_norm(merged)
-        out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
+        out = self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
         ctx = _GroupedCtx(
             q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips, temperature
         )
@@ -519,14 +544,16 @@ class GroupedQueryAttention(Module):
         with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
         o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
         dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
-        summed over each group of H / H_kv query heads);  with a temperature dQr = t(p) * dQr;
+        summed over each group of H / H_kv query heads);  dV = s_v * dV (value_scale);
+        with a temperature dQr = t(p) * dQr;
         after RoPE, dQr = q_norm^T(dQr);  dQh = rope^T(dQr) (rotate by -angle,
         the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn) (before
         RoPE);  with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
         (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
         Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
         docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
-        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
+        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
+        docs/derivations/value-scale.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -541,15 +568,15 @@ class GroupedQueryAttention(Module):
                 "path); the last forward appended to a KVCache, which is inference only"
             )
         dout, ctx = self._pop_ctx(dout)
-        dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*D)
+        dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
         if self.output_norm:  # forward: merged = o_norm(merged)
             dmerged = self.o_norm.backward(dmerged)
         dxg = None
         if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
             dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
-            dxg = self.g_proj.backward(dpre)  # (B, N, H*D) or (B, N, H) -> (B, N, C)
-        dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, D)
-        grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
+            dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
+        dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
+        grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D | Dv): group sums
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
         dq, dk = grads.dq, grads.dk
@@ -562,7 +589,10 @@ class GroupedQueryAttention(Module):
         dk = rope_backward(dk, ctx.k_rope)
         dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
         dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
-        dv = split_heads_backward(grads.dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        dv = grads.dv
+        if self.value_scale != 1.0:  # forward: v = s_v * v
+            dv = dv * self.value_scale
+        dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, Dv) -> (B, N, H_kv*Dv)
         if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))

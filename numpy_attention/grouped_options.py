@@ -1,8 +1,9 @@
-"""The options of ``GroupedQueryAttention`` that are pure Python, checked once for both twists
+"""The options of ``GroupedQueryAttention`` that are pure Python, checked once for both twins
 (numpy_attention/grouped.py and torch_attention/grouped.py import them, as decode/arguments.py
 is shared): RoPE's rotated width, the QK-norm's type, shape, offset and position, the output
-norm against the output gate, and the QK-norm weight's shape and width. Every check raises
-``ValueError`` naming the argument. NumPy only (it needs nothing but ``validation``).
+norm against the output gate, the QK-norm weight's shape and width, and a cache's value width
+against the layer's. Every check raises ``ValueError`` naming the argument. NumPy only (it needs
+nothing but ``validation``).
 
 Tests: tests/numpy_attention/test_grouped_options.py; through both layers in
 tests/numpy_attention/test_grouped.py and tests/torch_attention/test_grouped.py.
@@ -94,3 +95,12 @@ def norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
 def norm_width(shape: str, heads: int, head_dim: int) -> int:
     """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
+
+
+def check_cache_values(width: int, v_head_dim: int) -> None:
+    """The cache's value width must be the layer's Dv (its keys are checked by the cache)."""
+    if width != v_head_dim:
+        raise ValueError(
+            f"the cache holds values of width {width}, but this layer's v_head_dim is "
+            f"{v_head_dim}: build the cache with v_head_dim={v_head_dim}"
+        )

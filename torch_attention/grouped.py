@@ -6,17 +6,18 @@ family so that its attention state dicts load without renaming.
 
 Shape legend: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), N tokens of this call,
 M keys attended (N without a cache; the cache's length after this call with one), C model width
-(``hidden_size``), D head width (``head_dim``).
+(``hidden_size``), D head width (``head_dim``), Dv value head width (``v_head_dim``, D by
+default).
 
 The layer's chain (backward by autograd here; the pages derive the NumPy twin's):
 
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
-    v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
+    v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
-    a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
-    a = o_norm(a)                                      (B, N, H*D)      output_norm only
+    a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
+    a = o_norm(a)                                      (B, N, H*Dv)     output_norm only
     out = o_proj(a)                                    (B, N, C)
 
 The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale (offset + w),
@@ -24,7 +25,8 @@ or a weightless RMSNorm; before RoPE or after it), the query temperature (``temp
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
 before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
-(an RMSNorm over the H*D merged coordinates, ``o_norm``) are the NumPy twin's.
+(an RMSNorm over the H*Dv merged coordinates, ``o_norm``), the value width Dv and the value
+scale s_v (``v_head_dim``, ``value_scale``: MiMo-V2-Flash) are the NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -38,7 +40,7 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
 docs/derivations/output-norm.md, docs/derivations/qk-norm-after-rope.md,
-docs/derivations/query-temperature.md.
+docs/derivations/query-temperature.md, docs/derivations/value-scale.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -76,13 +78,14 @@ class GroupedQueryAttention(Module):
     GPT-OSS, Phi-3, OLMo 2, Cohere 1/2, StarCoder 2, Granite, SmolLM 3, GLM and Falcon; the twin
     of ``numpy_attention.grouped.GroupedQueryAttention``.
 
-    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` and
-    ``v_proj`` = Linear(C, H_kv*D, bias), ``o_proj`` = Linear(H*D, C, out_bias); with
+    Parameters, created in this order: ``q_proj`` = Linear(C, H*D, bias), ``k_proj`` =
+    Linear(C, H_kv*D, bias), ``v_proj`` = Linear(C, H_kv*Dv, bias), ``o_proj`` = Linear(H*Dv,
+    C, out_bias) (Dv = D unless ``v_head_dim`` says otherwise); with
     ``qk_norm``, ``q_norm`` and ``k_norm`` (RMSNorm or LayerNorm, weights by
     ``qk_norm_shape``, with a bias beside for ``"layer_bias"``; none for ``"rms_weightless"``);
     with ``sinks``, ``sinks`` (H,), zeros;
-    with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
-    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
+    with ``output_gate``, ``g_proj`` = Linear(C, H*Dv) per element or Linear(C, H) per head,
+    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*Dv). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
     ``inv_freq``, ``long_inv_freq`` and ``alibi_slopes`` are kept in float64 on the CPU and
     moved per call, so ``.to(dtype)`` never rounds them.
@@ -128,6 +131,8 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        v_head_dim: int | None = None,
+        value_scale: float = 1.0,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -192,15 +197,21 @@ class GroupedQueryAttention(Module):
             output_norm, output_norm_eps, self.output_gate
         )
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.v_head_dim = validation.positive_int(
+            "v_head_dim", self.head_dim if v_head_dim is None else v_head_dim
+        )
+        self.value_scale = validation.finite_real("value_scale", value_scale)
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        v_width = self.num_kv_heads * self.v_head_dim  # v_proj's output, H_kv*Dv
+        merged_width = self.num_heads * self.v_head_dim  # the merged heads o_proj reads, H*Dv
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
         self.q_proj = Linear(self.input_size, width, bias=bias)
         self.k_proj = Linear(self.input_size, kv_width, bias=bias)
-        self.v_proj = Linear(self.input_size, kv_width, bias=bias)
-        self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
+        self.v_proj = Linear(self.input_size, v_width, bias=bias)
+        self.o_proj = Linear(merged_width, self.hidden_size, bias=out_bias)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             q_width = grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
             k_width = grouped_options.norm_width(
@@ -220,10 +231,10 @@ class GroupedQueryAttention(Module):
         if self.has_sinks:
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         if self.output_gate is not None:
-            gates = gate_width(self.output_gate, self.num_heads, self.head_dim)
+            gates = gate_width(self.output_gate, self.num_heads, self.v_head_dim)
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias)
         if self.output_norm:
-            self.o_norm = RMSNorm(width, float(output_norm_eps))
+            self.o_norm = RMSNorm(merged_width, float(output_norm_eps))
 
     def forward(
         self,
@@ -242,8 +253,8 @@ class GroupedQueryAttention(Module):
                 padding); default ``cache.length + arange(N)`` (``arange(N)`` without a cache).
             key_padding_mask: bool (B, M), True = padding, over the keys attended: x's N tokens,
                 or with a cache all ``cache.length + N`` of them.
-            cache: a ``KVCache`` of this layer's (B, H_kv, D), dtype and device, or a
-                ``PagedKVCache`` of its (H_kv, D), dtype and device (equal results): this call's
+            cache: a ``KVCache`` of this layer's (B, H_kv, D), Dv, dtype and device, or a
+                ``PagedKVCache`` of its (H_kv, D), Dv, dtype and device (equal results): this call's
                 keys and values are appended and the queries attend with
                 ``align="bottom-right"``.
                 A forward with a cache runs under ``torch.no_grad()`` (inference only).
@@ -261,6 +272,7 @@ class GroupedQueryAttention(Module):
                     f"cache must be a KVCache or a PagedKVCache, got {type(cache).__name__}"
                 )
             cache.check_append((b, self.num_kv_heads, n, self.head_dim), x.dtype, x.device)
+            grouped_options.check_cache_values(cache.v.shape[-1], self.v_head_dim)
             start = cache.length
         m = start + n
         if positions is None:
@@ -294,7 +306,7 @@ class GroupedQueryAttention(Module):
             "rotary_dim": self.rotary_dim,
         }
         q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
-        v = self.v_proj(x)  # (B, N, H_kv*D)
+        v = self.v_proj(x)  # (B, N, H_kv*Dv)
         c = self.clip_qkv
         if c is not None and not self.clip_after_norm:  # OLMo, DBRX
             q, k, v = clip(q, c), clip(k, c), clip(v, c)
@@ -305,7 +317,9 @@ class GroupedQueryAttention(Module):
             q, k, v = clip(q, c), clip(k, c), clip(v, c)
         q = split_heads(q, self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
         k = split_heads(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, D)
+        v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
+        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, then cached
+            v = v * self.value_scale
         q = rope(q, positions, **rotation)
         k = rope(k, positions, **rotation)
         if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
@@ -313,7 +327,8 @@ class GroupedQueryAttention(Module):
             k = self._norm_heads(self.k_norm, k)
         if self.query_temperature is not None:  # q * t(p), row by row
             q = query_temperature(q, positions, self.query_temperature)
-        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
+        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
+        # (B, H_kv, M, Dv))
         attend = attention if cache is None else cache.attend
         heads = attend(
             q,
@@ -331,13 +346,13 @@ class GroupedQueryAttention(Module):
             dropout_p=self.dropout if self.training else 0.0,
             dropout_mask=keep,
             backend=self.backend,
-        )  # (B, H, N, D)
-        merged = merge_heads(heads)  # (B, H, N, D) -> (B, N, H*D)
-        if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
+        )  # (B, H, N, Dv)
+        merged = merge_heads(heads)  # (B, H, N, Dv) -> (B, N, H*Dv)
+        if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged = output_gate(merged, self.g_proj(x), self.gate_activation)
         if self.output_norm:  # BitNet: an RMSNorm over all H*D coordinates of each token
             merged = self.o_norm(merged)
-        return self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
+        return self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
 
     def _frequencies(self, positions: torch.Tensor) -> torch.Tensor:
         """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
@@ -370,6 +385,10 @@ class GroupedQueryAttention(Module):
             f"num_kv_heads={self.num_kv_heads}",
             f"head_dim={self.head_dim}",
         ]
+        if self.v_head_dim != self.head_dim:
+            options.append(f"v_head_dim={self.v_head_dim}")
+        if self.value_scale != 1.0:
+            options.append(f"value_scale={self.value_scale}")
         if self.rotary_dim != self.head_dim:
             options.append(f"rotary_dim={self.rotary_dim}")
         if self.original_max_positions is not None:

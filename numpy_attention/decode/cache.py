@@ -33,8 +33,9 @@ __all__ = ["KVCache", "PagedKVCache", "attend_per_sequence"]
 class KVCache:
     """Preallocated keys and values of one attention layer, for decoding one token at a time.
 
-    ``k`` and ``v`` are (B, H_kv, max_len, D) arrays of which the first ``length`` positions are
-    filled. Keys are stored after RoPE, so a cached key never needs rotating again.
+    ``k`` (B, H_kv, max_len, D) and ``v`` (B, H_kv, max_len, Dv) are arrays of which the first
+    ``length`` positions are filled. Keys are stored after RoPE, so a cached key never needs
+    rotating again.
 
     Args:
         batch: B.
@@ -42,21 +43,32 @@ class KVCache:
         max_len: the most tokens the cache holds.
         head_dim: D.
         dtype: a floating dtype, that of the layer it serves.
+        v_head_dim: Dv, the values' width; None for D (MiMo-V2-Flash's values are narrower).
     """
 
     def __init__(
-        self, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: Any
+        self,
+        batch: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: Any,
+        *,
+        v_head_dim: int | None = None,
     ) -> None:
         batch = validation.positive_int("batch", batch)
         num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
         max_len = validation.positive_int("max_len", max_len)
         head_dim = validation.positive_int("head_dim", head_dim)
+        v_head_dim = validation.positive_int(
+            "v_head_dim", head_dim if v_head_dim is None else v_head_dim
+        )
         dtype = np.dtype(dtype)
         if not np.issubdtype(dtype, np.floating):
             raise TypeError(f"KVCache needs a floating dtype, got {dtype}")
         self.max_len = max_len
         self.k = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype=dtype)
-        self.v = np.zeros_like(self.k)
+        self.v = np.zeros((batch, num_kv_heads, max_len, v_head_dim), dtype=dtype)
         self._length = 0
 
     @property
@@ -87,18 +99,22 @@ class KVCache:
             )
 
     def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write k and v (B, H_kv, N, D) after what is cached; nothing is written when they are
-        refused.
+        """Write k (B, H_kv, N, D) and v (B, H_kv, N, Dv) after what is cached; nothing is
+        written when they are refused.
 
         Returns:
-            keys and values so far, (B, H_kv, length, D) each: views of the cache.
+            keys (B, H_kv, length, D) and values (B, H_kv, length, Dv) so far: views of the
+            cache.
         """
         k = validation.float_array("k", k)
         v = validation.float_array("v", v)
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have one shape, got k {k.shape} and v {v.shape}")
         validation.same_dtype(k=k, v=v)
         self.check_append(k.shape, k.dtype)
+        if k.shape[:3] != v.shape[:3] or v.ndim != 4 or v.shape[3] != self.v.shape[3]:
+            raise ValueError(
+                f"k and v must be (B, H_kv, N, D) and (B, H_kv, N, Dv) with Dv = "
+                f"{self.v.shape[3]}, got k {k.shape} and v {v.shape}"
+            )
         start, stop = self._length, self._length + k.shape[2]
         self.k[:, :, start:stop] = k
         self.v[:, :, start:stop] = v
@@ -108,10 +124,11 @@ class KVCache:
     def attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
     ) -> AttentionOutput:
-        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
-        ``attention_forward(q, keys, values, **options)``. The cache's side of the layer's
-        protocol, shared with ``PagedKVCache.attend`` (which reads its keys from pages)."""
-        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
+        """Append k (B, H_kv, N, D), v (B, H_kv, N, Dv) and attend q (B, H, N, D) over
+        everything cached: ``attention_forward(q, keys, values, **options)``. The cache's side
+        of the layer's protocol, shared with ``PagedKVCache.attend`` (which reads its keys from
+        pages)."""
+        keys, values = self.append(k, v)  # (B, H_kv, M, D), (B, H_kv, M, Dv): all cached so far
         return attention_forward(q, keys, values, **options)
 
     def reset(self) -> None:
@@ -119,7 +136,10 @@ class KVCache:
         self._length = 0
 
     def __repr__(self) -> str:
-        return f"KVCache(shape={self.k.shape}, dtype={self.dtype}, length={self._length})"
+        return (
+            f"KVCache(shape={self.k.shape}, v_head_dim={self.v.shape[3]}, dtype={self.dtype}, "
+            f"length={self._length})"
+        )
 
 
 class PagedKVCache(PagePool):

@@ -227,6 +227,18 @@ class Family:
     alibi: Callable[[Mapping[str, Any]], list[float] | None] | None = None
     """ALiBi's slopes (H,) from the config, as the model's code builds them (MPT's
     ``build_mpt_alibi_tensor``): the layer's ``alibi_slopes``; None: no ALiBi on this config."""
+    v_head_dim: str | None = None
+    """Config key of the values' head width Dv where it is not head_dim (MiMo-V2-Flash's
+    ``v_head_dim``): the layer's ``v_head_dim``; v_proj gives H_kv*Dv, o_proj reads H*Dv."""
+    value_scale: str | None = None
+    """Config key of a constant the values are multiplied by before attention and the cache
+    (MiMo-V2-Flash's ``attention_value_scale``; null: 1): the layer's ``value_scale``."""
+    layer_kv_heads: Callable[[Mapping[str, Any], Family, int], int] | None = None
+    """Layer i's key/value head count where the model's code gives it per layer (MiMo-V2-Flash:
+    twice ``num_key_value_heads`` on its sliding layers); None: the config's count."""
+    sliding_sinks: bool = False
+    """Sinks on the sliding layers only (MiMo-V2-Flash), where ``sinks`` puts them on every
+    layer."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -340,9 +352,10 @@ def sizes(
     config: Mapping[str, Any], family: Family, layer_idx: int | None = None
 ) -> dict[str, int]:
     """hidden_size, num_heads, num_kv_heads and head_dim as the attention module takes them
-    (and input_size where the family's attention reads another width): layer ``layer_idx``'s
-    query heads where the family has a count per layer (None: the config's
-    ``num_attention_heads``, all the RoPE code reads)."""
+    (and input_size where the family's attention reads another width, v_head_dim where its
+    values are another width): layer ``layer_idx``'s query and key/value heads where the family
+    has a count per layer (None: the config's ``num_attention_heads`` and
+    ``num_key_value_heads``, all the RoPE code reads)."""
     config = class_view(config, family)
     hidden_size = required(config, "hidden_size")
     num_heads = required(config, "num_attention_heads")
@@ -350,7 +363,9 @@ def sizes(
     counts = None if family.heads_per_layer is None else config.get(family.heads_per_layer)
     if counts is not None and layer_idx is not None:
         num_heads = _layer_heads(counts, family.heads_per_layer, layer_idx)
-    if family.all_kv_heads:  # Persimmon: multi-head, no key/value head count read
+    if family.layer_kv_heads is not None and layer_idx is not None:  # MiMo-V2-Flash
+        num_kv_heads = family.layer_kv_heads(config, family, layer_idx)
+    elif family.all_kv_heads:  # Persimmon: multi-head, no key/value head count read
         num_kv_heads = num_heads
     elif family.layout == "falcon":  # new decoder: num_kv_heads; old: one (multi-query) or all
         if flag(config, "new_decoder_architecture"):
@@ -384,6 +399,10 @@ def sizes(
     }
     if family.input_size is not None:
         shape["input_size"] = input_size
+    if family.v_head_dim is not None:  # MiMo-V2-Flash: values narrower than queries and keys
+        shape["v_head_dim"] = validation.positive_int(
+            f"config['{family.v_head_dim}']", required(config, family.v_head_dim)
+        )
     return shape
 
 
@@ -468,8 +487,15 @@ def options(
         options["scaling"] = multiplier * options["head_dim"] ** -0.5
     if family.softcap is not None:
         options["softcap"] = float(config.get(family.softcap) or 0.0)
-    if family.sinks:
+    if family.sinks or (family.sliding_sinks and layer_kind(config, family, layer_idx) == SLIDING):
         options["sinks"] = True
+    if family.value_scale is not None:  # null: no scale
+        scale = config.get(family.value_scale)
+        options["value_scale"] = (
+            1.0
+            if scale is None
+            else validation.finite_real(f"config['{family.value_scale}']", scale)
+        )
     if family.clip_qkv is not None and config.get(family.clip_qkv) is not None:
         options["clip_qkv"] = _clip(config, family.clip_qkv)
         options["clip_after_norm"] = family.clip_after_norm and options.get("qk_norm", False)

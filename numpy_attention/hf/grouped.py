@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 96 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 97 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -13,7 +13,10 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
 - Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else the
   config class's default (``Family.config_defaults``: 256 for the Gemmas, 128 for several), else
   ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
-  ``num_kv_heads`` in its new decoder architecture, one with ``multi_query``).
+  ``num_kv_heads`` in its new decoder architecture, one with ``multi_query``); MiMo-V2-Flash's
+  values are ``v_head_dim`` wide and scaled by ``attention_value_scale`` (the layer's
+  ``v_head_dim`` and ``value_scale``), its sliding layers have twice the key/value heads and
+  sinks.
 - Biases: the family's config key (``attention_bias``, ``qkv_bias``, ``use_bias``, ``bias``)
   on its projections; Qwen2 has no key and biases on q, k and v only: read from the state dict.
 - QK-norm: RMSNorm per head (Qwen3, Qwen3-MoE), per head with Gemma's (1 + w) (Gemma 3), over
@@ -339,11 +342,12 @@ def hf_attention_state_from_grouped(
         shape["hidden_size"],
     )
     c_in = shape.get("input_size", c)  # Zamba's shared attention reads 2 * hidden_size
+    dv = shape.get("v_head_dim", d)  # MiMo-V2-Flash's values are narrower
     expected: dict[str, tuple[int, ...]] = {
         "q_proj.weight": (h * d, c_in),
         "k_proj.weight": (h_kv * d, c_in),
-        "v_proj.weight": (h_kv * d, c_in),
-        "o_proj.weight": (c, h * d),
+        "v_proj.weight": (h_kv * dv, c_in),
+        "o_proj.weight": (c, h * dv),
     }
     fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
         family.layout, ("q_proj", "k_proj", "v_proj")
@@ -516,14 +520,15 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         options["head_dim"],
     )
     c_in = options.get("input_size", c)
+    dv = options.get("v_head_dim", d)  # the values' head width (MiMo-V2-Flash's narrower)
     shapes: dict[str, tuple[int, ...]] = {
         "q_proj.weight": (h * d, c_in),
         "k_proj.weight": (h_kv * d, c_in),
-        "v_proj.weight": (h_kv * d, c_in),
-        "o_proj.weight": (c, h * d),
+        "v_proj.weight": (h_kv * dv, c_in),
+        "o_proj.weight": (c, h * dv),
     }
     if options["bias"]:
-        shapes |= {"q_proj.bias": (h * d,), "k_proj.bias": (h_kv * d,), "v_proj.bias": (h_kv * d,)}
+        shapes |= {"q_proj.bias": (h * d,), "k_proj.bias": (h_kv * d,), "v_proj.bias": (h_kv * dv,)}
     if options["out_bias"]:
         shapes["o_proj.bias"] = (c,)
     if options.get("qk_norm") and options.get("qk_norm_type") != "rms_weightless":
@@ -539,9 +544,9 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     if options.get("sinks"):
         shapes["sinks"] = (h,)
     if options.get("output_norm"):
-        shapes["o_norm.weight"] = (h * d,)
+        shapes["o_norm.weight"] = (h * dv,)
     if options.get("output_gate"):
-        width = gate_width(options["output_gate"], h, d)
+        width = gate_width(options["output_gate"], h, dv)
         shapes["g_proj.weight"] = (width, c)
         if options.get("gate_bias"):
             shapes["g_proj.bias"] = (width,)
@@ -558,7 +563,8 @@ def _norm_shape(shape: str, heads: int, head_dim: int) -> tuple[int, ...]:
 def _sizes(options: Mapping[str, Any]) -> str:
     return ", ".join(
         f"{name}={options[name]}"
-        for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim")
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "v_head_dim")
+        if name in options
     )
 
 

@@ -21,9 +21,15 @@ REFUSED = {
     "inkling2_text": "inkling2_text: an output gate, sigmoid(x W_g) per element (gate_proj), "
     "sinks computed from the input (sink_proj) and L2 clips of q and k; the layer has no output "
     "gate, and its sinks are learned constants (issue 28)",
-    "jetmoe": "jetmoe: a mixture of attention heads, each token's queries (and outputs) come "
-    "from its top-k routed experts (experts.map, experts.reduce); the layer has one q_proj and "
-    "one o_proj (issue 28)",
+    "jetmoe": "jetmoe: a mixture of attention heads (JetMoeMoA): a router (experts.router) "
+    "picks each token's top num_experts_per_tok of num_local_experts experts; each pick's "
+    "expert projects that token's num_key_value_heads query heads (experts.input_linear.weight"
+    "[e]; query head h reads key/value head h mod num_key_value_heads, kv_proj's [k; v] "
+    "repeated, not grouped), and the output is the sum over the picks of the softmax of their "
+    "router logits times the expert's output projection (experts.output_linear.weight[e]), plus "
+    "experts.bias. The projections change per token with a discrete choice whose gates the "
+    "router is trained through: a layer of its own, not GroupedQueryAttention's one q_proj and "
+    "o_proj (issue 28)",
     "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
     "itself refused: chunked attention on its RoPE layers (issue 28)",
     "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size: a query "
@@ -31,9 +37,6 @@ REFUSED = {
     "express. The rest is the layer's: the L2 QK-norm after RoPE (use_qk_norm) is a weightless "
     "RMSNorm, and its NoPE layers' temperature (attn_temperature_tuning) a log_floor query "
     "temperature, though over positions counted from the cache, not position_ids (issue 28)",
-    "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
-    "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
-    "layer has one head width and no value scale (issue 28)",
     "gemma3n": "gemma3n: the multimodal Gemma 3n config; its language model 'gemma3n_text' is "
     "itself refused: a weightless RMSNorm on the values and keys and values shared across "
     "layers (issue 28)",

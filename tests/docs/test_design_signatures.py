@@ -52,6 +52,17 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "merge_attention_backward": (f"{NA}.merge.merge_attention_backward",),
     "varlen_attention_forward": (f"{NA}.varlen.varlen_attention_forward",),
     "rope_forward": (f"{NA}.rope.rope_forward",),
+    # sparse attention by indices and the lightning indexer
+    "sparse_attention_forward": (f"{NA}.sparse.sparse_attention_forward",),
+    "sparse_attention_backward": (f"{NA}.sparse.sparse_attention_backward",),
+    "SparseGrads": (f"{NA}.sparse.SparseGrads",),
+    "torch_attention.sparse_attention": (f"{TA}.sparse.sparse_attention",),
+    "indexer_forward": (f"{NA}.indexer.indexer_forward", f"{TA}.indexer.indexer_scores"),
+    "IndexerOutput": (f"{NA}.indexer.IndexerOutput",),
+    "indexer_backward": (f"{NA}.indexer.indexer_backward",),
+    "topk_indices": (f"{NA}.indexer.topk_indices", f"{TA}.indexer.topk_indices"),
+    "indexer_kl_loss": (f"{NA}.indexer.indexer_kl_loss", f"{TA}.indexer.indexer_kl_loss"),
+    "KLOutput": (f"{NA}.indexer.KLOutput",),
     "torch_attention.functional.attention": (f"{TA}.functional.attention",),
     "torch_attention.distributed.ring_attention": (f"{TA}.distributed.ring_attention",),
     # the NumPy module base and tools

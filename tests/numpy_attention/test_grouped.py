@@ -168,6 +168,14 @@ OPTIONS = {
         "rotary_dim": 2,
         "output_gate": "element",
     },
+    # MiMo-V2-Flash: values narrower (and wider) than the keys, times a constant before caching
+    "value_width": {"v_head_dim": 3},
+    "value_width_scale": {"v_head_dim": 6, "value_scale": 0.7, "bias": True, "sinks": True}
+    | {"window": (2, 0)},
+    "value_width_gate_head": {"v_head_dim": 3, "value_scale": 1.3, "output_gate": "head"}
+    | {"gate_bias": True},
+    "value_width_gate_element_clip": {"v_head_dim": 3, "output_gate": "element", "clip_qkv": 0.6},
+    "value_width_output_norm": {"v_head_dim": 5, "value_scale": -0.4, "output_norm": True},
 }
 
 
@@ -216,6 +224,7 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     """
     b, n, _ = x.shape
     heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
+    dv = d if args["v_head_dim"] is None else args["v_head_dim"]  # the values' head width
 
     def norm(y, norm_name):
         """QK-norm of y (B, N, count*D): over each head's D or the whole width, scale (o + w)
@@ -235,7 +244,7 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     before_rope = args["qk_norm"] and args["qk_norm_position"] == "before_rope"
     after_rope = args["qk_norm"] and args["qk_norm_position"] == "after_rope"
 
-    def project(name, count, norm_name=None):
+    def project(name, count, norm_name=None, width=d):
         y = F.linear(x, params[f"{name}.weight"], params.get(f"{name}.bias"))
         clip = args["clip_qkv"]
         if clip is not None and not args["clip_after_norm"]:
@@ -244,14 +253,14 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
             y = norm(y, norm_name)
         if clip is not None and args["clip_after_norm"]:  # v too: it has no norm
             y = y.clamp(-clip, clip)
-        return y.reshape(b, n, count, d).transpose(1, 2)  # (B, N, count*D) -> (B, count, N, D)
+        return y.reshape(b, n, count, width).transpose(1, 2)  # -> (B, count, N, width)
 
     def norm_heads(y, norm_name):  # after RoPE: (B, count, N, D) normed as the projection
         flat = norm(y.transpose(1, 2).reshape(b, n, -1), norm_name)
         return flat.reshape(b, n, -1, d).transpose(1, 2)
 
     q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
-    v = project("v_proj", kv_heads)
+    v = project("v_proj", kv_heads, width=dv) * args["value_scale"]  # (B, H_kv, N, Dv)
     theta, r = args["rope_theta"], d if args["rotary_dim"] is None else args["rotary_dim"]
     positions = torch.arange(n) if positions is None else to_torch(positions)
     inv_freq = (
@@ -294,14 +303,14 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         if padding is not None:
             visible = visible & ~padding[:, None, None, :]  # (B, 1, N, N)
         out = attention(q, k, v, visible, args["scaling"])
-    out = out.transpose(1, 2).reshape(b, n, heads * d)  # (B, H, N, D) -> (B, N, H*D)
-    if args["output_gate"] is not None:  # act(x W_g + b_g): (B, N, H*D) or (B, N, H)
+    out = out.transpose(1, 2).reshape(b, n, heads * dv)  # (B, H, N, Dv) -> (B, N, H*Dv)
+    if args["output_gate"] is not None:  # act(x W_g + b_g): (B, N, H*Dv) or (B, N, H)
         pre = F.linear(x, params["g_proj.weight"], params.get("g_proj.bias"))
         gate = torch.sigmoid(pre) if args["gate_activation"] == "sigmoid" else F.softplus(pre)
         if args["output_gate"] == "head":
-            gate = gate.repeat_interleave(d, dim=-1)  # one gate for each head's D coordinates
+            gate = gate.repeat_interleave(dv, dim=-1)  # one gate for each head's Dv coordinates
         out = out * gate
-    if args["output_norm"]:  # an RMSNorm over the H*D merged coordinates
+    if args["output_norm"]:  # an RMSNorm over the H*Dv merged coordinates
         out = F.rms_norm(out, out.shape[-1:], params["o_norm.weight"], args["output_norm_eps"])
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
@@ -386,6 +395,9 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
         "qk_norm_layer_bias_per_head_partial",
         "alibi_mpt",
         "alibi_rope_window_sinks",
+        "value_width_scale",
+        "value_width_gate_head",
+        "value_width_output_norm",
     ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
@@ -510,6 +522,11 @@ DECODE = {
         | {"query_temperature": TEMPERATURE_POWER},
         1,
     ),
+    "value_width_scale_sinks": (  # MiMo-V2-Flash's sliding layers: the cache holds s_v * v
+        {"v_head_dim": 3, "value_scale": 0.7, "sinks": True, "window": (2, 0), "rotary_dim": 2},
+        2,
+    ),
+    "value_width_gate": ({"v_head_dim": 6, "output_gate": "head"}, 1),
 }
 
 
@@ -526,9 +543,10 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step, paged)
     forward = {}
     if case in ("left_padding", "qk_norm_after_rope_temperature"):  # element 0: 2 pads, 1: 4
         forward["key_padding_mask"], forward["positions"] = left_padded(B, n, [2, 4])
-    cache: KVCache | PagedKVCache = KVCache(B, kv_heads, n + 1, D, np.float64)
+    dv = layer.v_head_dim
+    cache: KVCache | PagedKVCache = KVCache(B, kv_heads, n + 1, D, np.float64, v_head_dim=dv)
     if paged:
-        cache = PagedKVCache(B * 5, 2, kv_heads, D, dtype=np.float64)
+        cache = PagedKVCache(B * 5, 2, kv_heads, D, v_head_dim=dv, dtype=np.float64)
 
     full = layer(x, **forward)
     outs = []
@@ -642,7 +660,7 @@ def test_cache_refuses_bad_construction_and_mismatched_k_v():
         KVCache(B, 2, 4, D, np.int64)
     with pytest.raises(ValueError, match="max_len must be a positive int"):
         KVCache(B, 2, 0, D, np.float64)
-    with pytest.raises(ValueError, match=r"k and v must have one shape"):
+    with pytest.raises(ValueError, match=r"k and v must be \(B, H_kv, N, D\) and \(B, H_kv, N, Dv"):
         KVCache(B, 2, 4, D, np.float64).append(np.zeros((B, 2, 1, D)), np.zeros((B, 2, 2, D)))
 
 
@@ -839,6 +857,8 @@ def test_a_module_file_keeps_the_clip_the_output_norm_and_alibi(tmp_path, rng):
             ValueError,
             "alibi_slopes must be finite",
         ),
+        ((8, 4, 2), {"v_head_dim": 0}, ValueError, "v_head_dim must be a positive int"),
+        ((8, 4, 2), {"value_scale": np.inf}, ValueError, "value_scale must be finite"),
         ((8, 4, 2), {"clip_qkv": 0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": -8.0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),
@@ -948,6 +968,11 @@ def test_weights_of_another_head_dim_are_refused(rng):
         ({"cache": KVCache(B + 1, 2, 8, D, np.float64)}, ValueError, r"\(3, 2, 8, 4\)"),
         ({"cache": KVCache(B, 1, 8, D, np.float64)}, ValueError, r"\(2, 1, 8, 4\)"),
         ({"cache": KVCache(B, 2, 8, D + 2, np.float64)}, ValueError, r"\(2, 2, 8, 6\)"),
+        (
+            {"cache": KVCache(B, 2, 8, D, np.float64, v_head_dim=D + 1)},
+            ValueError,
+            "the cache holds values of width 5, but this layer's v_head_dim is 4",
+        ),
         ({"cache": KVCache(B, 2, 8, D, np.float32)}, TypeError, "holds float32.*float64"),
         ({"cache": "cache"}, TypeError, "cache must be a KVCache or a PagedKVCache, got str"),
     ],

@@ -1865,6 +1865,38 @@ CASES += [
         MPT_SIZES | {"d_model": 64, "n_heads": 32, "max_seq_len": 2048},
     ),
 ]
+# -- values narrower than the keys, scaled: MiMo-V2-Flash -----------------------------------------
+# Values v_head_dim wide times attention_value_scale before the cache; sliding layers with twice
+# the key/value heads and sinks; one default RoPE per layer type, int(head_dim * 0.334) rotated
+# where an entry gives no factor.
+MIMO = {"v_head_dim": 4, "attention_value_scale": 0.5, "attention_bias": True}
+MIMO |= {"sliding_window": WINDOW, "layer_types": ["full_attention", "sliding_attention"]}
+MIMO |= {"mlp_layer_types": ["dense", "dense"]}
+MIMO |= {  # half of each full head turning, int(8 * 0.334) = 2 of each sliding one
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+}
+# XiaomiMiMo/MiMo-V2-Flash: 64 heads of 192 over 4 (full) or 8 (sliding) key/value heads, values
+# of 128 times 0.707, 64 of 192 coordinates turning (theta 5e6 full, 1e4 sliding), the first
+# layer and every sixth full, sliding_window_size 128 (here: 16 heads of 12 over 1 or 2, values
+# of 8, 4 of 12 turning, a window of WINDOW keys); the config class's defaults otherwise
+MIMO_SHAPED = {"num_attention_heads": 16, "num_key_value_heads": 1, "head_dim": 12}
+MIMO_SHAPED |= {"v_head_dim": 8, "num_hidden_layers": 6, "sliding_window_size": WINDOW - 1}
+MIMO_SHAPED |= {"n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8}
+CASES += [
+    *(
+        ModelCase(f"mimo_v2_flash-{kind}", "MiMoV2Flash", layer, layer == 1, MIMO, layer == 1)
+        for layer, kind in ((0, "full"), (1, "sliding-sinks"))
+    ),
+    *(
+        ModelCase(
+            f"mimo_v2_flash-309b-shaped-{kind}", "MiMoV2Flash", layer, layer == 1, MIMO_SHAPED
+        )
+        for layer, kind in ((1, "sliding"), (5, "full"))
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [
@@ -2027,9 +2059,10 @@ def decode_step(layer, x, positions, padding, cache):
 
 
 def new_cache(layer):
+    shape, dv = (B, layer.num_kv_heads, N, layer.head_dim), layer.v_head_dim
     if isinstance(layer, torch.nn.Module):
-        return torch_attention.KVCache(B, layer.num_kv_heads, N, layer.head_dim, torch.float64)
-    return KVCache(B, layer.num_kv_heads, N, layer.head_dim, np.float64)
+        return torch_attention.KVCache(*shape, torch.float64, v_head_dim=dv)
+    return KVCache(*shape, np.float64, v_head_dim=dv)
 
 
 @pytest.mark.parametrize(("case", "padded"), RUNS)

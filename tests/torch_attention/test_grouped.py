@@ -47,6 +47,9 @@ OPTIONS = {
         "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 0.0},
     },
     "alibi": {"alibi_slopes": [0.5, 0.25, 0.125, 1.5], "rotary_dim": 0},  # MPT's, no RoPE
+    "value_width_scale": {"v_head_dim": 4, "value_scale": 0.7},  # MiMo-V2-Flash's values
+    "value_width_sinks_gate": {"v_head_dim": 8, "value_scale": -1.3, "sinks": True}
+    | {"window": (2, 0), "output_gate": "head", "bias": True},
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -121,6 +124,9 @@ FAMILY_OPTIONS = {
         "rotary_dim": 0,
         "query_temperature": {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0},
     },
+    "value_width_scale_gate_element": {"v_head_dim": 4, "value_scale": 0.7}  # MiMo-V2-Flash's
+    | {"output_gate": "element", "sinks": True},
+    "value_width_output_norm_clip": {"v_head_dim": 8, "output_norm": True, "clip_qkv": 2.0},
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -289,7 +295,7 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
     x, padding, positions = to_torch(x), to_torch(padding), to_torch(positions)
     with torch.no_grad():
         expected = layer(x, positions=positions, key_padding_mask=padding)
-    cache = KVCache(2, H_KV, 12, D, torch.float64)
+    cache = KVCache(2, H_KV, 12, D, torch.float64, v_head_dim=layer.v_head_dim)
 
     steps = [(0, 5)] + [(i, i + 1) for i in range(5, 9)]
     outs = [
@@ -306,16 +312,19 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
     assert_close(torch.cat(outs, dim=1), expected, name="decoded")
 
 
-@pytest.mark.parametrize(("name", "backend"), [("all", "math"), ("plain", "auto")])
+@pytest.mark.parametrize(
+    ("name", "backend"), [("all", "math"), ("plain", "auto"), ("value_width_sinks_gate", "math")]
+)
 def test_decode_over_pages_equals_the_contiguous_cache(rng, name, backend):
     """The same decode with a PagedKVCache of pages of 2 (the two sequences' pages interleave
     in the pool from the first decode step on): the same outputs as with the KVCache."""
     _, layer = twins(rng, OPTIONS[name], backend)
     layer.eval()
     x, padding, positions = (to_torch(t) for t in left_padded(rng))
+    dv = layer.v_head_dim
     caches = (
-        KVCache(2, H_KV, 12, D, torch.float64),
-        PagedKVCache(12, 2, H_KV, D, dtype=torch.float64),
+        KVCache(2, H_KV, 12, D, torch.float64, v_head_dim=dv),
+        PagedKVCache(12, 2, H_KV, D, v_head_dim=dv, dtype=torch.float64),
     )
 
     steps = [(0, 5)] + [(i, i + 1) for i in range(5, 9)]
@@ -428,8 +437,13 @@ def test_append_refuses_before_writing(rng):
         (KVCache(2, H_KV, 8, D, torch.float32), TypeError, "the cache holds torch.float32"),
         (KVCache(3, H_KV, 8, D, torch.float64), ValueError, r"must be \(3, 2, N, 6\)"),
         (KVCache(2, 1, 8, D, torch.float64), ValueError, r"must be \(2, 1, N, 6\)"),
+        (
+            KVCache(2, H_KV, 8, D, torch.float64, v_head_dim=D - 2),
+            ValueError,
+            "the cache holds values of width 4, but this layer's v_head_dim is 6",
+        ),
     ],
-    ids=["dtype", "batch", "heads"],
+    ids=["dtype", "batch", "heads", "value_width"],
 )
 def test_a_cache_of_another_dtype_batch_or_heads_is_refused_before_any_work(
     rng, cache, error, message

@@ -29,8 +29,8 @@ __all__ = ["KVCache", "PagedKVCache", "attend_per_sequence"]
 class KVCache:
     """Preallocated keys and values of one attention layer, for decoding one token at a time.
 
-    ``k`` and ``v`` are (B, H_kv, max_len, D) tensors on ``device`` of which the first
-    ``length`` positions are filled; keys are stored after RoPE.
+    ``k`` (B, H_kv, max_len, D) and ``v`` (B, H_kv, max_len, Dv) are tensors on ``device`` of
+    which the first ``length`` positions are filled; keys are stored after RoPE.
 
     Args:
         batch: B.
@@ -39,6 +39,7 @@ class KVCache:
         head_dim: D.
         dtype: a floating torch dtype, that of the layer it serves.
         device: where the tensors live (the layer's device); None for torch's default.
+        v_head_dim: Dv, the values' width; None for D (MiMo-V2-Flash's values are narrower).
     """
 
     def __init__(
@@ -49,17 +50,22 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        *,
+        v_head_dim: int | None = None,
     ) -> None:
         batch = validation.positive_int("batch", batch)
         num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
         max_len = validation.positive_int("max_len", max_len)
         head_dim = validation.positive_int("head_dim", head_dim)
+        v_head_dim = validation.positive_int(
+            "v_head_dim", head_dim if v_head_dim is None else v_head_dim
+        )
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"KVCache needs a floating torch dtype, got {dtype!r}")
         self.max_len = max_len
-        shape = (batch, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        shape = (batch, num_kv_heads, max_len)
+        self.k = torch.zeros(shape + (head_dim,), dtype=dtype, device=device)
+        self.v = torch.zeros(shape + (v_head_dim,), dtype=dtype, device=device)
         self._length = 0
 
     @property
@@ -98,20 +104,22 @@ class KVCache:
             )
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k and v (B, H_kv, N, D) after what is cached (detached: the cache is for
-        inference); nothing is written when they are refused.
+        """Write k (B, H_kv, N, D) and v (B, H_kv, N, Dv) after what is cached (detached: the
+        cache is for inference); nothing is written when they are refused.
 
         Returns:
-            keys and values so far, (B, H_kv, length, D) each: views of the cache.
+            keys (B, H_kv, length, D) and values (B, H_kv, length, Dv) so far: views of the
+            cache.
         """
         k = validation.float_tensor("k", k)
         v = validation.float_tensor("v", v)
-        if k.shape != v.shape:
-            raise ValueError(
-                f"k and v must have one shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
         validation.same_dtype(k=k, v=v)
         self.check_append(tuple(k.shape), k.dtype, k.device)
+        if k.shape[:3] != v.shape[:3] or v.ndim != 4 or v.shape[3] != self.v.shape[3]:
+            raise ValueError(
+                f"k and v must be (B, H_kv, N, D) and (B, H_kv, N, Dv) with Dv = "
+                f"{self.v.shape[3]}, got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
         start, stop = self._length, self._length + k.shape[2]
         self.k[:, :, start:stop] = k.detach()
         self.v[:, :, start:stop] = v.detach()
@@ -119,10 +127,11 @@ class KVCache:
         return self.k[:, :, :stop], self.v[:, :, :stop]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
-        """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached:
-        ``functional.attention(q, keys, values, **options)``. The cache's side of the layer's
-        protocol, shared with ``PagedKVCache.attend`` (which reads its keys from pages)."""
-        keys, values = self.append(k, v)  # (B, H_kv, M, D), everything cached so far
+        """Append k (B, H_kv, N, D), v (B, H_kv, N, Dv) and attend q (B, H, N, D) over
+        everything cached: ``functional.attention(q, keys, values, **options)``. The cache's
+        side of the layer's protocol, shared with ``PagedKVCache.attend`` (which reads its keys
+        from pages)."""
+        keys, values = self.append(k, v)  # (B, H_kv, M, D), (B, H_kv, M, Dv): all cached so far
         return attention(q, keys, values, **options)
 
     def reset(self) -> None:
@@ -131,8 +140,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         return (
-            f"KVCache(shape={tuple(self.k.shape)}, dtype={self.dtype}, device={self.device}, "
-            f"length={self._length})"
+            f"KVCache(shape={tuple(self.k.shape)}, v_head_dim={self.v.shape[3]}, "
+            f"dtype={self.dtype}, device={self.device}, length={self._length})"
         )
 
 

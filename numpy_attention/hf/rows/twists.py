@@ -199,6 +199,107 @@ def _beam_refuse(config: Mapping[str, Any]) -> None:
             )
 
 
+# MiMo-V2-Flash: its config class's layer pattern (the first layer and every sixth full, the
+# others sliding), twice the key/value heads on the sliding layers, and its RoPE: one default
+# RoPE per layer type turning int(head_dim * 0.334) coordinates where an entry gives no factor
+MIMO_ROPE_THETAS = {FULL: 5_000_000.0, SLIDING: 10_000.0}  # its config class's, per layer type
+MIMO_PARTIAL_ROTARY = 0.334  # its rotary embedding's default, for rope_type "default" only
+_MIMO_SWA_KEYS = (  # config.json keys its config class never reads: (key, the key it reads, x)
+    ("swa_num_attention_heads", "num_attention_heads", 1),
+    ("swa_num_key_value_heads", "num_key_value_heads", 2),
+    ("swa_head_dim", "head_dim", 1),
+    ("swa_v_head_dim", "v_head_dim", 1),
+)
+_MIMO_DEFAULTS = {"num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192} | {
+    "v_head_dim": 128,
+    "num_hidden_layers": 48,
+}
+
+
+def _mimo_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+    return not (layer_idx == 0 or (layer_idx + 1) % 6 == 0)
+
+
+def _mimo_kv_heads(config: Mapping[str, Any], family: Family, layer_idx: int) -> int:
+    """MiMo-V2-Flash's attention: twice ``num_key_value_heads`` on a sliding layer."""
+    heads = int(required(config, "num_key_value_heads"))
+    return 2 * heads if layer_kind(config, family, layer_idx) == SLIDING else heads
+
+
+def _mimo_refuse(config: Mapping[str, Any]) -> None:
+    """What transformers' MiMo-V2-Flash ignores and a config may say otherwise: the released
+    config.json's own keys (``swa_*`` sizes, ``hybrid_layer_pattern``, the sink flags) and a
+    RoPE its config class replaces with its own; a RoPE its rotary embedding cannot read."""
+    value = {key: config.get(key, default) for key, default in _MIMO_DEFAULTS.items()}
+    for key, read, factor in _MIMO_SWA_KEYS:
+        if config.get(key) is not None and config[key] != factor * value[read]:
+            raise ValueError(
+                f"{key} is {config[key]!r}, but transformers' MiMo-V2-Flash ignores it: its "
+                f"sliding layers take {'twice ' if factor == 2 else ''}{read} "
+                f"({factor * value[read]})"
+            )
+    for key, expected in (("add_swa_attention_sink_bias", True), ("add_full_attention_sink_bias",
+                                                                   False)):  # fmt: skip
+        if config.get(key) is not None and bool(config[key]) != expected:
+            raise ValueError(
+                f"{key} is {config[key]!r}, but transformers' MiMo-V2-Flash ignores it: its "
+                f"sliding layers always have sinks and its full layers never do"
+            )
+    pattern = config.get("hybrid_layer_pattern")
+    if pattern is not None:
+        count = value["num_hidden_layers"]
+        types = config.get("layer_types") or [
+            SLIDING if _mimo_sliding(config, i) else FULL for i in range(count)
+        ]
+        if [SLIDING if kind else FULL for kind in pattern] != list(types):
+            raise ValueError(
+                "hybrid_layer_pattern disagrees with the layer types transformers' MiMo-V2-Flash "
+                "uses (layer_types, or its config class's pattern), which ignores it"
+            )
+    _mimo_refuse_rope(config)
+
+
+def _mimo_refuse_rope(config: Mapping[str, Any]) -> None:
+    params = config.get("rope_parameters")
+    if params is None:  # its config class's RoPE, whatever a config.json says at the top level
+        for key, expected in (
+            ("rope_theta", MIMO_ROPE_THETAS[FULL]),
+            ("swa_rope_theta", MIMO_ROPE_THETAS[SLIDING]),
+            ("rope_scaling", None),
+        ):
+            if config.get(key) is not None and config[key] != expected:
+                raise ValueError(
+                    f"the config has {key} = {config[key]!r} but no rope_parameters: "
+                    "MiMo-V2-Flash's config class then ignores it and uses its own RoPE (base "
+                    f"{MIMO_ROPE_THETAS[FULL]:g} on full layers, {MIMO_ROPE_THETAS[SLIDING]:g} "
+                    "on sliding ones); give rope_parameters"
+                )
+        entries = [{"partial_rotary_factor": MIMO_PARTIAL_ROTARY}]
+    else:
+        if FULL not in params and SLIDING not in params:
+            raise ValueError(
+                "rope_parameters must hold one entry per layer type ('full_attention', "
+                "'sliding_attention'): MiMo-V2-Flash's rotary embedding reads "
+                "rope_parameters[layer_type] and fails on a single dict"
+            )
+        entries = [dict(entry) for entry in params.values() if entry is not None]
+    for entry in entries:
+        rope_type = entry.get("rope_type", entry.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(
+                f"rope_type {rope_type!r} on MiMo-V2-Flash: its rotary embedding defaults "
+                "partial_rotary_factor to 0.334 for 'default' only and lets its config's "
+                "standardisation fill it in otherwise; only 'default' is read here"
+            )
+    top = config.get("partial_rotary_factor")
+    factors = {entry.get("partial_rotary_factor", MIMO_PARTIAL_ROTARY) for entry in entries}
+    if top is not None and factors != {top}:
+        raise ValueError(
+            f"partial_rotary_factor is {top!r} at the top level, which MiMo-V2-Flash's rotary "
+            f"embedding ignores: it reads each layer type's entry ({sorted(factors)})"
+        )
+
+
 ROWS: dict[str, Family] = {
     # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
     "olmo": Family(clip_qkv="clip_qkv"),
@@ -376,5 +477,40 @@ ROWS: dict[str, Family] = {
         gate=_beam_gate,
         query_temperature=_beam_temperature,
         gate_bias_per_head="gate_bias",
+    ),
+    # MiMo-V2-Flash: values v_head_dim wide (not head_dim) times attention_value_scale before
+    # the cache, sliding layers with twice the key/value heads and sinks, full ones with
+    # neither; one default RoPE per layer type on int(head_dim * 0.334) coordinates; no bias on
+    # o_proj; its config class's sliding_window_size W' means a window of W' + 1 keys
+    "mimo_v2_flash": Family(
+        out_bias=None,
+        sliding="layer_types",
+        fallback=_mimo_sliding,
+        partial_rotary=True,
+        partial_rotary_default=MIMO_PARTIAL_ROTARY,
+        partial_rotary_top_level=False,
+        rope_per_layer_type=True,
+        rope_type_thetas=(
+            MIMO_ROPE_THETAS[FULL],
+            "swa_rope_theta",
+            MIMO_ROPE_THETAS[SLIDING],
+        ),
+        config_defaults=(
+            ("head_dim", 192),
+            ("v_head_dim", 128),
+            ("num_key_value_heads", 4),
+            ("sliding_window", 129),
+            ("attention_value_scale", 0.707),
+        ),
+        derived=lambda config: (
+            {}
+            if config.get("sliding_window_size") is None
+            else {"sliding_window": config["sliding_window_size"] + 1}
+        ),
+        refuse=_mimo_refuse,
+        v_head_dim="v_head_dim",
+        value_scale="attention_value_scale",
+        layer_kv_heads=_mimo_kv_heads,
+        sliding_sinks=True,
     ),
 }

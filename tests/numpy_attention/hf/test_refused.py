@@ -39,7 +39,6 @@ TWISTS = {
     "jetmoe": ({}, "mixture of attention heads"),
     "llama4": (NESTED, "llama4_text.*chunked attention"),
     "llama4_text": ({}, "chunks.*after RoPE.*temperature"),
-    "mimo_v2_flash": ({}, "v_head_dim.*attention_value_scale"),
     "gemma3n": (NESTED, "gemma3n_text.*RMSNorm on the values"),
     "gemma3n_text": ({}, "v_norm.*KV sharing"),
     "gemma4": (NESTED, "gemma4_text.*RMSNorm on the values"),
