@@ -61,6 +61,16 @@ import numpy as np
 from . import validation
 from .clip import ClipCtx, check_clip, clip_backward, clip_forward
 from .decode.cache import KVCache, PagedKVCache
+from .differential import (
+    LAMBDA_NAMES,
+    LAMBDA_STD,
+    DifferentialCtx,
+    check_differential,
+    differential_backward,
+    differential_forward,
+    differential_values_backward,
+    differential_values_forward,
+)
 from .functional import (
     HeadsCtx,
     attention_backward,
@@ -99,6 +109,7 @@ class _GroupedCtx(NamedTuple):
     gate: GateCtx | None  # with an output gate
     clips: tuple[ClipCtx, ClipCtx, ClipCtx] | None  # q, k, v's, with clip_qkv
     temperature: TemperatureCtx | None  # with a query temperature
+    differential: DifferentialCtx | None  # with differential attention
 
 
 class _CachedForward(NamedTuple):
@@ -231,6 +242,9 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        differential: bool = False,
+        lambda_init: float | None = None,
+        differential_eps: float = 1e-6,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -292,6 +306,17 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.lambda_init = check_differential(
+            differential,
+            lambda_init,
+            differential_eps,
+            self.num_kv_heads,
+            output_gate=self.output_gate,
+            output_norm=self.output_norm,
+            dropout=self.dropout,
+        )
+        self.differential = self.lambda_init is not None
+        self.differential_eps = float(differential_eps)
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -326,6 +351,10 @@ class GroupedQueryAttention(Module):
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias, rng=self.rng)
         if self.output_norm:
             self.o_norm = RMSNorm(width, float(output_norm_eps))
+        if self.differential:  # Hugging Face's names and init: normal(0, 0.1), (D,) each
+            for name in LAMBDA_NAMES:
+                lambdas = self.rng.normal(0.0, LAMBDA_STD, self.head_dim).astype(np.float32)
+                self.register_parameter(name, lambdas)
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq``,
@@ -437,6 +466,11 @@ class GroupedQueryAttention(Module):
             q, temperature = query_temperature_forward(q, positions, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention_forward if cache is None else cache.attend
+        values: dict[str, Any] = {}  # differential: each query head reads both value halves
+        if self.differential and cache is None:
+            v = differential_values_forward(v)  # (B, H_kv, N, D) -> (B, H_kv, N, 2D)
+        elif self.differential:  # the cache holds v; the values it reads are rearranged
+            values["value_map"] = differential_values_forward
         attn = attend(
             q,
             k,
@@ -452,8 +486,16 @@ class GroupedQueryAttention(Module):
             enable_gqa=True,
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
-        )  # (B, H, N, D)
-        merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
+            **values,
+        )  # (B, H, N, D), (B, H, N, 2D) differential
+        heads, differential = attn.out, None
+        if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
+            q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
+            lambdas = (q1, k1, q2, k2)
+            heads, differential = differential_forward(
+                heads, lambdas, self.lambda_init, self.differential_eps
+            )  # (B, H, N, 2D) -> (B, H/2, N, 2D)
+        merged, out_heads = merge_heads_forward(heads)  # (B, H, N, D) -> (B, N, H*D)
         gate = None
         if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
             merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
@@ -461,7 +503,17 @@ class GroupedQueryAttention(Module):
             merged = self.o_norm(merged)
         out = self.o_proj(merged)  # (B, N, H*D) -> (B, N, C)
         ctx = _GroupedCtx(
-            q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips, temperature
+            q_heads,
+            k_heads,
+            v_heads,
+            q_rope,
+            k_rope,
+            attn.ctx,
+            out_heads,
+            gate,
+            clips,
+            temperature,
+            differential,
         )
         return out, ctx
 
@@ -541,6 +593,10 @@ class GroupedQueryAttention(Module):
             dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
             dxg = self.g_proj.backward(dpre)  # (B, N, H*D) or (B, N, H) -> (B, N, C)
         dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, D)
+        if ctx.differential is not None:  # forward: Y = (1 - li) norm(O_h - lambda O_h+H/2)
+            dattn, dlambdas = differential_backward(dattn, ctx.differential)  # (B, H, N, 2D)
+            for name, dlambda in zip(LAMBDA_NAMES, dlambdas, strict=True):
+                self._accumulate(name, dlambda)
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D): group sums inside
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
@@ -554,7 +610,10 @@ class GroupedQueryAttention(Module):
         dk = rope_backward(dk, ctx.k_rope)
         dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
         dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
-        dv = split_heads_backward(grads.dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        dv = grads.dv
+        if ctx.differential is not None:  # forward: V' = both halves of v side by side
+            dv = differential_values_backward(dv)  # (B, H_kv, N, 2D) -> (B, H_kv, N, D)
+        dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
         if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))

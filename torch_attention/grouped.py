@@ -56,6 +56,13 @@ from torch import nn
 from . import validation
 from .clip import check_clip, clip
 from .decode.cache import KVCache, PagedKVCache
+from .differential import (
+    LAMBDA_NAMES,
+    LAMBDA_STD,
+    check_differential,
+    differential,
+    differential_values,
+)
 from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
@@ -126,6 +133,9 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        differential: bool = False,
+        lambda_init: float | None = None,
+        differential_eps: float = 1e-6,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -188,6 +198,17 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.lambda_init = check_differential(
+            differential,
+            lambda_init,
+            differential_eps,
+            self.num_kv_heads,
+            output_gate=self.output_gate,
+            output_norm=self.output_norm,
+            dropout=self.dropout,
+        )
+        self.differential = self.lambda_init is not None
+        self.differential_eps = float(differential_eps)
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -218,6 +239,10 @@ class GroupedQueryAttention(Module):
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias)
         if self.output_norm:
             self.o_norm = RMSNorm(width, float(output_norm_eps))
+        if self.differential:  # Hugging Face's names and init: normal(0, 0.1), (D,) each
+            for name in LAMBDA_NAMES:
+                lambdas = torch.normal(0.0, LAMBDA_STD, size=(self.head_dim,))
+                self.register_parameter(name, nn.Parameter(lambdas))
 
     def forward(
         self,
@@ -309,6 +334,11 @@ class GroupedQueryAttention(Module):
             q = query_temperature(q, positions, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention if cache is None else cache.attend
+        values: dict[str, Any] = {}  # differential: each query head reads both value halves
+        if self.differential and cache is None:
+            v = differential_values(v)  # (B, H_kv, N, D) -> (B, H_kv, N, 2D)
+        elif self.differential:  # the cache holds v; the values it reads are rearranged
+            values["value_map"] = differential_values
         heads = attend(
             q,
             k,
@@ -325,7 +355,12 @@ class GroupedQueryAttention(Module):
             dropout_p=self.dropout if self.training else 0.0,
             dropout_mask=keep,
             backend=self.backend,
-        )  # (B, H, N, D)
+            **values,
+        )  # (B, H, N, D), (B, H, N, 2D) differential
+        if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
+            q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
+            lambdas = (q1, k1, q2, k2)
+            heads = differential(heads, lambdas, self.lambda_init, self.differential_eps)
         merged = merge_heads(heads)  # (B, H, N, D) -> (B, N, H*D)
         if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
             merged = output_gate(merged, self.g_proj(x), self.gate_activation)
@@ -388,6 +423,9 @@ class GroupedQueryAttention(Module):
             options.append(f"clip_qkv={self.clip_qkv}{after}")
         if self.output_norm:
             options.append(f"output_norm=True, output_norm_eps={self.o_norm.eps}")
+        if self.differential:
+            eps = self.differential_eps
+            options.append(f"differential=True, lambda_init={self.lambda_init}, eps={eps}")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:

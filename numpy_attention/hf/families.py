@@ -745,6 +745,10 @@ FAMILIES: dict[str, Family] = {
         refuse=rules._mpt_refuse,
         alibi=rules._mpt_alibi,
     ),
+    # DiffLlama: Llama's projections and RoPE, differential attention (the value halves side by
+    # side, head h minus lambda times head h + H/2, a weightless RMSNorm of rms_norm_eps over
+    # each 2 * head_dim, times 1 - lambda_init) before o_proj; attention_bias on all four
+    "diffllama": Family(differential=True, refuse=rules._diffllama_refuse),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import validation
+from ..differential import lambda_init_from_depth
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION = "attention"  # a mixers entry: the layer is softmax attention
@@ -226,6 +227,10 @@ class Family:
     alibi: Callable[[Mapping[str, Any]], list[float] | None] | None = None
     """ALiBi's slopes (H,) from the config, as the model's code builds them (MPT's
     ``build_mpt_alibi_tensor``): the layer's ``alibi_slopes``; None: no ALiBi on this config."""
+    differential: bool = False
+    """Differential attention (DiffLlama): the layer's ``differential``, its lambda_init from
+    the layer's depth (``lambda_init_from_depth(layer_idx)``), its weightless norm's eps the
+    ``norm_eps`` key; parameters ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2``."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -482,6 +487,10 @@ def options(
     slopes = None if family.alibi is None else family.alibi(config)
     if slopes is not None:
         options["alibi_slopes"] = slopes
+    if family.differential:
+        options["differential"] = True
+        options["lambda_init"] = lambda_init_from_depth(layer_idx)
+        options["differential_eps"] = float(required(config, family.norm_eps))
     return options
 
 

@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 96 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 97 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation
+from ..differential import LAMBDA_NAMES
 from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
@@ -540,6 +541,8 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["sinks"] = (h,)
     if options.get("output_norm"):
         shapes["o_norm.weight"] = (h * d,)
+    if options.get("differential"):  # DiffLlama's lambdas
+        shapes |= {name: (d,) for name in LAMBDA_NAMES}
     if options.get("output_gate"):
         width = gate_width(options["output_gate"], h, d)
         shapes["g_proj.weight"] = (width, c)

@@ -746,3 +746,20 @@ def _mpt_alibi(config: Mapping[str, Any]) -> list[float]:
     if power != heads:
         slopes = (slopes[1::2] + slopes[::2])[:heads]
     return slopes
+
+
+def _diffllama_refuse(config: Mapping[str, Any]) -> None:
+    """DiffLlama's attention refuses attention dropout and an odd number of key/value heads
+    (its value halves); so does the converter, naming the key."""
+    dropout = config.get("attention_dropout") or 0.0
+    if dropout > 0:
+        raise ValueError(
+            f"attention_dropout is {dropout!r}: DiffLlama's attention refuses it (its two "
+            "softmax maps share no dropout mask)"
+        )
+    kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
+    if kv_heads is not None and kv_heads % 2:
+        raise ValueError(
+            f"num_key_value_heads is {kv_heads}: differential attention splits the value heads "
+            "in two halves, so DiffLlama needs an even count"
+        )
