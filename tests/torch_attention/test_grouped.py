@@ -46,6 +46,8 @@ OPTIONS = {
         "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 0.0},
     },
     "alibi": {"alibi_slopes": [0.5, 0.25, 0.125, 1.5], "rotary_dim": 0},  # MPT's, no RoPE
+    # DiffLlama's: values twice as wide reach the backend (the two halves side by side)
+    "differential": {"differential": True, "lambda_init": 0.3, "bias": True, "window": (3, 0)},
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -119,6 +121,15 @@ FAMILY_OPTIONS = {
     "temperature_power_nope": {  # Beam's NoPE layers
         "rotary_dim": 0,
         "query_temperature": {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0},
+    },
+    "differential_qk_norm_sinks": {
+        "differential": True,
+        "lambda_init": 0.7,
+        "differential_eps": 0.1,
+        "qk_norm": True,
+        "sinks": True,
+        "softcap": 1.5,
+        "rotary_dim": 2,
     },
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
@@ -196,6 +207,28 @@ def test_a_wider_input_matches_numpy(rng, backend):
     assert f"input_size={2 * C}" in repr(torch_layer)
     assert_close(out, expected, name="out")
     assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "manual"])
+def test_differential_attention_matches_numpy(rng, backend):
+    """The values twice as wide as the keys through each backend with a backward: out, dx and
+    every parameter's gradient (the four lambdas too) against the NumPy twin."""
+    np_layer, torch_layer = twins(rng, OPTIONS["differential"], backend)
+    x, padding, positions = left_padded(rng)
+    dout = rng.standard_normal(x.shape)
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert "differential=True, lambda_init=0.3" in repr(torch_layer)
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    assert {"lambda_q1", "lambda_k2"} <= set(np_layer.named_grads())
     for name, param in torch_layer.named_parameters():
         assert_close(param.grad, np_layer.named_grads()[name], name=name)
 
@@ -305,7 +338,9 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
     assert_close(torch.cat(outs, dim=1), expected, name="decoded")
 
 
-@pytest.mark.parametrize(("name", "backend"), [("all", "math"), ("plain", "auto")])
+@pytest.mark.parametrize(
+    ("name", "backend"), [("all", "math"), ("plain", "auto"), ("differential", "auto")]
+)
 def test_decode_over_pages_equals_the_contiguous_cache(rng, name, backend):
     """The same decode with a PagedKVCache of pages of 2 (the two sequences' pages interleave
     in the pool from the first decode step on): the same outputs as with the KVCache."""
