@@ -14,6 +14,7 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
+    o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -31,10 +32,12 @@ position alone, after RoPE and the QK-norm (Ministral 3, Beam's NoPE layers).
 RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by default; fewer for
 partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
 past ``original_max_positions``). The output gate (``gate.py``) scales each coordinate, or each
-head, of the merged heads by act(x W_g), act a sigmoid or a softplus. x feeds the query, key and
-value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg). ``rope_forward``,
-``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor (``rope.py``,
-``norms.py``).
+head, of the merged heads by act(x W_g), act a sigmoid or a softplus. Differential attention
+(``differential.py``, DiffLlama) attends over both halves of the value heads side by side (2D
+wide) and subtracts head h + H/2 from head h, lambda-weighted, before a weightless RMSNorm.
+x feeds the query, key and value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg).
+``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor
+(``rope.py``, ``norms.py``).
 
 Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
 everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
@@ -44,7 +47,8 @@ Derivation: docs/derivations/grouped.md (the chain, GQA's group sums, QK-norm's 
 LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
 docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
-docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
+docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
+docs/derivations/differential.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -127,7 +131,9 @@ class GroupedQueryAttention(Module):
     ``"layer_bias"`` a bias of the weight's shape beside it; none for ``"rms_weightless"``); with
     ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
-    trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
+    trained or loaded values replace it); with ``differential``, ``lambda_q1``, ``lambda_k1``,
+    ``lambda_q2``, ``lambda_k2`` (D,) (the layer's own, so first in its state dict, as in
+    DiffLlama's); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
     per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
     ``o_norm`` = RMSNorm(H*D) (BitNet's ``attn_sub_norm``). With ``input_size``, q_proj,
     k_proj, v_proj and g_proj read that many features instead of C.
@@ -201,6 +207,16 @@ class GroupedQueryAttention(Module):
             ``-slope_h * |p_i - j|`` (query i at key position M - N + i), on the training path
             and the cache's alike (MPT). A constant, no parameter; the backward is the core's
             (docs/derivations/alibi.md).
+        differential: differential attention (DiffLlama, ``differential.py``): each query
+            head attends over both halves of the value heads side by side (2D wide), head h
+            minus lambda times head h + H/2 (lambda = exp(lambda_q1 . lambda_k1) -
+            exp(lambda_q2 . lambda_k2) + lambda_init), a weightless RMSNorm over each 2D, times
+            1 - lambda_init, before o_proj; parameters ``lambda_q1``, ``lambda_k1``,
+            ``lambda_q2``, ``lambda_k2`` (D,), drawn from N(0, 0.1^2). Needs an even H_kv; not
+            with an output gate, the output norm or dropout.
+        lambda_init: the differential constant, required with ``differential`` (DiffLlama's is
+            ``differential.lambda_init_from_depth(layer_idx)``).
+        differential_eps: the differential norm's eps; needs differential when not the default.
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -562,7 +578,10 @@ class GroupedQueryAttention(Module):
         dA = o_proj^T(dY);  with the output norm dA = o_norm^T(dA) (RMSNorm's backward);
         with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
         o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
-        dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
+        dO = split(dA);  differential: dC = rmsnorm^T((1 - li) dO), dO_h = dC_h,
+        dO_(h+H/2) = -lambda dC_h, dlambda = -sum(dC * O_(h+H/2)) into the four lambdas,
+        and after the attention dv = the two value halves' gradients summed back;
+        dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
         summed over each group of H / H_kv query heads);  with a temperature dQr = t(p) * dQr;
         after RoPE, dQr = q_norm^T(dQr);  dQh = rope^T(dQr) (rotate by -angle,
         the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn) (before
@@ -570,7 +589,8 @@ class GroupedQueryAttention(Module):
         (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
         Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
         docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
-        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md.
+        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
+        docs/derivations/differential.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).

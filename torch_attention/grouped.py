@@ -15,6 +15,7 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = split_heads(v_proj(x), H_kv)                   (B, H_kv, N, D)  (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
+    o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*D)      gate: output_gate only
     a = o_norm(a)                                      (B, N, H*D)      output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -23,8 +24,10 @@ The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale 
 or a weightless RMSNorm; before RoPE or after it), the query temperature (``temperature.py``),
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
-before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
-(an RMSNorm over the H*D merged coordinates, ``o_norm``) are the NumPy twin's.
+before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``), the output norm
+(an RMSNorm over the H*D merged coordinates, ``o_norm``) and differential attention (the value
+halves side by side, paired heads subtracted and normed; ``differential.py``) are the NumPy
+twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -38,7 +41,7 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
 docs/derivations/output-norm.md, docs/derivations/qk-norm-after-rope.md,
-docs/derivations/query-temperature.md.
+docs/derivations/query-temperature.md, docs/derivations/differential.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -87,7 +90,8 @@ class GroupedQueryAttention(Module):
     ``qk_norm_shape``, with a bias beside for ``"layer_bias"``; none for ``"rms_weightless"``);
     with ``sinks``, ``sinks`` (H,), zeros;
     with ``output_gate``, ``g_proj`` = Linear(C, H*D) per element or Linear(C, H) per head,
-    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D). RoPE's
+    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*D); with
+    ``differential``, ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2`` (D,). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
     ``inv_freq``, ``long_inv_freq`` and ``alibi_slopes`` are kept in float64 on the CPU and
     moved per call, so ``.to(dtype)`` never rounds them.

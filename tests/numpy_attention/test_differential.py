@@ -91,7 +91,8 @@ def test_combination_matches_torch_autograd(rng, heads, lambda_init, eps):
     grads = combine_backward(dout, ctx)
 
     assert_close(out, expected, name="out")
-    for name, grad, tensor in zip(("dheads", "dq1", "dk1", "dq2", "dk2"), grads, tensors):
+    names = ("dheads", "dq1", "dk1", "dq2", "dk2")
+    for name, grad, tensor in zip(names, grads, tensors, strict=True):
         assert_close(grad, tensor.grad, name=name)
 
 

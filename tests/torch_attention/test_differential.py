@@ -33,7 +33,7 @@ def test_combination_and_gradients_match_the_numpy_pair(rng, heads, lambda_init,
 
     assert_close(to_numpy(out_t), out, name="out")
     assert_close(to_numpy(o_t.grad), do, name="dheads")
-    for name, tensor, grad in zip(np_differential.LAMBDA_NAMES, lambdas_t, dlambdas):
+    for name, tensor, grad in zip(np_differential.LAMBDA_NAMES, lambdas_t, dlambdas, strict=True):
         assert_close(to_numpy(tensor.grad), grad, name=name)
 
 
