@@ -10,6 +10,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
 
 - Clip and output norm: ``clip_qkv`` clamps q, k and v (OLMo, DBRX; OLMoE after its QK-norm);
   BitNet's ``attn_sub_norm`` is the layer's output norm, an RMSNorm of the merged heads.
+- Differential attention (DiffLlama): the layer's ``differential``, lambda_init from the layer's
+  depth, the weightless norm's eps ``rms_norm_eps``, ``lambda_q1`` ... ``lambda_k2`` loaded
+  under their names; ``attention_dropout`` and an odd key/value head count refused by key.
 - Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else the
   config class's default (``Family.config_defaults``: 256 for the Gemmas, 128 for several), else
   ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
@@ -303,7 +306,8 @@ def hf_attention_state_from_grouped(
         config: the model's config (as for ``grouped_from_hf``).
         state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
             and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
-            has (biases, norms, sinks, the gate's ``g_proj``), passed through.
+            has (biases, norms, sinks, the gate's ``g_proj``, DiffLlama's lambdas), passed
+            through.
         layer_idx: the layer, whose query heads the config may give per layer (Laguna).
         grads: ``state_dict`` holds gradients (``named_grads()``), not weights. It matters only
             where one model parameter is several of the layer's: Beam's per-head ``gate_bias``
