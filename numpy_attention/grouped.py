@@ -15,6 +15,7 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
+    o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
     a = o_norm(a)                                      (B, N, H*Dv)     output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -36,10 +37,12 @@ position alone, after RoPE and the QK-norm (Ministral 3, Beam's NoPE layers).
 RoPE turns the first ``rotary_dim`` coordinates of each head (all of them by default; fewer for
 partial rotary, none for a NoPE layer), with the frequencies of the call (LongRoPE's long ones
 past ``original_max_positions``). The output gate (``gate.py``) scales each coordinate, or each
-head, of the merged heads by act(x W_g), act a sigmoid or a softplus. x feeds the query, key and
-value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg). ``rope_forward``,
-``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor (``rope.py``,
-``norms.py``).
+head, of the merged heads by act(x W_g), act a sigmoid or a softplus. Differential attention
+(``differential.py``, DiffLlama) attends over both halves of the value heads side by side (2D
+wide) and subtracts head h + H/2 from head h, lambda-weighted, before a weightless RMSNorm.
+x feeds the query, key and value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg).
+``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor
+(``rope.py``, ``norms.py``).
 
 Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
 everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
@@ -50,7 +53,7 @@ LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
 docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
 docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
-docs/derivations/value-scale.md.
+docs/derivations/value-scale.md, docs/derivations/differential.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py.
@@ -67,6 +70,16 @@ import numpy as np
 from . import grouped_options, validation
 from .clip import ClipCtx, check_clip, clip_backward, clip_forward
 from .decode.cache import KVCache, PagedKVCache
+from .differential import (
+    LAMBDA_NAMES,
+    LAMBDA_STD,
+    DifferentialCtx,
+    check_differential,
+    differential_backward,
+    differential_forward,
+    differential_values_backward,
+    differential_values_forward,
+)
 from .functional import (
     HeadsCtx,
     attention_backward,
@@ -105,6 +118,7 @@ class _GroupedCtx(NamedTuple):
     gate: GateCtx | None  # with an output gate
     clips: tuple[ClipCtx, ClipCtx, ClipCtx] | None  # q, k, v's, with clip_qkv
     temperature: TemperatureCtx | None  # with a query temperature
+    differential: DifferentialCtx | None  # with differential attention
 
 
 class _CachedForward(NamedTuple):
@@ -123,7 +137,9 @@ class GroupedQueryAttention(Module):
     ``"layer_bias"`` a bias of the weight's shape beside it; none for ``"rms_weightless"``); with
     ``sinks``,
     ``sinks`` (H,), zeros at initialisation (a sink of logit 0 weighs like one key of score 0;
-    trained or loaded values replace it); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
+    trained or loaded values replace it); with ``differential``, ``lambda_q1``, ``lambda_k1``,
+    ``lambda_q2``, ``lambda_k2`` (D,) (the layer's own, so first in its state dict, as in
+    DiffLlama's); with ``output_gate``, ``g_proj`` = Linear(C, H*D)
     per element or Linear(C, H) per head, bias by ``gate_bias``; with ``output_norm``,
     ``o_norm`` = RMSNorm(H*D) (BitNet's ``attn_sub_norm``). With ``input_size``, q_proj,
     k_proj, v_proj and g_proj read that many features instead of C.
@@ -203,6 +219,16 @@ class GroupedQueryAttention(Module):
         value_scale: s_v, a constant the values are multiplied by after v_proj (and its clamp)
             and before the cache: the cache holds s_v * v (MiMo-V2-Flash's
             ``attention_value_scale``); the backward scales dV by it. Finite.
+        differential: differential attention (DiffLlama, ``differential.py``): each query
+            head attends over both halves of the value heads side by side (2D wide), head h
+            minus lambda times head h + H/2 (lambda = exp(lambda_q1 . lambda_k1) -
+            exp(lambda_q2 . lambda_k2) + lambda_init), a weightless RMSNorm over each 2D, times
+            1 - lambda_init, before o_proj; parameters ``lambda_q1``, ``lambda_k1``,
+            ``lambda_q2``, ``lambda_k2`` (D,), drawn from N(0, 0.1^2). Needs an even H_kv; not
+            with an output gate, the output norm or dropout.
+        lambda_init: the differential constant, required with ``differential`` (DiffLlama's is
+            ``differential.lambda_init_from_depth(layer_idx)``).
+        differential_eps: the differential norm's eps; needs differential when not the default.
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -246,6 +272,9 @@ class GroupedQueryAttention(Module):
         alibi_slopes: Any = None,
         v_head_dim: int | None = None,
         value_scale: float = 1.0,
+        differential: bool = False,
+        lambda_init: float | None = None,
+        differential_eps: float = 1e-6,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -313,6 +342,18 @@ class GroupedQueryAttention(Module):
             "v_head_dim", self.head_dim if v_head_dim is None else v_head_dim
         )
         self.value_scale = validation.finite_real("value_scale", value_scale)
+        self.lambda_init = check_differential(
+            differential,
+            lambda_init,
+            differential_eps,
+            self.num_kv_heads,
+            output_gate=self.output_gate,
+            output_norm=self.output_norm,
+            dropout=self.dropout,
+        )
+        self.differential = self.lambda_init is not None
+        self.differential_eps = float(differential_eps)
+        grouped_options.check_differential_width(self.differential, self.v_head_dim, self.head_dim)
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -355,6 +396,10 @@ class GroupedQueryAttention(Module):
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias, rng=self.rng)
         if self.output_norm:
             self.o_norm = RMSNorm(merged_width, float(output_norm_eps))
+        if self.differential:  # Hugging Face's names and init: normal(0, 0.1), (D,) each
+            for name in LAMBDA_NAMES:
+                lambdas = self.rng.normal(0.0, LAMBDA_STD, self.head_dim).astype(np.float32)
+                self.register_parameter(name, lambdas)
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq``,
@@ -470,6 +515,11 @@ class GroupedQueryAttention(Module):
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
         # (B, H_kv, M, Dv))
         attend = attention_forward if cache is None else cache.attend
+        values: dict[str, Any] = {}  # differential: each query head reads both value halves
+        if self.differential and cache is None:
+            v = differential_values_forward(v)  # (B, H_kv, N, D) -> (B, H_kv, N, 2D)
+        elif self.differential:  # the cache holds v; the values it reads are rearranged
+            values["value_map"] = differential_values_forward
         attn = attend(
             q,
             k,
@@ -485,8 +535,16 @@ class GroupedQueryAttention(Module):
             enable_gqa=True,
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
-        )  # (B, H, N, Dv)
-        merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, Dv) -> (B, N, H*Dv)
+            **values,
+        )  # (B, H, N, Dv), (B, H, N, 2D) differential
+        heads, differential = attn.out, None
+        if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
+            q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
+            lambdas = (q1, k1, q2, k2)
+            heads, differential = differential_forward(
+                heads, lambdas, self.lambda_init, self.differential_eps
+            )  # (B, H, N, 2D) -> (B, H/2, N, 2D)
+        merged, out_heads = merge_heads_forward(heads)  # (B, H, N, Dv) -> (B, N, H*Dv)
         gate = None
         if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
@@ -494,7 +552,17 @@ class GroupedQueryAttention(Module):
             merged = self.o_norm(merged)
         out = self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
         ctx = _GroupedCtx(
-            q_heads, k_heads, v_heads, q_rope, k_rope, attn.ctx, out_heads, gate, clips, temperature
+            q_heads,
+            k_heads,
+            v_heads,
+            q_rope,
+            k_rope,
+            attn.ctx,
+            out_heads,
+            gate,
+            clips,
+            temperature,
+            differential,
         )
         return out, ctx
 
@@ -543,7 +611,10 @@ class GroupedQueryAttention(Module):
         dA = o_proj^T(dY);  with the output norm dA = o_norm^T(dA) (RMSNorm's backward);
         with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
         o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
-        dO = split(dA);  dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
+        dO = split(dA);  differential: dC = rmsnorm^T((1 - li) dO), dO_h = dC_h,
+        dO_(h+H/2) = -lambda dC_h, dlambda = -sum(dC * O_(h+H/2)) into the four lambdas,
+        and after the attention dv = the two value halves' gradients summed back;
+        dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
         summed over each group of H / H_kv query heads);  dV = s_v * dV (value_scale);
         with a temperature dQr = t(p) * dQr;
         after RoPE, dQr = q_norm^T(dQr);  dQh = rope^T(dQr) (rotate by -angle,
@@ -553,7 +624,7 @@ class GroupedQueryAttention(Module):
         Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
         docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
         docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
-        docs/derivations/value-scale.md.
+        docs/derivations/value-scale.md, docs/derivations/differential.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -576,6 +647,10 @@ class GroupedQueryAttention(Module):
             dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
             dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
         dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
+        if ctx.differential is not None:  # forward: Y = (1 - li) norm(O_h - lambda O_h+H/2)
+            dattn, dlambdas = differential_backward(dattn, ctx.differential)  # (B, H, N, 2D)
+            for name, dlambda in zip(LAMBDA_NAMES, dlambdas, strict=True):
+                self._accumulate(name, dlambda)
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D | Dv): group sums
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
@@ -590,6 +665,8 @@ class GroupedQueryAttention(Module):
         dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
         dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
         dv = grads.dv
+        if ctx.differential is not None:  # forward: V' = both halves of v side by side
+            dv = differential_values_backward(dv)  # (B, H_kv, N, 2D) -> (B, H_kv, N, D)
         if self.value_scale != 1.0:  # forward: v = s_v * v
             dv = dv * self.value_scale
         dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, Dv) -> (B, N, H_kv*Dv)

@@ -104,3 +104,13 @@ def check_cache_values(width: int, v_head_dim: int) -> None:
             f"the cache holds values of width {width}, but this layer's v_head_dim is "
             f"{v_head_dim}: build the cache with v_head_dim={v_head_dim}"
         )
+
+
+def check_differential_width(differential: bool, v_head_dim: int, head_dim: int) -> None:
+    """Differential attention with values of their own width: no model has both, and where the
+    lambdas (D,) would meet a value width Dv != D is a guess; refused."""
+    if differential and v_head_dim != head_dim:
+        raise ValueError(
+            f"differential with v_head_dim={v_head_dim} != head_dim={head_dim}: no model has "
+            "both (DiffLlama's values are head_dim wide)"
+        )

@@ -16,6 +16,7 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
     v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
+    o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
     a = o_norm(a)                                      (B, N, H*Dv)     output_norm only
     out = o_proj(a)                                    (B, N, C)
@@ -24,9 +25,11 @@ The QK-norm (RMSNorm or LayerNorm, per head or over the whole projection, scale 
 or a weightless RMSNorm; before RoPE or after it), the query temperature (``temperature.py``),
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
-before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
+before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``), the output norm
 (an RMSNorm over the H*Dv merged coordinates, ``o_norm``), the value width Dv and the value
-scale s_v (``v_head_dim``, ``value_scale``: MiMo-V2-Flash) are the NumPy twin's.
+scale s_v (``v_head_dim``, ``value_scale``: MiMo-V2-Flash) and differential attention (the
+value halves side by side, paired heads subtracted and normed; ``differential.py``) are the
+NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -40,7 +43,8 @@ Decoding, the layer hands q, k, v to its cache's ``attend``: a contiguous ``KVCa
 Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivations/rmsnorm.md,
 docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
 docs/derivations/output-norm.md, docs/derivations/qk-norm-after-rope.md,
-docs/derivations/query-temperature.md, docs/derivations/value-scale.md.
+docs/derivations/query-temperature.md, docs/derivations/value-scale.md,
+docs/derivations/differential.md.
 Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
 tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
 """
@@ -60,6 +64,13 @@ from numpy_attention import grouped_options
 from . import validation
 from .clip import check_clip, clip
 from .decode.cache import KVCache, PagedKVCache
+from .differential import (
+    LAMBDA_NAMES,
+    LAMBDA_STD,
+    check_differential,
+    differential,
+    differential_values,
+)
 from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
@@ -85,7 +96,8 @@ class GroupedQueryAttention(Module):
     ``qk_norm_shape``, with a bias beside for ``"layer_bias"``; none for ``"rms_weightless"``);
     with ``sinks``, ``sinks`` (H,), zeros;
     with ``output_gate``, ``g_proj`` = Linear(C, H*Dv) per element or Linear(C, H) per head,
-    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*Dv). RoPE's
+    bias by ``gate_bias``; with ``output_norm``, ``o_norm`` = RMSNorm(H*Dv); with
+    ``differential``, ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2`` (D,). RoPE's
     frequencies are no parameter or buffer (Hugging Face's attention state dicts have none):
     ``inv_freq``, ``long_inv_freq`` and ``alibi_slopes`` are kept in float64 on the CPU and
     moved per call, so ``.to(dtype)`` never rounds them.
@@ -133,6 +145,9 @@ class GroupedQueryAttention(Module):
         alibi_slopes: Any = None,
         v_head_dim: int | None = None,
         value_scale: float = 1.0,
+        differential: bool = False,
+        lambda_init: float | None = None,
+        differential_eps: float = 1e-6,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -201,6 +216,18 @@ class GroupedQueryAttention(Module):
             "v_head_dim", self.head_dim if v_head_dim is None else v_head_dim
         )
         self.value_scale = validation.finite_real("value_scale", value_scale)
+        self.lambda_init = check_differential(
+            differential,
+            lambda_init,
+            differential_eps,
+            self.num_kv_heads,
+            output_gate=self.output_gate,
+            output_norm=self.output_norm,
+            dropout=self.dropout,
+        )
+        self.differential = self.lambda_init is not None
+        self.differential_eps = float(differential_eps)
+        grouped_options.check_differential_width(self.differential, self.v_head_dim, self.head_dim)
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -235,6 +262,10 @@ class GroupedQueryAttention(Module):
             self.g_proj = Linear(self.input_size, gates, bias=gate_bias)
         if self.output_norm:
             self.o_norm = RMSNorm(merged_width, float(output_norm_eps))
+        if self.differential:  # Hugging Face's names and init: normal(0, 0.1), (D,) each
+            for name in LAMBDA_NAMES:
+                lambdas = torch.normal(0.0, LAMBDA_STD, size=(self.head_dim,))
+                self.register_parameter(name, nn.Parameter(lambdas))
 
     def forward(
         self,
@@ -330,6 +361,11 @@ class GroupedQueryAttention(Module):
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
         # (B, H_kv, M, Dv))
         attend = attention if cache is None else cache.attend
+        values: dict[str, Any] = {}  # differential: each query head reads both value halves
+        if self.differential and cache is None:
+            v = differential_values(v)  # (B, H_kv, N, D) -> (B, H_kv, N, 2D)
+        elif self.differential:  # the cache holds v; the values it reads are rearranged
+            values["value_map"] = differential_values
         heads = attend(
             q,
             k,
@@ -346,7 +382,12 @@ class GroupedQueryAttention(Module):
             dropout_p=self.dropout if self.training else 0.0,
             dropout_mask=keep,
             backend=self.backend,
-        )  # (B, H, N, Dv)
+            **values,
+        )  # (B, H, N, Dv), (B, H, N, 2D) differential
+        if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
+            q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
+            lambdas = (q1, k1, q2, k2)
+            heads = differential(heads, lambdas, self.lambda_init, self.differential_eps)
         merged = merge_heads(heads)  # (B, H, N, Dv) -> (B, N, H*Dv)
         if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged = output_gate(merged, self.g_proj(x), self.gate_activation)
@@ -413,6 +454,9 @@ class GroupedQueryAttention(Module):
             options.append(f"clip_qkv={self.clip_qkv}{after}")
         if self.output_norm:
             options.append(f"output_norm=True, output_norm_eps={self.o_norm.eps}")
+        if self.differential:
+            eps = self.differential_eps
+            options.append(f"differential=True, lambda_init={self.lambda_init}, eps={eps}")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:

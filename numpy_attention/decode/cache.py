@@ -122,13 +122,22 @@ class KVCache:
         return self.k[:, :, :stop], self.v[:, :, :stop]
 
     def attend(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        *,
+        value_map: Callable[[np.ndarray], np.ndarray] | None = None,
+        **options: Any,
     ) -> AttentionOutput:
         """Append k (B, H_kv, N, D), v (B, H_kv, N, Dv) and attend q (B, H, N, D) over
         everything cached: ``attention_forward(q, keys, values, **options)``. The cache's side
         of the layer's protocol, shared with ``PagedKVCache.attend`` (which reads its keys from
-        pages)."""
+        pages). ``value_map`` turns the values read (B, H_kv, M, Dv) into those attended
+        (differential attention's halves side by side); the cache keeps v as given."""
         keys, values = self.append(k, v)  # (B, H_kv, M, D), (B, H_kv, M, Dv): all cached so far
+        if value_map is not None:
+            values = value_map(values)
         return attention_forward(q, keys, values, **options)
 
     def reset(self) -> None:
@@ -228,13 +237,20 @@ class PagedKVCache(PagePool):
         self.advance(k.shape[2])
 
     def attend(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        *,
+        value_map: Callable[[np.ndarray], np.ndarray] | None = None,
+        **options: Any,
     ) -> AttentionOutput:
         """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached: per
         sequence, ``attention_forward(q_b, keys, values, **options)`` on its keys read from the
         pages (a view when they are consecutive). ``options`` are ``attention_forward``'s (the
         layer passes ``align="bottom-right"``); a (B, M) ``key_padding_mask`` and a (B, ...)
-        ``dropout_mask`` are split by sequence. The cache's side of the layer's protocol,
+        ``dropout_mask`` are split by sequence. ``value_map`` as ``KVCache.attend``'s, applied
+        to each sequence's values read. The cache's side of the layer's protocol,
         beside ``KVCache.attend``; nothing is kept for a backward.
 
         Returns:
@@ -245,8 +261,10 @@ class PagedKVCache(PagePool):
         def read(b: int) -> tuple[np.ndarray, np.ndarray]:
             # views, or gathered into this thread's two buffers, used up before the next one
             keys = self._read(self.k, b, scratch=0)  # (M, H_kv, D)
-            values = self._read(self.v, b, scratch=1)
-            return keys.swapaxes(0, 1)[None], values.swapaxes(0, 1)[None]  # (1, H_kv, M, .)
+            values = self._read(self.v, b, scratch=1).swapaxes(0, 1)[None]  # (1, H_kv, M, Dv)
+            if value_map is not None:
+                values = value_map(values)
+            return keys.swapaxes(0, 1)[None], values  # (1, H_kv, M, D), values
 
         return attend_per_sequence(q, read, **options)
 

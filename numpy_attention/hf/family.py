@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import validation
+from ..differential import lambda_init_from_depth
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION = "attention"  # a mixers entry: the layer is softmax attention
@@ -239,6 +240,10 @@ class Family:
     sliding_sinks: bool = False
     """Sinks on the sliding layers only (MiMo-V2-Flash), where ``sinks`` puts them on every
     layer."""
+    differential: bool = False
+    """Differential attention (DiffLlama): the layer's ``differential``, its lambda_init from
+    the layer's depth (``lambda_init_from_depth(layer_idx)``), its weightless norm's eps the
+    ``norm_eps`` key; parameters ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2``."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -509,6 +514,10 @@ def options(
     slopes = None if family.alibi is None else family.alibi(config)
     if slopes is not None:
         options["alibi_slopes"] = slopes
+    if family.differential:
+        options["differential"] = True
+        options["lambda_init"] = lambda_init_from_depth(layer_idx)
+        options["differential_eps"] = float(required(config, family.norm_eps))
     return options
 
 

@@ -3,13 +3,16 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 97 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 98 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
 
 - Clip and output norm: ``clip_qkv`` clamps q, k and v (OLMo, DBRX; OLMoE after its QK-norm);
   BitNet's ``attn_sub_norm`` is the layer's output norm, an RMSNorm of the merged heads.
+- Differential attention (DiffLlama): the layer's ``differential``, lambda_init from the layer's
+  depth, the weightless norm's eps ``rms_norm_eps``, ``lambda_q1`` ... ``lambda_k2`` loaded
+  under their names; ``attention_dropout`` and an odd key/value head count refused by key.
 - Sizes: ``head_dim`` where the config has it (Cohere 2 and Falcon: always C // H), else the
   config class's default (``Family.config_defaults``: 256 for the Gemmas, 128 for several), else
   ``hidden_size // num_attention_heads``; ``num_key_value_heads`` (None: multi-head; Falcon:
@@ -74,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from .. import validation
+from ..differential import LAMBDA_NAMES
 from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
@@ -305,7 +309,8 @@ def hf_attention_state_from_grouped(
         config: the model's config (as for ``grouped_from_hf``).
         state_dict: the layer's names -> arrays: ``q_proj.weight`` (H*D, C), ``k_proj.weight``
             and ``v_proj.weight`` (H_kv*D, C), ``o_proj.weight``, and whatever else the layer
-            has (biases, norms, sinks, the gate's ``g_proj``), passed through.
+            has (biases, norms, sinks, the gate's ``g_proj``, DiffLlama's lambdas), passed
+            through.
         layer_idx: the layer, whose query heads the config may give per layer (Laguna).
         grads: ``state_dict`` holds gradients (``named_grads()``), not weights. It matters only
             where one model parameter is several of the layer's: Beam's per-head ``gate_bias``
@@ -545,6 +550,8 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["sinks"] = (h,)
     if options.get("output_norm"):
         shapes["o_norm.weight"] = (h * dv,)
+    if options.get("differential"):  # DiffLlama's lambdas
+        shapes |= {name: (d,) for name in LAMBDA_NAMES}
     if options.get("output_gate"):
         width = gate_width(options["output_gate"], h, dv)
         shapes["g_proj.weight"] = (width, c)

@@ -1,6 +1,6 @@
 """The model types ``grouped_from_hf`` refuses by name, each with its reason: the twist its
 attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm after RoPE,
-``clip_qkv``, differential or chunked attention, KV sharing...), what the model is instead (a
+``clip_qkv``, chunked attention, KV sharing...), what the model is instead (a
 state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
 Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
@@ -10,9 +10,6 @@ Tests: tests/numpy_attention/hf/test_refused.py.
 from __future__ import annotations
 
 REFUSED = {
-    "diffllama": "diffllama: differential attention, the difference of two softmax maps "
-    "weighted by a learned lambda (lambda_q1, lambda_k1, ...), then a weightless RMSNorm "
-    "(groupnorm) over each pair of heads; the layer computes one softmax (issue 28)",
     "doge": "doge: a dynamic mask, computed from the values (dt_proj, A) and kept to the top "
     "keep_window_size keys, is added to the scores; the layer has no such mask (issue 28)",
     "inkling_text": "inkling_text: short convolutions over time on the keys and values "

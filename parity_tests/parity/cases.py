@@ -349,6 +349,14 @@ def _grouped_cases() -> list[LayerCase]:
                 "window": (6, 0),
             },
         ),
+        case(  # differential attention: two value pairs (4 kv heads), values 2D wide
+            "diffllama-like-differential-padded-N7",
+            8,
+            4,
+            n=7,
+            padded=True,
+            options={"differential": True, "lambda_init": 0.3, "bias": True},
+        ),
     ]
 
 

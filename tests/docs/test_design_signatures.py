@@ -108,6 +108,7 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "attend": (f"{NA}.decode.cache.KVCache.attend", f"{NA}.decode.cache.PagedKVCache.attend"),
     "numpy_attention.convert.latent_from_hf": (f"{NA}.convert.latent_from_hf",),
     "append": _both("decode.cache", "KVCache.append"),
+    "differential.lambda_init_from_depth": (f"{NA}.differential.lambda_init_from_depth",),
     # the kernel checker
     "check_kernel": ("parity_tests.checker.pipeline.check_kernel",),
     "KernelLimits": ("parity_tests.checker.battery.limits.KernelLimits",),

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from numpy_attention import gradcheck, load_module, no_grad, save_module
 from numpy_attention.decode.cache import KVCache, PagedKVCache
+from numpy_attention.differential import LAMBDA_NAMES
 from numpy_attention.grouped import GroupedQueryAttention
 
 from ..conftest import assert_close, assert_gradcheck, to_torch
@@ -188,7 +189,7 @@ def make_layer(rng, kv_heads=2, **options):
     for name in ("sinks", "q_norm.weight", "k_norm.weight", "o_norm.weight"):
         if name in state:
             state[name] = 1.0 + 0.5 * rng.standard_normal(state[name].shape)
-    for name in ("q_norm.bias", "k_norm.bias"):
+    for name in ("q_norm.bias", "k_norm.bias", *LAMBDA_NAMES):
         if name in state:
             state[name] = 0.5 * rng.standard_normal(state[name].shape)
     layer.load_state_dict(state)
@@ -287,23 +288,38 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
             t = (1 + p / spec["length"]) ** spec["exponent"]
         q = q * (t[:, None, :, None] if t.ndim == 2 else t[:, None])  # per row of q
     padding = None if key_padding_mask is None else to_torch(key_padding_mask)
-    if attention is None:
-        out, _ = oracle_attention(
-            q, k, v, causal=True, window=args["window"], key_padding_mask=padding,
-            scale=args["scaling"], softcap=args["softcap"], sinks=params.get("sinks"),
-            alibi_slopes=None if args["alibi_slopes"] is None else torch.tensor(
-                args["alibi_slopes"], dtype=torch.float64
-            ), enable_gqa=True, dropout_p=args["dropout"],
-            dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
-        )  # fmt: skip
-    else:
+
+    def attend(v):
+        if attention is None:
+            out, _ = oracle_attention(
+                q, k, v, causal=True, window=args["window"], key_padding_mask=padding,
+                scale=args["scaling"], softcap=args["softcap"], sinks=params.get("sinks"),
+                alibi_slopes=None if args["alibi_slopes"] is None else torch.tensor(
+                    args["alibi_slopes"], dtype=torch.float64
+                ), enable_gqa=True, dropout_p=args["dropout"],
+                dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
+            )  # fmt: skip
+            return out
         visible = torch.ones(n, n, dtype=torch.bool).tril()
         if args["window"] is not None:
             visible &= torch.ones(n, n, dtype=torch.bool).triu(-args["window"][0])
         if padding is not None:
             visible = visible & ~padding[:, None, None, :]  # (B, 1, N, N)
-        out = attention(q, k, v, visible, args["scaling"])
-    out = out.transpose(1, 2).reshape(b, n, heads * dv)  # (B, H, N, Dv) -> (B, N, H*Dv)
+        return attention(q, k, v, visible, args["scaling"])
+
+    if args["differential"]:  # two calls, as DiffLlama: each value half repeated to H_kv heads
+        v1, v2 = (half.repeat(1, 2, 1, 1) for half in v.chunk(2, dim=1))
+        out = torch.cat([attend(v1), attend(v2)], dim=-1)  # (B, H, N, 2D)
+    else:
+        out = attend(v)
+    out = out.transpose(1, 2)  # (B, H, N, D or 2D) -> (B, N, H, D or 2D)
+    if args["differential"]:  # head h minus lambda times head h + H/2, normed over 2D
+        first, second, init = *out.chunk(2, dim=2), args["lambda_init"]
+        lambda_1 = torch.exp((params["lambda_q1"] * params["lambda_k1"]).sum())
+        lambda_2 = torch.exp((params["lambda_q2"] * params["lambda_k2"]).sum())
+        diff = first - (lambda_1 - lambda_2 + init) * second  # (B, N, H/2, 2D)
+        out = (1 - init) * F.rms_norm(diff, (2 * d,), None, args["differential_eps"])
+    out = out.reshape(b, n, heads * dv)  # -> (B, N, H*Dv)
     if args["output_gate"] is not None:  # act(x W_g + b_g): (B, N, H*Dv) or (B, N, H)
         pre = F.linear(x, params["g_proj.weight"], params.get("g_proj.bias"))
         gate = torch.sigmoid(pre) if args["gate_activation"] == "sigmoid" else F.softplus(pre)
@@ -527,6 +543,12 @@ DECODE = {
         2,
     ),
     "value_width_gate": ({"v_head_dim": 6, "output_gate": "head"}, 1),
+    # differential attention: the cache holds v; the value halves are laid side by side on read
+    "differential_gqa": ({"differential": True, "lambda_init": 0.3, "bias": True}, 2),
+    "differential_mha_window": (
+        {"differential": True, "lambda_init": 0.6, "window": (2, 0), "qk_norm": True},
+        4,
+    ),
 }
 
 
@@ -872,6 +894,36 @@ def test_a_module_file_keeps_the_clip_the_output_norm_and_alibi(tmp_path, rng):
             ValueError,
             "output_norm and output_gate='head' together",
         ),
+        ((8, 4, 1), {"differential": True, "lambda_init": 0.2}, ValueError, "num_kv_heads must"),
+        ((8, 4, 2), {"differential": True}, ValueError, "needs lambda_init"),
+        ((8, 4, 2), {"lambda_init": 0.2}, ValueError, "but differential is False"),
+        ((8, 4, 2), {"differential_eps": 1e-5}, ValueError, "but differential is False"),
+        ((8, 4, 2), {"differential": 1, "lambda_init": 0.2}, TypeError, "differential must be"),
+        ((8, 4, 2), {"differential": True, "lambda_init": "0.2"}, TypeError, "lambda_init"),
+        (
+            (8, 4, 2),
+            {"differential": True, "lambda_init": 0.2, "differential_eps": 0.0},
+            ValueError,
+            "differential_eps must be > 0",
+        ),
+        (
+            (8, 4, 2),
+            {"differential": True, "lambda_init": 0.2, "output_gate": "head"},
+            ValueError,
+            "differential attention with output_gate='head'",
+        ),
+        (
+            (8, 4, 2),
+            {"differential": True, "lambda_init": 0.2, "output_norm": True},
+            ValueError,
+            "differential attention with output_norm=True",
+        ),
+        (
+            (8, 4, 2),
+            {"differential": True, "lambda_init": 0.2, "dropout": 0.1},
+            ValueError,
+            "differential attention with dropout=0.1",
+        ),
     ],
 )
 def test_bad_construction_is_refused(args, kwargs, error, match):
@@ -1022,3 +1074,64 @@ def test_no_grad_forward_keeps_nothing(rng):
 
     with pytest.raises(RuntimeError, match="forward first"):
         layer.backward(np.ones((B, N, C)))
+
+
+# -- differential attention (DiffLlama) ----------------------------------------------------------
+# The oracle (torch_layer) is DiffLlama's two attention calls, one per value half; the layer makes
+# one call over both halves side by side. H_kv = 2: one value pair, each key head read by two
+# query heads; H_kv = 4: two pairs, multi-head.
+DIFFERENTIAL = {
+    "differential": {"differential": True, "lambda_init": 0.3},
+    "differential_everything": {
+        "differential": True,
+        "lambda_init": 0.7,
+        "differential_eps": 0.1,
+        "qk_norm": True,
+        "sinks": True,
+        "window": (2, None),
+        "softcap": 1.5,
+        "bias": True,
+        "out_bias": True,
+        "rotary_dim": 2,
+        "clip_qkv": 0.8,
+        "scaling": 0.8,
+    },
+}
+
+
+@pytest.mark.parametrize("option", list(DIFFERENTIAL))
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("padded", [False, True])
+def test_differential_matches_torch_autograd(rng, option, kv_heads, padded):
+    layer = make_layer(rng, kv_heads, **DIFFERENTIAL[option])
+    x, forward = forward_inputs(rng, layer, padded=padded)
+    dout = rng.standard_normal((B, N, C))
+
+    assert_matches(layer, x, dout, torch_grads(layer, x, dout, **forward), **forward)
+
+
+@pytest.mark.parametrize("option", list(DIFFERENTIAL))
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_differential_gradcheck(rng, option, kv_heads):
+    layer = make_layer(rng, kv_heads, **DIFFERENTIAL[option])
+    x, forward = forward_inputs(rng, layer, padded=True, n=4)
+
+    assert_gradcheck(gradcheck(layer, x, **forward))
+
+
+def test_differential_lambdas_are_named_and_shaped_like_hugging_face(tmp_path, rng):
+    """lambda_q1, lambda_k1, lambda_q2, lambda_k2 (D,), first (the layer's own parameters before
+    its modules', as in DiffLlama's state dict); o_proj still reads H*D (H/2 heads of 2D);
+    lambda_init kept through a module file."""
+    layer = GroupedQueryAttention(8, 4, 2, head_dim=6, differential=True, lambda_init=0.25)
+    shapes = {name: value.shape for name, value in layer.state_dict().items()}
+    path = tmp_path / "gqa.npz"
+
+    assert list(shapes)[:4] == list(LAMBDA_NAMES)
+    assert all(shapes[name] == (6,) for name in LAMBDA_NAMES)
+    assert shapes["o_proj.weight"] == (8, 24)
+    save_module(path, layer)
+    assert load_module(path, layer).constructor_args() == layer.constructor_args()
+    other = GroupedQueryAttention(8, 4, 2, head_dim=6, differential=True, lambda_init=0.5)
+    with pytest.raises(ValueError, match=r"gqa\.npz.*lambda_init"):
+        load_module(path, other)

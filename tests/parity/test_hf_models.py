@@ -1897,6 +1897,32 @@ CASES += [
         for layer, kind in ((1, "sliding"), (5, "full"))
     ),
 ]
+# -- differential attention: DiffLlama -----------------------------------------------------------
+# lambda_init is the layer's depth's (0.2 at layer 0, 0.8 - 0.6 exp(-0.3 i) after); the lambda
+# vectors are redrawn with the other parameters (std 0.5). The values' halves are the key/value
+# heads cut in two, so the cases cover one pair (4 over 2), two pairs read by groups of two query
+# heads (8 over 4) and multi-head (8 over 8).
+CASES += [
+    ModelCase("diffllama-gqa", "DiffLlama", 1, False, {"rms_norm_eps": 1e-3}, unpadded=True),
+    ModelCase(  # two value pairs, each read by two query heads; biases on all four; llama3 RoPE
+        "diffllama-8-over-4-bias-llama3",
+        "DiffLlama",
+        0,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 4, "attention_bias": True}
+        | {"rope_parameters": LLAMA3_ROPE},
+    ),
+    ModelCase(  # DiffLlamaConfig's defaults (its docstring's kajuma/DiffLlama-0.3B-handcut): 32
+        # heads of 64, multi-head (here 8 of 4), 16 layers (the last: lambda_init 0.79), no
+        # biases, rms_norm_eps 1e-5, RoPE theta 1e4
+        "diffllama-0.3b-shaped",
+        "DiffLlama",
+        15,
+        False,
+        {"num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 4}
+        | {"num_hidden_layers": 16, "rms_norm_eps": 1e-5},
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [

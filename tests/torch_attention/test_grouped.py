@@ -50,6 +50,8 @@ OPTIONS = {
     "value_width_scale": {"v_head_dim": 4, "value_scale": 0.7},  # MiMo-V2-Flash's values
     "value_width_sinks_gate": {"v_head_dim": 8, "value_scale": -1.3, "sinks": True}
     | {"window": (2, 0), "output_gate": "head", "bias": True},
+    # DiffLlama's: values twice as wide reach the backend (the two halves side by side)
+    "differential": {"differential": True, "lambda_init": 0.3, "bias": True, "window": (3, 0)},
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -127,6 +129,15 @@ FAMILY_OPTIONS = {
     "value_width_scale_gate_element": {"v_head_dim": 4, "value_scale": 0.7}  # MiMo-V2-Flash's
     | {"output_gate": "element", "sinks": True},
     "value_width_output_norm_clip": {"v_head_dim": 8, "output_norm": True, "clip_qkv": 2.0},
+    "differential_qk_norm_sinks": {
+        "differential": True,
+        "lambda_init": 0.7,
+        "differential_eps": 0.1,
+        "qk_norm": True,
+        "sinks": True,
+        "softcap": 1.5,
+        "rotary_dim": 2,
+    },
 }
 # The options SDPA computes (no softcap, no sinks): which layer options each backend applies to.
 # FlexAttention takes every option but has no backward on CPU: it runs the decode tests (no grad).
@@ -203,6 +214,28 @@ def test_a_wider_input_matches_numpy(rng, backend):
     assert f"input_size={2 * C}" in repr(torch_layer)
     assert_close(out, expected, name="out")
     assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "manual"])
+def test_differential_attention_matches_numpy(rng, backend):
+    """The values twice as wide as the keys through each backend with a backward: out, dx and
+    every parameter's gradient (the four lambdas too) against the NumPy twin."""
+    np_layer, torch_layer = twins(rng, OPTIONS["differential"], backend)
+    x, padding, positions = left_padded(rng)
+    dout = rng.standard_normal(x.shape)
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert "differential=True, lambda_init=0.3" in repr(torch_layer)
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    assert {"lambda_q1", "lambda_k2"} <= set(np_layer.named_grads())
     for name, param in torch_layer.named_parameters():
         assert_close(param.grad, np_layer.named_grads()[name], name=name)
 
@@ -313,7 +346,13 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
 
 
 @pytest.mark.parametrize(
-    ("name", "backend"), [("all", "math"), ("plain", "auto"), ("value_width_sinks_gate", "math")]
+    ("name", "backend"),
+    [
+        ("all", "math"),
+        ("plain", "auto"),
+        ("value_width_sinks_gate", "math"),
+        ("differential", "auto"),
+    ],
 )
 def test_decode_over_pages_equals_the_contiguous_cache(rng, name, backend):
     """The same decode with a PagedKVCache of pages of 2 (the two sequences' pages interleave

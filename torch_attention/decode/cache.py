@@ -126,12 +126,23 @@ class KVCache:
         self._length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        value_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        **options: Any,
+    ) -> Any:
         """Append k (B, H_kv, N, D), v (B, H_kv, N, Dv) and attend q (B, H, N, D) over
         everything cached: ``functional.attention(q, keys, values, **options)``. The cache's
         side of the layer's protocol, shared with ``PagedKVCache.attend`` (which reads its keys
-        from pages)."""
+        from pages). ``value_map`` turns the values read into those attended (the NumPy
+        twin's)."""
         keys, values = self.append(k, v)  # (B, H_kv, M, D), (B, H_kv, M, Dv): all cached so far
+        if value_map is not None:
+            values = value_map(values)
         return attention(q, keys, values, **options)
 
     def reset(self) -> None:
@@ -225,11 +236,20 @@ class PagedKVCache(PagePool):
         self._write(self.v, v.transpose(1, 2))
         self.advance(k.shape[2])
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        value_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        **options: Any,
+    ) -> Any:
         """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached: per
         sequence, ``functional.attention(q_b, keys, values, **options)`` on its gathered pages;
-        a (B, M) ``key_padding_mask`` and (B, ...) masks are split by sequence. The twin of the
-        NumPy cache's ``attend``, and ``KVCache.attend``'s partner in the layer.
+        a (B, M) ``key_padding_mask`` and (B, ...) masks are split by sequence; ``value_map``
+        as ``KVCache.attend``'s, on each sequence's values. The twin of the NumPy cache's
+        ``attend``, and ``KVCache.attend``'s partner in the layer.
 
         Returns:
             what ``functional.attention`` returns: out (B, H, N, Dv), or ``AttentionOutput``
@@ -239,7 +259,8 @@ class PagedKVCache(PagePool):
 
         def read(b: int) -> tuple[torch.Tensor, torch.Tensor]:
             keys = self._read(self.k, b).transpose(0, 1)[None]  # (M, H_kv, D) -> (1, H_kv, M, D)
-            return keys, self._read(self.v, b).transpose(0, 1)[None]
+            values = self._read(self.v, b).transpose(0, 1)[None]
+            return keys, values if value_map is None else value_map(values)
 
         return attend_per_sequence(q, read, **options)
 

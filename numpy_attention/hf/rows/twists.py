@@ -300,6 +300,23 @@ def _mimo_refuse_rope(config: Mapping[str, Any]) -> None:
         )
 
 
+def _diffllama_refuse(config: Mapping[str, Any]) -> None:
+    """DiffLlama's attention refuses attention dropout and an odd number of key/value heads
+    (its value halves); so does the converter, naming the key."""
+    dropout = config.get("attention_dropout") or 0.0
+    if dropout > 0:
+        raise ValueError(
+            f"attention_dropout is {dropout!r}: DiffLlama's attention refuses it (its two "
+            "softmax maps share no dropout mask)"
+        )
+    kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
+    if kv_heads is not None and kv_heads % 2:
+        raise ValueError(
+            f"num_key_value_heads is {kv_heads}: differential attention splits the value heads "
+            "in two halves, so DiffLlama needs an even count"
+        )
+
+
 ROWS: dict[str, Family] = {
     # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
     "olmo": Family(clip_qkv="clip_qkv"),
@@ -513,4 +530,8 @@ ROWS: dict[str, Family] = {
         layer_kv_heads=_mimo_kv_heads,
         sliding_sinks=True,
     ),
+    # DiffLlama: Llama's projections and RoPE, differential attention (the value halves side by
+    # side, head h minus lambda times head h + H/2, a weightless RMSNorm of rms_norm_eps over
+    # each 2 * head_dim, times 1 - lambda_init) before o_proj; attention_bias on all four
+    "diffllama": Family(differential=True, refuse=_diffllama_refuse),
 }

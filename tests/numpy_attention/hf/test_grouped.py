@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from numpy_attention import convert
+from numpy_attention.differential import LAMBDA_NAMES, lambda_init_from_depth
 from numpy_attention.grouped import GroupedQueryAttention
 from numpy_attention.hf import (
     SUPPORTED_MODEL_TYPES,
@@ -972,3 +973,55 @@ def test_a_wrappers_text_config_of_another_model_type_is_refused(rng):
 
     with pytest.raises(ValueError, match="text_config has model_type 'llama'.*'gemma3_text'"):
         grouped_from_hf(wrapper, whole)
+
+
+# -- differential attention: DiffLlama ------------------------------------------------------------
+DIFFLLAMA = {**BASE, "model_type": "diffllama", "attention_bias": False, "lambda_std_dev": 0.1}
+
+
+def diffllama_state(rng):
+    """DiffLlama's attention state dict: Llama's projections and the four lambda vectors (D,)."""
+    lambdas = {name: rng.standard_normal(D) for name in LAMBDA_NAMES}
+    return attention_state(rng) | lambdas
+
+
+@pytest.mark.parametrize("layer_idx", [0, 2])
+def test_diffllama_reads_lambda_init_from_the_layers_depth(rng, layer_idx):
+    layer = grouped_from_hf(DIFFLLAMA, diffllama_state(rng), layer_idx=layer_idx)
+
+    args = layer.constructor_args()
+    assert args["differential"] is True
+    assert args["lambda_init"] == lambda_init_from_depth(layer_idx)
+    assert args["differential_eps"] == BASE["rms_norm_eps"]  # its groupnorm's eps
+
+
+def test_diffllama_lambdas_load_and_come_back_under_their_names(rng):
+    state = diffllama_state(rng)
+
+    layer = grouped_from_hf(DIFFLLAMA, state)
+    back = hf_attention_state_from_grouped(DIFFLLAMA, layer.state_dict())
+
+    assert set(back) == set(state)
+    for name, value in back.items():
+        assert np.array_equal(value, state[name]), name
+
+
+def test_diffllama_without_its_lambdas_is_refused_by_name(rng):
+    state = {k: v for k, v in diffllama_state(rng).items() if k != "lambda_k2"}
+
+    with pytest.raises(KeyError, match=r"missing keys \['lambda_k2'\]"):
+        grouped_from_hf(DIFFLLAMA, state)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"attention_dropout": 0.1}, "attention_dropout is 0.1: DiffLlama's attention refuses"),
+        ({"num_key_value_heads": 1}, "num_key_value_heads is 1: .* even count"),
+        ({"num_key_value_heads": None, "num_attention_heads": 3}, "num_key_value_heads is 3"),
+    ],
+    ids=["dropout", "odd-kv-heads", "odd-heads-multi-head"],
+)
+def test_diffllama_configs_its_model_refuses_are_refused_by_key(rng, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        grouped_from_hf({**DIFFLLAMA, **overrides}, diffllama_state(rng))

@@ -32,7 +32,6 @@ DRAFTER = {
 }
 # model_type -> (extra config keywords, a regex the refusal must match): an attention twist
 TWISTS = {
-    "diffllama": ({}, "differential attention"),
     "doge": ({}, "dynamic mask"),
     "inkling_text": ({}, "short convolutions.*relative-position"),
     "inkling2_text": ({}, "output gate.*sinks"),
