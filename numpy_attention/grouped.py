@@ -190,6 +190,11 @@ class GroupedQueryAttention(Module):
             ``-slope_h * |p_i - j|`` (query i at key position M - N + i), on the training path
             and the cache's alike (MPT). A constant, no parameter; the backward is the core's
             (docs/derivations/alibi.md).
+        chunk_size: None, or C: chunked attention (Llama 4's RoPE layers): a query sees only
+            the keys of its own chunk of C positions, on the training path and the cache's
+            alike; the chunks of a left-padded sequence start at its first unpadded key (the
+            leading True entries of ``key_padding_mask``), as transformers counts them
+            (docs/derivations/windows.md#chunks).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -231,6 +236,7 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        chunk_size: int | None = None,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -292,6 +298,9 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.chunk_size = (
+            None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
+        )
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -434,7 +443,8 @@ class GroupedQueryAttention(Module):
             k = self._norm_heads_forward(self.k_norm, k)
         temperature = None
         if self.query_temperature is not None:  # q * t(p), row by row
-            q, temperature = query_temperature_forward(q, positions, self.query_temperature)
+            counted = _temperature_positions(self.query_temperature, positions, cache)
+            q, temperature = query_temperature_forward(q, counted, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention_forward if cache is None else cache.attend
         attn = attend(
@@ -452,6 +462,8 @@ class GroupedQueryAttention(Module):
             enable_gqa=True,
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
+            chunk_size=self.chunk_size,
+            chunk_start=None if self.chunk_size is None else _left_padding(padding),
         )  # (B, H, N, D)
         merged, out_heads = merge_heads_forward(attn.out)  # (B, H, N, D) -> (B, N, H*D)
         gate = None
@@ -719,6 +731,25 @@ def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
 def _norm_width(shape: str, heads: int, head_dim: int) -> int:
     """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
+
+
+def _left_padding(padding: np.ndarray | None) -> np.ndarray | None:
+    """Each sequence's count of padded keys before its first real one, (B,), where its chunks
+    start (transformers' chunked mask counts them from the attention mask so); None without
+    padding."""
+    if padding is None:
+        return None
+    return (np.cumsum(~padding, axis=1) == 0).sum(axis=1)  # (B, M) -> (B,)
+
+
+def _temperature_positions(
+    spec: Mapping[str, Any], positions: np.ndarray, cache: KVCache | PagedKVCache | None
+) -> np.ndarray:
+    """The positions the query temperature counts: the RoPE positions, or with
+    ``"positions": "cache"`` the tokens' places on the cache, ``cache.length + arange(N)``."""
+    if spec.get("positions") != "cache":
+        return positions
+    return (0 if cache is None else cache.length) + np.arange(positions.shape[-1])
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

@@ -126,6 +126,7 @@ class GroupedQueryAttention(Module):
         output_norm_eps: float = 1e-6,
         input_size: int | None = None,
         alibi_slopes: Any = None,
+        chunk_size: int | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -188,6 +189,9 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
+        self.chunk_size = (
+            None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
+        )
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -306,7 +310,8 @@ class GroupedQueryAttention(Module):
             q = self._norm_heads(self.q_norm, q)
             k = self._norm_heads(self.k_norm, k)
         if self.query_temperature is not None:  # q * t(p), row by row
-            q = query_temperature(q, positions, self.query_temperature)
+            counted = _temperature_positions(self.query_temperature, positions, cache)
+            q = query_temperature(q, counted, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D))
         attend = attention if cache is None else cache.attend
         heads = attend(
@@ -325,6 +330,8 @@ class GroupedQueryAttention(Module):
             dropout_p=self.dropout if self.training else 0.0,
             dropout_mask=keep,
             backend=self.backend,
+            chunk_size=self.chunk_size,
+            chunk_start=None if self.chunk_size is None else _left_padding(padding),
         )  # (B, H, N, D)
         merged = merge_heads(heads)  # (B, H, N, D) -> (B, N, H*D)
         if self.output_gate is not None:  # (B, N, H*D) gated by (B, N, H*D) or (B, N, H)
@@ -377,6 +384,8 @@ class GroupedQueryAttention(Module):
             options.append(f"query_temperature={self.query_temperature}")
         if self.window is not None:
             options.append(f"window={self.window}")
+        if self.chunk_size is not None:
+            options.append(f"chunk_size={self.chunk_size}")
         if self.softcap:
             options.append(f"softcap={self.softcap}")
         if self.has_sinks:
@@ -537,6 +546,26 @@ def _norm_dim(shape: str, heads: int, head_dim: int) -> int | tuple[int, int]:
 def _norm_width(shape: str, heads: int, head_dim: int) -> int:
     """The width a QK-norm normalizes: one head's D, or the whole projection's heads*D."""
     return heads * head_dim if shape == "all" else head_dim
+
+
+def _left_padding(padding: torch.Tensor | None) -> torch.Tensor | None:
+    """Each sequence's count of padded keys before its first real one, (B,), where its chunks
+    start (transformers' chunked mask counts them from the attention mask so); None without
+    padding."""
+    if padding is None:
+        return None
+    return ((~padding).cumsum(dim=1) == 0).sum(dim=1)  # (B, M) -> (B,)
+
+
+def _temperature_positions(
+    spec: Mapping[str, Any], positions: torch.Tensor, cache: KVCache | PagedKVCache | None
+) -> torch.Tensor:
+    """The positions the query temperature counts: the RoPE positions, or with
+    ``"positions": "cache"`` the tokens' places on the cache, ``cache.length + arange(N)``."""
+    if spec.get("positions") != "cache":
+        return positions
+    start = 0 if cache is None else cache.length
+    return start + torch.arange(positions.shape[-1], device=positions.device)
 
 
 def _key_padding(
