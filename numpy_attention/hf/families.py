@@ -745,6 +745,32 @@ FAMILIES: dict[str, Family] = {
         refuse=rules._mpt_refuse,
         alibi=rules._mpt_alibi,
     ),
+    # -- chunked attention: Llama 4 --
+    # Llama 4: RoPE as complex pairs (interleaved) on the layers no_rope_layers marks, which
+    # attend in chunks of attention_chunk_size (layer_types' chunked_attention) and carry a
+    # weightless L2 norm (an RMSNorm) after RoPE under use_qk_norm; the NoPE layers attend fully
+    # and scale their queries by a temperature of the cache's positions
+    "llama4_text": Family(
+        interleaved=True,
+        qk_norm=("rms_weightless", "head", 0.0),
+        qk_norm_flag="use_qk_norm",
+        qk_norm_after_rope=True,
+        qk_norm_rotating_only=True,
+        rotates=rules._llama4_rotates,
+        query_temperature=rules._llama4_temperature,
+        chunk=rules._llama4_chunk,
+        refuse=rules._llama4_refuse,
+        config_defaults=(
+            ("head_dim", 128),
+            ("num_key_value_heads", 8),
+            ("use_qk_norm", True),
+            ("attention_chunk_size", 8192),
+            ("attn_temperature_tuning", True),
+            ("floor_scale", 8192),
+            ("attn_scale", 0.1),
+            ("rms_norm_eps", 1e-5),
+        ),
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(
@@ -765,6 +791,7 @@ WRAPPERS: dict[str, tuple[tuple[str, ...], str]] = {
     "mllama": (("mllama_text_model",), "language_model"),
     "qwen3_5": (("qwen3_5_text",), "language_model"),
     "qwen3_5_moe": (("qwen3_5_moe_text",), "language_model"),
+    "llama4": (("llama4_text",), "language_model"),
 }
 
 

@@ -226,6 +226,13 @@ class Family:
     alibi: Callable[[Mapping[str, Any]], list[float] | None] | None = None
     """ALiBi's slopes (H,) from the config, as the model's code builds them (MPT's
     ``build_mpt_alibi_tensor``): the layer's ``alibi_slopes``; None: no ALiBi on this config."""
+    chunk: Callable[[Mapping[str, Any], Family, int], int | None] | None = None
+    """The chunk size of layer i's chunked attention (the layer's ``chunk_size``) as the model
+    reads it from its config (Llama 4's ``attention_chunk_size`` on its ``chunked_attention``
+    layers); None: no chunks on that layer."""
+    qk_norm_rotating_only: bool = False
+    """The QK-norm exists on the layers that rotate only (Llama 4: ``use_qk_norm and
+    use_rope``); its NoPE layers have none."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -432,8 +439,10 @@ def options(
     options["window"] = _window(config, family, layer_idx)
     if family.attention_dropout:
         options["dropout"] = float(config.get("attention_dropout") or 0.0)
-    if family.qk_norm is not None and (
-        family.qk_norm_flag is None or flag(config, family.qk_norm_flag)
+    if (
+        family.qk_norm is not None
+        and (family.qk_norm_flag is None or flag(config, family.qk_norm_flag))
+        and (not family.qk_norm_rotating_only or rotates(config, family, layer_idx))
     ):
         norm_type, shape, offset = family.qk_norm
         options |= {"qk_norm": True, "qk_norm_type": norm_type, "qk_norm_shape": shape}
@@ -482,6 +491,9 @@ def options(
     slopes = None if family.alibi is None else family.alibi(config)
     if slopes is not None:
         options["alibi_slopes"] = slopes
+    chunk = None if family.chunk is None else family.chunk(config, family, layer_idx)
+    if chunk is not None:
+        options["chunk_size"] = chunk
     return options
 
 

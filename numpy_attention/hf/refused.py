@@ -1,6 +1,6 @@
 """The model types ``grouped_from_hf`` refuses by name, each with its reason: the twist its
 attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm after RoPE,
-``clip_qkv``, differential or chunked attention, KV sharing...), what the model is instead (a
+``clip_qkv``, differential attention, KV sharing...), what the model is instead (a
 state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
 Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
@@ -24,13 +24,6 @@ REFUSED = {
     "jetmoe": "jetmoe: a mixture of attention heads, each token's queries (and outputs) come "
     "from its top-k routed experts (experts.map, experts.reduce); the layer has one q_proj and "
     "one o_proj (issue 28)",
-    "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
-    "itself refused: chunked attention on its RoPE layers (issue 28)",
-    "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size: a query "
-    "sees only the keys of its own chunk), which the layer's causal and window masks cannot "
-    "express. The rest is the layer's: the L2 QK-norm after RoPE (use_qk_norm) is a weightless "
-    "RMSNorm, and its NoPE layers' temperature (attn_temperature_tuning) a log_floor query "
-    "temperature, though over positions counted from the cache, not position_ids (issue 28)",
     "mimo_v2_flash": "mimo_v2_flash: its values are v_head_dim wide (not head_dim) and multiplied "
     "by attention_value_scale, its sliding layers have twice the key/value heads and sinks; the "
     "layer has one head width and no value scale (issue 28)",

@@ -746,3 +746,73 @@ def _mpt_alibi(config: Mapping[str, Any]) -> list[float]:
     if power != heads:
         slopes = (slopes[1::2] + slopes[::2])[:heads]
     return slopes
+
+
+# Llama 4: RoPE layers (no_rope_layers[i] = 1) attend in chunks and carry the L2 QK-norm; NoPE
+# layers attend fully and scale their queries by a temperature of the cache's positions
+LLAMA4_MASKS = ("full_attention", "chunked_attention")
+
+
+def _llama4_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """``no_rope_layers[i]`` (1: RoPE); an empty or missing list is its config class's default,
+    a NoPE layer every ``no_rope_layer_interval``-th layer."""
+    flags = config.get("no_rope_layers") or None
+    return _smollm3_rotates({**config, "no_rope_layers": flags}, family, layer_idx)
+
+
+def _llama4_chunk(config: Mapping[str, Any], family: Family, layer_idx: int) -> int | None:
+    """``attention_chunk_size`` on a ``chunked_attention`` layer (``layer_types``, by default
+    the RoPE layers, as its config class fills it in), None on a full one."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        rotating = _llama4_rotates(config, family, layer_idx)
+        return _llama4_chunk_size(config) if rotating else None
+    if layer_idx >= len(kinds):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's layer_types has {len(kinds)} entries"
+        )
+    chunked = _llama4_mask(kinds[layer_idx], layer_idx) == "chunked_attention"
+    return _llama4_chunk_size(config) if chunked else None
+
+
+def _llama4_mask(kind: Any, layer_idx: int) -> str:
+    if kind not in LLAMA4_MASKS:
+        raise ValueError(
+            f"layer_types[{layer_idx}] is {kind!r}: a llama4_text model builds only the masks "
+            f"{list(LLAMA4_MASKS)} and fails on any other layer type"
+        )
+    return str(kind)
+
+
+def _llama4_chunk_size(config: Mapping[str, Any]) -> int:
+    size = config.get("attention_chunk_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"attention_chunk_size is {size!r}: a llama4_text model builds its chunked mask on "
+            "every forward and needs a positive int (transformers raises without one)"
+        )
+    return size
+
+
+def _llama4_temperature(
+    config: Mapping[str, Any], family: Family, layer_idx: int
+) -> dict[str, Any] | None:
+    """On a NoPE layer under ``attn_temperature_tuning``: 1 + attn_scale * log(1 + floor((p +
+    1) / floor_scale)), p counted on the cache (past_key_values.get_seq_length() + i)."""
+    if not flag(config, "attn_temperature_tuning") or _llama4_rotates(config, family, layer_idx):
+        return None
+    return {
+        "kind": "log_floor",
+        "beta": float(required(config, "attn_scale")),
+        "length": float(required(config, "floor_scale")),
+        "offset": 1.0,
+        "positions": "cache",
+    }
+
+
+def _llama4_refuse(config: Mapping[str, Any]) -> None:
+    """Every llama4_text forward builds the chunked mask, whatever its layers are, and hands
+    each layer the mask its layer type names (there are two)."""
+    _llama4_chunk_size(config)
+    for layer_idx, kind in enumerate(config.get("layer_types") or ()):
+        _llama4_mask(kind, layer_idx)

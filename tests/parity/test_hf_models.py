@@ -155,8 +155,12 @@ class ModelCase:
 
 
 def language(model):
-    """A multimodal wrapper's language model (Emu3's ``text_model``); any other model itself."""
-    return getattr(model, "language_model", getattr(model, "text_model", model))
+    """A multimodal wrapper's language model (Emu3's ``text_model``; Llama 4's, a causal LM, its
+    ``model``); any other model itself."""
+    inner = getattr(model, "language_model", getattr(model, "text_model", model))
+    if inner is not model and not hasattr(inner, "layers") and hasattr(inner, "model"):
+        inner = inner.model
+    return inner
 
 
 def decoder_layers(model):
@@ -1865,6 +1869,78 @@ CASES += [
         MPT_SIZES | {"d_model": 64, "n_heads": 32, "max_seq_len": 2048},
     ),
 ]
+# -- chunked attention: Llama 4 ------------------------------------------------------------------
+# Llama 4's RoPE layers attend in chunks of attention_chunk_size (here 4: the 11 tokens cross two
+# chunk edges, the left-padded element's chunks start at its first real token) with the L2 norm
+# after RoPE; its NoPE layers (no_rope_layers 0) attend fully and scale their queries by
+# 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)), p counted on the cache. Every layer's
+# feed-forward is a mixture of experts (2 here), which the attention never sees.
+LLAMA4 = {"intermediate_size_mlp": 16, "num_local_experts": 2, "attention_chunk_size": 4}
+LLAMA4_SCOUT = LLAMA4 | {  # meta-llama/Llama-4-Scout-17B-16E: 40 heads of 128 over 8, Llama 3's
+    # RoPE 16x over 8192 positions with both freq factors 1 (here over 8), chunks of 8192 and a
+    # NoPE layer every fourth with floor_scale 8192 (here 4 and 4), attn_scale 0.1, QK-norm
+    "num_attention_heads": 10,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "rope_parameters": LLAMA3_ROPE
+    | {"factor": 16.0, "low_freq_factor": 1.0}
+    | {"high_freq_factor": 1.0},
+    "floor_scale": 4,
+    "attn_scale": 0.1,
+}
+LLAMA4_VISION = {  # the smallest vision tower its config takes
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 16,
+    "image_size": 28,
+    "patch_size": 14,
+    "vision_output_dim": 16,
+    "projector_input_dim": 16,
+    "projector_output_dim": 32,
+}
+CASES += [
+    ModelCase("llama4_text-chunked-qk-norm", "Llama4Text", 1, False, LLAMA4, unpadded=True),
+    ModelCase(  # the temperature steps at p + 1 = 3, 6, 9 (attn_scale 0.5 over 3 positions)
+        "llama4_text-nope-temperature",
+        "Llama4Text",
+        1,
+        False,
+        LLAMA4 | {"no_rope_layers": [1, 0], "floor_scale": 3, "attn_scale": 0.5},
+        unpadded=True,
+    ),
+    ModelCase(  # chunks of 3, biases, no QK-norm, layer_types given apart from no_rope_layers
+        "llama4_text-chunked-bias-no-qk-norm",
+        "Llama4Text",
+        0,
+        False,
+        LLAMA4
+        | {"attention_chunk_size": 3, "attention_bias": True, "use_qk_norm": False}
+        | {"layer_types": ["chunked_attention", "full_attention"]},
+    ),
+    ModelCase("llama4_text-scout-shaped-chunked", "Llama4Text", 2, False, LLAMA4_SCOUT),
+    ModelCase("llama4_text-scout-shaped-nope", "Llama4Text", 3, False, LLAMA4_SCOUT),
+    ModelCase(  # meta-llama/Llama-4-Maverick-17B-128E: 40 heads over 8, theta 5e5 unscaled, no
+        # QK-norm, experts every second layer, chunks of 8192 (here 4), NoPE every fourth
+        "llama4_text-maverick-shaped",
+        "Llama4Text",
+        1,
+        False,
+        LLAMA4
+        | {"num_attention_heads": 10, "num_key_value_heads": 2, "num_hidden_layers": 4}
+        | {"use_qk_norm": False, "interleave_moe_layer_step": 2}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    ),
+    ModelCase(  # Llama-4-Scout whole: the vision tower (whose attention has q_proj too) beside
+        # the language model, its NoPE layer 3, from the wrapper's config and state dict
+        "llama4-wrapper-scout-shaped",
+        "Llama4",
+        3,
+        False,
+        LLAMA4_SCOUT,
+        wrapper={"vision_config": LLAMA4_VISION},
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [
@@ -2116,6 +2192,9 @@ ROPES = {
     "default-theta-1e6": {"rope_type": "default", "rope_theta": 1e6},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
     "llama3": LLAMA3_ROPE | {"original_max_position_embeddings": 8192},
+    "llama3-equal-freq-factors": LLAMA3_ROPE  # Llama 4 Scout's: no blend band
+    | {"factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0}
+    | {"original_max_position_embeddings": 8192},
     "yarn": {
         "rope_type": "yarn",
         "rope_theta": 10000.0,
