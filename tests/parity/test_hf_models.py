@@ -56,6 +56,7 @@ from torch.overrides import TorchFunctionMode
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.decode.cache import KVCache
+from numpy_attention.functional import attention_forward
 from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,
@@ -2407,3 +2408,38 @@ def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
     assert set(back) == set(state)
     for key, value in back.items():
         assert np.array_equal(value, state[key]), key
+
+
+# -- chunked attention: the core's rule against transformers' chunked mask ------------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4])
+@pytest.mark.parametrize(("past", "n"), [(0, 11), (6, 1), (5, 3), (9, 2)])
+def test_the_core_s_chunks_are_transformers_chunked_causal_mask(rng, chunk, past, n):
+    """The keys a query sees under the core's chunk_size, bottom-right causal, with each
+    sequence's left padding as chunk_start and as key_padding_mask, are those of transformers'
+    ``chunked_causal_mask_function`` on cache positions (q_offset = the tokens already cached),
+    with its left padding counted from the 2-D attention mask: prefill and decode steps alike."""
+    from transformers.masking_utils import chunked_causal_mask_function, sdpa_mask
+
+    pads = np.array([0, 2, 5])
+    m = past + n
+    attention_mask = torch.from_numpy((np.arange(m)[None, :] >= pads[:, None]).astype(np.int64))
+    left_padding = (attention_mask.cumsum(-1) == 0).sum(-1)
+    expected = sdpa_mask(
+        batch_size=3,
+        q_length=n,
+        kv_length=m,
+        q_offset=past,
+        mask_function=chunked_causal_mask_function(chunk, left_padding),
+        attention_mask=attention_mask,
+        allow_is_causal_skip=False,
+    )  # (B, 1, N, M), True = attended
+    q, k = rng.standard_normal((3, 1, n, 4)), rng.standard_normal((3, 1, m, 4))
+
+    result = attention_forward(
+        q, k, k, causal=True, align="bottom-right", chunk_size=chunk, chunk_start=pads,
+        key_padding_mask=attention_mask.numpy() == 0, impl="dense",
+    )  # fmt: skip
+
+    np.testing.assert_array_equal(result.ctx.probs.reshape(3, 1, n, m) > 0, expected.numpy())
