@@ -136,6 +136,8 @@ def attention_forward(
     rng: np.random.Generator | int | None = None,
     impl: str = "auto",
     return_lse: bool = False,
+    chunk_size: int | None = None,
+    chunk_start: Any = None,
 ) -> AttentionOutput:
     """Scaled dot-product attention with today's options, in the order of the score pipeline.
 
@@ -173,6 +175,12 @@ def attention_forward(
             crossover measured in docs/benchmarks.md). Both give the same results.
         return_lse: also return lse, the log-sum-exp of each row of scores (the sink's term
             included), as flash-attention does.
+        chunk_size: C, chunked attention (Llama 4): query i sees key j only when both lie in
+            the same chunk of C keys, (j - s) // C == (p_i - s) // C; intersects with causal,
+            windows and masks. None: no chunks.
+        chunk_start: s, the key where the first chunk starts: an int, or (B,) ints along q's
+            first axis (each sequence's left padding, as transformers counts its chunks);
+            None: 0. Needs ``chunk_size``.
 
     Returns:
         ``AttentionOutput(out, lse, ctx)``: out (..., H, N, Dv) in the inputs' dtype; lse
@@ -197,6 +205,8 @@ def attention_forward(
         "dropout_p": dropout_p,
         "dropout_mask": dropout_mask,
         "rng": rng,
+        "chunk_size": chunk_size,
+        "chunk_start": chunk_start,
     }
     if impl == "tiled" or (impl == "auto" and _is_large(q, k)):
         return tiled.tiled_attention_forward(q, k, v, return_lse=return_lse, **options)

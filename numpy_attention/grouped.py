@@ -229,6 +229,11 @@ class GroupedQueryAttention(Module):
         lambda_init: the differential constant, required with ``differential`` (DiffLlama's is
             ``differential.lambda_init_from_depth(layer_idx)``).
         differential_eps: the differential norm's eps; needs differential when not the default.
+        chunk_size: None, or C: chunked attention (Llama 4's RoPE layers): a query sees only
+            the keys of its own chunk of C positions, on the training path and the cache's
+            alike; the chunks of a left-padded sequence start at its first unpadded key (the
+            leading True entries of ``key_padding_mask``), as transformers counts them
+            (docs/derivations/windows.md#chunks).
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -275,6 +280,7 @@ class GroupedQueryAttention(Module):
         differential: bool = False,
         lambda_init: float | None = None,
         differential_eps: float = 1e-6,
+        chunk_size: int | None = None,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -354,6 +360,9 @@ class GroupedQueryAttention(Module):
         self.differential = self.lambda_init is not None
         self.differential_eps = float(differential_eps)
         grouped_options.check_differential_width(self.differential, self.v_head_dim, self.head_dim)
+        self.chunk_size = (
+            None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
+        )
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -511,7 +520,8 @@ class GroupedQueryAttention(Module):
             k = self._norm_heads_forward(self.k_norm, k)
         temperature = None
         if self.query_temperature is not None:  # q * t(p), row by row
-            q, temperature = query_temperature_forward(q, positions, self.query_temperature)
+            counted = _temperature_positions(self.query_temperature, positions, cache)
+            q, temperature = query_temperature_forward(q, counted, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
         # (B, H_kv, M, Dv))
         attend = attention_forward if cache is None else cache.attend
@@ -536,6 +546,8 @@ class GroupedQueryAttention(Module):
             dropout_p=self.dropout if keep is not None else 0.0,
             dropout_mask=keep,
             **values,
+            chunk_size=self.chunk_size,
+            chunk_start=None if self.chunk_size is None else _left_padding(padding),
         )  # (B, H, N, Dv), (B, H, N, 2D) differential
         heads, differential = attn.out, None
         if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
@@ -754,6 +766,25 @@ def _clip_qkv_backward(
     """``_clip_qkv``'s backward: each gradient zeroed where its clamp bit."""
     q_ctx, k_ctx, v_ctx = ctxs
     return clip_backward(dq, q_ctx), clip_backward(dk, k_ctx), clip_backward(dv, v_ctx)
+
+
+def _left_padding(padding: np.ndarray | None) -> np.ndarray | None:
+    """Each sequence's count of padded keys before its first real one, (B,), where its chunks
+    start (transformers' chunked mask counts them from the attention mask so); None without
+    padding."""
+    if padding is None:
+        return None
+    return (np.cumsum(~padding, axis=1) == 0).sum(axis=1)  # (B, M) -> (B,)
+
+
+def _temperature_positions(
+    spec: Mapping[str, Any], positions: np.ndarray, cache: KVCache | PagedKVCache | None
+) -> np.ndarray:
+    """The positions the query temperature counts: the RoPE positions, or with
+    ``"positions": "cache"`` the tokens' places on the cache, ``cache.length + arange(N)``."""
+    if spec.get("positions") != "cache":
+        return positions
+    return (0 if cache is None else cache.length) + np.arange(positions.shape[-1])
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

@@ -9,7 +9,7 @@ Shape legend: B batch, H query heads, H_kv key/value heads, N query length, M ke
 width, Dv value head width, G the product of q's leading axes (B * H).
 
 Derivation: docs/derivations/attention.md (the pipeline the rules feed), windows.md (causal and
-windows as one band), gqa.md (the group size), alibi.md, sinks.md, softcap.md, tiled.md (the
+windows as one band, chunks), gqa.md (the group size), alibi.md, sinks.md, softcap.md, tiled.md (the
 bounds). Tests: tests/numpy_attention/test_rules.py.
 """
 
@@ -54,6 +54,8 @@ class ScoreRules(NamedTuple):
     score_bound: float  # |S_ij| <= it for every score, ALiBi's term aside (inf/NaN: unknown)
     top: float  # the row max (a score or the sink) <= it: max(score_bound, |sink|)
     floor: float  # log(tiny / eps) of the compute dtype: weights below exp(floor) become 0
+    chunk: int | None = None  # chunked attention: p_i and j must share a chunk of this size,
+    chunk_start: np.ndarray | None = None  # counted from this key, int full rank; None: 0
 
 
 class Inputs(NamedTuple):
@@ -84,6 +86,8 @@ def prepare(
     dropout_p: Any = 0.0,
     dropout_mask: Any = None,
     rng: Any = None,
+    chunk_size: Any = None,
+    chunk_start: Any = None,
 ) -> Inputs:
     """Check q, k, v and every option (before any work) and build the rules of the call.
 
@@ -104,6 +108,7 @@ def prepare(
     if causal:
         right = 0 if right is None else min(right, 0)
     offset = m - n if align == "bottom-right" else 0
+    chunk, start = _check_chunk(chunk_size, chunk_start, q.shape, rank)
 
     bias, hidden = None, []
     if attn_mask is not None:
@@ -162,6 +167,8 @@ def prepare(
             compute=compute,
             **_score_bounds(q, k, scale_value, cap, bias, sink_logits),
             floor=float(np.log(np.finfo(compute).tiny / np.finfo(compute).eps)),
+            chunk=chunk,
+            chunk_start=start,
         ),
     )
 
@@ -274,6 +281,32 @@ def _check_sinks(
     if not np.all(np.isfinite(sinks)):
         raise ValueError(f"sinks must be finite logits (None for no sinks), got {sinks}")
     return np.broadcast_to(sinks.astype(compute), lead).reshape(-1)  # (G,)
+
+
+def _check_chunk(
+    chunk_size: Any, chunk_start: Any, q_shape: tuple[int, ...], rank: int
+) -> tuple[int | None, np.ndarray | None]:
+    """The chunk size C (None: no chunks) and where the chunks start on the key axis: None (key
+    0), or int64 full rank, (1, ..., 1) for one start or (B, 1, ..., 1) for one per batch
+    element (along q's first axis, as ``key_padding_mask``)."""
+    if chunk_size is None:
+        if chunk_start is not None:
+            raise ValueError("chunk_start is given without chunk_size: it says where chunks start")
+        return None, None
+    chunk = validation.positive_int("chunk_size", chunk_size)
+    if chunk_start is None:
+        return chunk, None
+    start = np.asarray(chunk_start)
+    if start.dtype == np.bool_ or not np.issubdtype(start.dtype, np.integer):
+        raise TypeError(f"chunk_start must be an int or (B,) ints, got dtype {start.dtype}")
+    if start.ndim == 0:
+        return chunk, start.astype(np.int64).reshape((1,) * rank)
+    if start.ndim != 1 or len(q_shape) < 3 or start.shape[0] != q_shape[0]:
+        raise ValueError(
+            f"chunk_start must be an int or (B,) with B the first axis of a batched q "
+            f"(B, ..., N, D), got chunk_start {start.shape} for q {q_shape}"
+        )
+    return chunk, start.astype(np.int64).reshape(start.shape + (1,) * (rank - 1))
 
 
 def _unread(t: np.ndarray, padded: np.ndarray) -> np.ndarray:

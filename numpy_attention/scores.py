@@ -13,7 +13,8 @@ tiled path (blocks of queries and keys):
 4. A float ``attn_mask`` is added.
 5. Visibility: every hidden score is *replaced* by -inf (never added to, so a NaN or inf at a
    hidden key cannot leak): causal (j <= p_i), a window (p_i - left <= j <= p_i + right), a
-   bool ``attn_mask``, ``key_padding_mask``, and the -inf entries of a float ``attn_mask``.
+   chunk (j and p_i in the same chunk of C keys counted from s: (j - s) // C == (p_i - s) // C),
+   a bool ``attn_mask``, ``key_padding_mask``, and the -inf entries of a float ``attn_mask``.
 6. Sinks: one raw logit per query head joins every row's softmax with no value attached. The
    softmax itself belongs to each path (dense: whole rows; tiled: online); this module gives the
    sink logit of each tile's rows, and the floor below which a shifted score's weight is
@@ -133,6 +134,9 @@ def apply(
     band = _band_hidden(rules, tile)
     if band is not None:
         np.copyto(scores, scores.dtype.type(-np.inf), where=band)
+    chunk = _chunk_hidden(rules, tile)
+    if chunk is not None:
+        np.copyto(scores, scores.dtype.type(-np.inf), where=chunk)
     for hidden in rules.hidden:
         np.copyto(scores, scores.dtype.type(-np.inf), where=_tile(hidden, rules.lead, tile))
     return capped
@@ -242,17 +246,51 @@ def flush_underflow(shifted: np.ndarray, exp_floor: Any) -> np.ndarray:
 
 
 def visible_cols(rules: ScoreRules, rows: slice) -> tuple[int, int]:
-    """The keys [lo, hi) that some query of ``rows`` may see under causal/window/alignment."""
-    lo = 0 if rules.left is None else max(0, rows.start + rules.offset - rules.left)
-    hi = rules.m if rules.right is None else min(rules.m, rows.stop + rules.offset + rules.right)
+    """The keys [lo, hi) that some query of ``rows`` may see under causal/window/alignment
+    (and chunks: a key shares a chunk of C only with positions less than C away)."""
+    left, right = _reach(rules)
+    lo = 0 if left is None else max(0, rows.start + rules.offset - left)
+    hi = rules.m if right is None else min(rules.m, rows.stop + rules.offset + right)
     return lo, max(lo, hi)
 
 
 def visible_rows(rules: ScoreRules, cols: slice) -> tuple[int, int]:
-    """The queries [lo, hi) that see some key of ``cols`` under causal/window/alignment."""
-    lo = 0 if rules.right is None else max(0, cols.start - rules.offset - rules.right)
-    hi = rules.n if rules.left is None else min(rules.n, cols.stop - rules.offset + rules.left)
+    """The queries [lo, hi) that see some key of ``cols`` under causal/window/alignment/chunks."""
+    left, right = _reach(rules)
+    lo = 0 if right is None else max(0, cols.start - rules.offset - right)
+    hi = rules.n if left is None else min(rules.n, cols.stop - rules.offset + left)
     return lo, max(lo, hi)
+
+
+def _reach(rules: ScoreRules) -> tuple[int | None, int | None]:
+    """How far from p_i a visible key may lie, (left, right): the band's, narrowed to C - 1 on
+    each side by chunks of C (wherever they start)."""
+    if rules.chunk is None:
+        return rules.left, rules.right
+    reach = rules.chunk - 1
+    left = reach if rules.left is None else min(rules.left, reach)
+    right = reach if rules.right is None else min(rules.right, reach)
+    return left, right
+
+
+def _chunk_hidden(rules: ScoreRules, tile: Tile) -> np.ndarray | None:
+    """Bool, True where query and key lie in different chunks: (bq, bk) (or (bk, bq)), or
+    (g, bq, bk) with a start per batch element; None without chunks or when the whole tile
+    lies in one chunk (floor division, so keys before the start form chunks -1, -2, ...)."""
+    if rules.chunk is None:
+        return None
+    size, rows, cols = rules.chunk, tile.rows, tile.cols
+    start: Any = 0 if rules.chunk_start is None else _tile(rules.chunk_start, rules.lead, tile)
+    if np.size(start) == 1:  # one start for every row of the tile
+        start = int(np.ravel(start)[0])
+        ends = (cols.start, cols.stop - 1, rows.start + rules.offset, rows.stop - 1 + rules.offset)
+        if len({(end - start) // size for end in ends}) == 1:
+            return None
+    p = np.arange(rows.start, rows.stop) + rules.offset  # (bq,)
+    j = np.arange(cols.start, cols.stop)  # (bk,)
+    if tile.transposed:  # (bk, bq)
+        return (j[:, None] - start) // size != (p[None, :] - start) // size
+    return (p[:, None] - start) // size != (j[None, :] - start) // size
 
 
 def _band_hidden(rules: ScoreRules, tile: Tile) -> np.ndarray | None:

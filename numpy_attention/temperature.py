@@ -12,6 +12,11 @@ its parameters (``query_temperature={"kind": ..., ...}`` on ``GroupedQueryAttent
 
     q'[..., p, :] = t(p) * q[..., p, :]
 
+p is the query's RoPE position by default. ``"positions": "cache"`` in the spec counts it on the
+cache instead, ``cache.length + i`` for token i of the call, whatever the RoPE positions are:
+Llama 4 does (``past_key_values.get_seq_length() + arange(N)``), so a left-padded sequence's
+temperature counts its padding, where its RoPE positions do not.
+
 ``MultiHeadLatentAttention``'s ``query_temperature=(beta, length)`` (Mistral 4) is the
 log_floor kind with offset 0, computed there by its own ``query_temperature_table``.
 
@@ -39,6 +44,7 @@ from . import validation
 
 __all__ = [
     "TEMPERATURE_KINDS",
+    "TEMPERATURE_POSITIONS",
     "TemperatureCtx",
     "check_temperature",
     "query_temperature_backward",
@@ -50,12 +56,15 @@ TEMPERATURE_KINDS: dict[str, tuple[str, ...]] = {
     "log_floor": ("beta", "length", "offset"),
     "power": ("exponent", "length", "offset"),
 }
+# What p counts (the spec's optional "positions"): the RoPE positions, or the cache's
+TEMPERATURE_POSITIONS = ("rope", "cache")
 
 
 def check_temperature(spec: Any) -> dict[str, Any] | None:
     """The temperature's spec checked: None, or a mapping with ``kind`` (a key of
     ``TEMPERATURE_KINDS``) and exactly that kind's parameters, ``length`` > 0 and every
-    parameter finite. Returns a plain dict of floats (``kind`` a str)."""
+    parameter finite, and optionally ``positions`` (one of ``TEMPERATURE_POSITIONS``). Returns
+    a plain dict of floats (``kind`` a str, and ``positions`` kept only when ``"cache"``)."""
     if spec is None:
         return None
     if not isinstance(spec, Mapping):
@@ -68,7 +77,13 @@ def check_temperature(spec: Any) -> dict[str, Any] | None:
             f"query_temperature['kind'] must be one of {list(TEMPERATURE_KINDS)}, got {kind!r}"
         )
     names = TEMPERATURE_KINDS[kind]
-    given = set(spec) - {"kind"}
+    counted = spec.get("positions", "rope")
+    if counted not in TEMPERATURE_POSITIONS:
+        raise ValueError(
+            f"query_temperature['positions'] must be one of {list(TEMPERATURE_POSITIONS)}, got "
+            f"{counted!r}"
+        )
+    given = set(spec) - {"kind", "positions"}
     if given != set(names):
         raise ValueError(
             f"query_temperature of kind {kind!r} takes {list(names)}, got {sorted(given)}"
@@ -78,6 +93,8 @@ def check_temperature(spec: Any) -> dict[str, Any] | None:
         checked[name] = validation.finite_real(f"query_temperature[{name!r}]", spec[name])
     if checked["length"] <= 0:
         raise ValueError(f"query_temperature['length'] must be > 0, got {checked['length']}")
+    if counted == "cache":
+        checked["positions"] = "cache"
     return checked
 
 

@@ -96,7 +96,8 @@ def tiled_attention_forward(
         block_k: key rows per tile.
         return_lse: also return the log-sum-exp of each row of scores.
         **options: causal, window, align, key_padding_mask, attn_mask, scale, softcap,
-            alibi_slopes, sinks, enable_gqa, dropout_p, dropout_mask, rng.
+            alibi_slopes, sinks, enable_gqa, dropout_p, dropout_mask, rng, chunk_size,
+            chunk_start.
 
     Returns:
         ``AttentionOutput(out, lse, ctx)`` as ``functional.attention_forward`` returns it.

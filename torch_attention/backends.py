@@ -138,7 +138,7 @@ def sdpa_is_causal(rules: ScoreRules) -> bool:
     """
     is_causal = rules.left is None and rules.right == 0 and rules.offset == 0
     is_causal = is_causal and rules.allowed is None and rules.bias is None
-    is_causal = is_causal and rules.slopes is None
+    is_causal = is_causal and rules.slopes is None and rules.chunk is None
     return is_causal and torch.tensor(rules.scale, dtype=rules.compute).item() > 0
 
 
@@ -183,6 +183,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: ScoreRules) -
 def _triton_refusal(call: Call) -> str | None:
     rules = call.rules
     others = "use 'sdpa', 'flex', 'manual' or 'math'"
+    if rules.chunk is not None:
+        return f"chunk_size (the Triton kernel masks a band, not chunks); {others}"
     if rules.allowed is not None or rules.bias is not None:
         return (
             "attn_mask and key_padding_mask (the Triton kernel reads no mask tensor, as "
@@ -270,6 +272,11 @@ def flex(
     )
     bias = None if rules.bias is None else full(rules.bias)
     allowed = None if rules.allowed is None else full(rules.allowed)
+    starts = (  # chunk_start per flattened batch index and head, (G, H)
+        None
+        if rules.chunk_start is None
+        else rules.chunk_start[..., 0, 0].expand(lead).reshape(batch, heads)
+    )
 
     def score_mod(score: Any, b: Any, h: Any, row: Any, col: Any) -> Any:
         score = scores.cap(score, rules.softcap)
@@ -280,7 +287,7 @@ def flex(
         return score
 
     def mask_mod(b: Any, h: Any, row: Any, col: Any) -> Any:
-        visible = scores.band(rules, row, col)
+        visible = scores.band(rules, row, col, None if starts is None else starts[b, h])
         if allowed is not None:
             visible = (
                 allowed[b, h, row, col] if visible is None else visible & allowed[b, h, row, col]
@@ -289,8 +296,9 @@ def flex(
 
     module = _flex_module()
     block_mask = None
-    if allowed is not None or rules.left is not None or rules.right is not None:
-        per_head = allowed is not None
+    band = rules.left is not None or rules.right is not None or rules.chunk is not None
+    if allowed is not None or band:
+        per_head = allowed is not None or starts is not None
         block_mask = module.create_block_mask(
             mask_mod,
             batch if per_head else None,

@@ -108,6 +108,8 @@ class Options(TypedDict, total=False):
     dropout_p: float
     dropout_mask: torch.Tensor | None
     backend: str
+    chunk_size: int | None
+    chunk_start: Any
 
 
 @overload
@@ -162,6 +164,8 @@ def attention(
     dropout_mask: torch.Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
+    chunk_size: int | None = None,
+    chunk_start: Any = None,
 ) -> torch.Tensor | AttentionOutput:
     """Scaled dot-product attention with today's options, in the order of the score pipeline.
 
@@ -197,6 +201,11 @@ def attention(
             (module docstring).
         return_lse: also return lse, the log-sum-exp of each row of scores (the sink's term
             included), as flash-attention does; differentiable.
+        chunk_size: C, chunked attention (Llama 4): query i sees key j only when both lie in
+            the same chunk of C keys, (j - s) // C == (p_i - s) // C; intersects with causal,
+            windows and masks. None: no chunks. Every backend but "triton" takes it.
+        chunk_start: s, the key where the first chunk starts: an int, or (B,) ints along q's
+            first axis (each sequence's left padding); None: 0. Needs ``chunk_size``.
 
     Returns:
         out (..., H, N, Dv) in the inputs' dtype, or with ``return_lse=True`` the NamedTuple
@@ -224,6 +233,8 @@ def attention(
         enable_gqa=enable_gqa,
         dropout_p=dropout_p,
         dropout_mask=dropout_mask,
+        chunk_size=chunk_size,
+        chunk_start=chunk_start,
     )
     needs_grad = _needs_grad(q, k, v, rules)
     call = backends.Call(

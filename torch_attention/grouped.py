@@ -148,6 +148,7 @@ class GroupedQueryAttention(Module):
         differential: bool = False,
         lambda_init: float | None = None,
         differential_eps: float = 1e-6,
+        chunk_size: int | None = None,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -228,6 +229,9 @@ class GroupedQueryAttention(Module):
         self.differential = self.lambda_init is not None
         self.differential_eps = float(differential_eps)
         grouped_options.check_differential_width(self.differential, self.v_head_dim, self.head_dim)
+        self.chunk_size = (
+            None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
+        )
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -357,7 +361,8 @@ class GroupedQueryAttention(Module):
             q = self._norm_heads(self.q_norm, q)
             k = self._norm_heads(self.k_norm, k)
         if self.query_temperature is not None:  # q * t(p), row by row
-            q = query_temperature(q, positions, self.query_temperature)
+            counted = _temperature_positions(self.query_temperature, positions, cache)
+            q = query_temperature(q, counted, self.query_temperature)
         # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
         # (B, H_kv, M, Dv))
         attend = attention if cache is None else cache.attend
@@ -383,6 +388,8 @@ class GroupedQueryAttention(Module):
             dropout_mask=keep,
             backend=self.backend,
             **values,
+            chunk_size=self.chunk_size,
+            chunk_start=None if self.chunk_size is None else _left_padding(padding),
         )  # (B, H, N, Dv), (B, H, N, 2D) differential
         if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
             q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
@@ -443,6 +450,8 @@ class GroupedQueryAttention(Module):
             options.append(f"query_temperature={self.query_temperature}")
         if self.window is not None:
             options.append(f"window={self.window}")
+        if self.chunk_size is not None:
+            options.append(f"chunk_size={self.chunk_size}")
         if self.softcap:
             options.append(f"softcap={self.softcap}")
         if self.has_sinks:
@@ -529,6 +538,26 @@ def _check_long_rope(
         raise ValueError("long_inv_freq needs RoPE: rotary_dim is 0")
     freqs = _check_inv_freq("long_inv_freq", long_inv_freq, rotary_dim, 1.0)
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
+
+
+def _left_padding(padding: torch.Tensor | None) -> torch.Tensor | None:
+    """Each sequence's count of padded keys before its first real one, (B,), where its chunks
+    start (transformers' chunked mask counts them from the attention mask so); None without
+    padding."""
+    if padding is None:
+        return None
+    return ((~padding).cumsum(dim=1) == 0).sum(dim=1)  # (B, M) -> (B,)
+
+
+def _temperature_positions(
+    spec: Mapping[str, Any], positions: torch.Tensor, cache: KVCache | PagedKVCache | None
+) -> torch.Tensor:
+    """The positions the query temperature counts: the RoPE positions, or with
+    ``"positions": "cache"`` the tokens' places on the cache, ``cache.length + arange(N)``."""
+    if spec.get("positions") != "cache":
+        return positions
+    start = 0 if cache is None else cache.length
+    return start + torch.arange(positions.shape[-1], device=positions.device)
 
 
 def _key_padding(

@@ -1,7 +1,8 @@
 """The rules of one attention call in torch, the twin of ``numpy_attention.rules``: q, k, v and
 every option checked once, before any work (``prepare``, with the NumPy core's messages), and
 kept in the form the backends read (``ScoreRules``): the tensor masks combined into one bool
-"may attend", causal and windows as one band of positions (``left``, ``right``, ``offset``),
+"may attend", causal and windows as one band of positions (``left``, ``right``, ``offset``)
+and chunks beside it (``chunk``, ``chunk_start``),
 kept apart so that SDPA can use its own causal mask and FlexAttention its ``mask_mod``, ALiBi
 slopes and sinks shaped to broadcast on the scores, dropout as an explicit keep-mask.
 
@@ -47,6 +48,8 @@ class ScoreRules(NamedTuple):
     dropout_p: float
     keep: torch.Tensor | None  # explicit dropout keep-mask, broadcasting to (..., H, N, M)
     compute: torch.dtype  # float32 for half inputs, else the inputs' dtype
+    chunk: int | None = None  # chunked attention: p_i and j must share a chunk of this size,
+    chunk_start: torch.Tensor | None = None  # counted from this key: int64, full rank; None: 0
 
 
 class Inputs(NamedTuple):
@@ -80,6 +83,8 @@ def prepare(
     enable_gqa: Any = False,
     dropout_p: Any = 0.0,
     dropout_mask: Any = None,
+    chunk_size: Any = None,
+    chunk_start: Any = None,
 ) -> Inputs:
     """Check q, k, v and every option (before any work) and build the rules of the call.
 
@@ -100,6 +105,7 @@ def prepare(
     left, right = validation.window(window)
     if causal:
         right = 0 if right is None else min(right, 0)
+    chunk, start = _check_chunk(chunk_size, chunk_start, tuple(q.shape), len(score_shape), device)
 
     bias, allowed, padded_rows = None, [], None
     if attn_mask is not None:
@@ -147,6 +153,8 @@ def prepare(
         dropout_p=p,
         keep=keep,
         compute=compute,
+        chunk=chunk,
+        chunk_start=start,
     )
     return Inputs(q, k, v, rules)
 
@@ -229,6 +237,32 @@ def _check_sinks(
     if not bool(torch.isfinite(sinks).all()):
         raise ValueError(f"sinks must be finite logits (None for no sinks), got {sinks}")
     return sinks.to(device=device, dtype=compute)[:, None, None]
+
+
+def _check_chunk(
+    chunk_size: Any, chunk_start: Any, q_shape: tuple[int, ...], rank: int, device: Any
+) -> tuple[int | None, torch.Tensor | None]:
+    """The chunk size C (None: no chunks) and where the chunks start on the key axis: None (key
+    0), or int64 full rank, (1, ..., 1) for one start or (B, 1, ..., 1) for one per batch
+    element (along q's first axis, as ``key_padding_mask``)."""
+    if chunk_size is None:
+        if chunk_start is not None:
+            raise ValueError("chunk_start is given without chunk_size: it says where chunks start")
+        return None, None
+    chunk = validation.positive_int("chunk_size", chunk_size)
+    if chunk_start is None:
+        return chunk, None
+    start = torch.as_tensor(chunk_start, device=device)
+    if start.dtype == torch.bool or start.is_floating_point() or start.is_complex():
+        raise TypeError(f"chunk_start must be an int or (B,) ints, got dtype {start.dtype}")
+    if start.ndim == 0:
+        return chunk, start.to(torch.int64).reshape((1,) * rank)
+    if start.ndim != 1 or len(q_shape) < 3 or start.shape[0] != q_shape[0]:
+        raise ValueError(
+            f"chunk_start must be an int or (B,) with B the first axis of a batched q "
+            f"(B, ..., N, D), got chunk_start {tuple(start.shape)} for q {q_shape}"
+        )
+    return chunk, start.to(torch.int64).reshape(tuple(start.shape) + (1,) * (rank - 1))
 
 
 def _unread(t: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ position rules from FlexAttention's ``score_mod`` and ``mask_mod``.
 4. A float ``attn_mask`` is added.
 5. Visibility: every hidden score is *replaced* by -inf (never added to, so a NaN or inf at a
    hidden key cannot leak into any row): the band ``p_i - left <= j <= p_i + right`` of causal
-   (right = 0) and ``window``, a bool ``attn_mask``, ``key_padding_mask``, and the -inf entries
-   of a float ``attn_mask``.
+   (right = 0) and ``window``, chunks (``(j - s) // C == (p_i - s) // C``), a bool
+   ``attn_mask``, ``key_padding_mask``, and the -inf entries of a float ``attn_mask``.
 6. The softmax of each row with the sink's logit in its denominator and the natural-log
    log-sum-exp of the row: a row with nothing to attend to gets probabilities 0 and lse -inf
    (with a sink: lse = the sink logit); a NaN in a visible score makes its row NaN.
@@ -31,7 +31,7 @@ windows.md, gqa.md, sinks.md, lse.md. Tests: tests/torch_attention/test_scores.p
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -105,9 +105,14 @@ def qk_backward(
 # -- the rules on positions (one place, read by every backend) --------------------------------
 
 
-def band(rules: ScoreRules, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
-    """Causal and window: True where ``p_i - left <= j <= p_i + right`` for query ``rows`` and
-    key ``cols`` (index tensors that broadcast); None when both sides are unbounded."""
+def band(
+    rules: ScoreRules, rows: torch.Tensor, cols: torch.Tensor, start: Any = None
+) -> torch.Tensor | None:
+    """Causal, window and chunks: True where ``p_i - left <= j <= p_i + right`` and, with
+    chunks of C counted from s, ``(j - s) // C == (p_i - s) // C``, for query ``rows`` and key
+    ``cols`` (index tensors that broadcast); None when nothing is hidden. ``start`` is s where
+    the caller indexes ``rules.chunk_start`` itself (FlexAttention's ``mask_mod``); by default
+    the full-rank ``rules.chunk_start`` (or 0)."""
     ahead = cols - (rows + rules.offset)  # j - p_i
     visible = None
     if rules.right is not None:
@@ -115,6 +120,13 @@ def band(rules: ScoreRules, rows: torch.Tensor, cols: torch.Tensor) -> torch.Ten
     if rules.left is not None:
         behind = ahead >= -rules.left
         visible = behind if visible is None else visible & behind
+    if rules.chunk is not None:
+        if start is None:
+            start = 0 if rules.chunk_start is None else rules.chunk_start
+        key_chunk = torch.div(cols - start, rules.chunk, rounding_mode="floor")
+        query_chunk = torch.div(rows + rules.offset - start, rules.chunk, rounding_mode="floor")
+        same = key_chunk == query_chunk
+        visible = same if visible is None else visible & same
     return visible
 
 

@@ -321,7 +321,13 @@ def attend_per_sequence(
 
 # Options of ``attention_forward`` that may hold one entry per sequence on their first axis, by
 # the rank they have then: split by ``attend_per_sequence``.
-_PER_SEQUENCE = {"key_padding_mask": 2, "attn_mask": 4, "dropout_mask": 4, "alibi_slopes": 2}
+_PER_SEQUENCE = {
+    "key_padding_mask": 2,
+    "attn_mask": 4,
+    "dropout_mask": 4,
+    "alibi_slopes": 2,
+    "chunk_start": 1,
+}
 
 
 def _per_sequence(name: str, value: Any, batch: int) -> bool:

@@ -47,6 +47,7 @@ WRAPPERS: dict[str, tuple[tuple[str, ...], str]] = {
     "mllama": (("mllama_text_model",), "language_model"),
     "qwen3_5": (("qwen3_5_text",), "language_model"),
     "qwen3_5_moe": (("qwen3_5_moe_text",), "language_model"),
+    "llama4": (("llama4_text",), "language_model"),
 }
 
 

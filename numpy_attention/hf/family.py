@@ -244,6 +244,13 @@ class Family:
     """Differential attention (DiffLlama): the layer's ``differential``, its lambda_init from
     the layer's depth (``lambda_init_from_depth(layer_idx)``), its weightless norm's eps the
     ``norm_eps`` key; parameters ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2``."""
+    chunk: Callable[[Mapping[str, Any], Family, int], int | None] | None = None
+    """The chunk size of layer i's chunked attention (the layer's ``chunk_size``) as the model
+    reads it from its config (Llama 4's ``attention_chunk_size`` on its ``chunked_attention``
+    layers); None: no chunks on that layer."""
+    qk_norm_rotating_only: bool = False
+    """The QK-norm exists on the layers that rotate only (Llama 4: ``use_qk_norm and
+    use_rope``); its NoPE layers have none."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -457,8 +464,10 @@ def options(
     options["window"] = _window(config, family, layer_idx)
     if family.attention_dropout:
         options["dropout"] = float(config.get("attention_dropout") or 0.0)
-    if family.qk_norm is not None and (
-        family.qk_norm_flag is None or flag(config, family.qk_norm_flag)
+    if (
+        family.qk_norm is not None
+        and (family.qk_norm_flag is None or flag(config, family.qk_norm_flag))
+        and (not family.qk_norm_rotating_only or rotates(config, family, layer_idx))
     ):
         norm_type, shape, offset = family.qk_norm
         options |= {"qk_norm": True, "qk_norm_type": norm_type, "qk_norm_shape": shape}
@@ -518,6 +527,9 @@ def options(
         options["differential"] = True
         options["lambda_init"] = lambda_init_from_depth(layer_idx)
         options["differential_eps"] = float(required(config, family.norm_eps))
+    chunk = None if family.chunk is None else family.chunk(config, family, layer_idx)
+    if chunk is not None:
+        options["chunk_size"] = chunk
     return options
 
 

@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 98 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 100 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -31,6 +31,9 @@ relatives; the hybrids' softmax layers). What each family's code reads is one ro
   StarCoder 2 slide on every layer when ``sliding_window`` is set, Qwen3-MoE under
   ``use_sliding_window``. Hugging Face's ``sliding_window = W`` lets a query see W keys, itself
   included (``kv > q - W``), so ``window = (W - 1, 0)``.
+- Chunks: Llama 4's RoPE layers attend in chunks of ``attention_chunk_size`` keys
+  (``layer_types``' ``chunked_attention``; ``Family.chunk``), the layer's ``chunk_size``, each
+  left-padded sequence's chunks counted from its first real token as transformers counts them.
 - Output gates before o_proj (``Family.gate``): sigmoid per element in Qwen3-Next and Qwen3.5
   (carried in q_proj: the ``"q_gate"`` layout splits it into ``g_proj``), AFMoE and HRM-Text
   (``gate_proj``), sigmoid per head in LFM3, softplus per head or per element in Laguna (whose

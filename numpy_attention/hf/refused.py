@@ -1,6 +1,6 @@
 """The model types ``grouped_from_hf`` refuses by name, each with its reason: the twist its
 attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm after RoPE,
-``clip_qkv``, chunked attention, KV sharing...), what the model is instead (a
+a mixture of attention heads, Gemma 4's per-layer widths...), what the model is instead (a
 state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
 Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
@@ -27,13 +27,6 @@ REFUSED = {
     "experts.bias. The projections change per token with a discrete choice whose gates the "
     "router is trained through: a layer of its own, not GroupedQueryAttention's one q_proj and "
     "o_proj (issue 28)",
-    "llama4": "llama4: the multimodal Llama 4 config; its language model 'llama4_text' is "
-    "itself refused: chunked attention on its RoPE layers (issue 28)",
-    "llama4_text": "llama4_text: its RoPE layers attend in chunks (attention_chunk_size: a query "
-    "sees only the keys of its own chunk), which the layer's causal and window masks cannot "
-    "express. The rest is the layer's: the L2 QK-norm after RoPE (use_qk_norm) is a weightless "
-    "RMSNorm, and its NoPE layers' temperature (attn_temperature_tuning) a log_floor query "
-    "temperature, though over positions counted from the cache, not position_ids (issue 28)",
     "gemma3n": "gemma3n: the multimodal Gemma 3n config; its language model 'gemma3n_text' is "
     "itself refused: a weightless RMSNorm on the values and keys and values shared across "
     "layers (issue 28)",

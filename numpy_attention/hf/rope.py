@@ -305,8 +305,11 @@ def _llama3_inv_freq(inv_freq: np.ndarray, params: Mapping[str, Any]) -> np.ndar
     low_wavelen, high_wavelen = old_context / low, old_context / high
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    # Llama 4 Scout gives both factors 1: the blend band is empty and its 0 / 0 unused, as in
+    # transformers' own computation
+    with np.errstate(divide="ignore", invalid="ignore"):
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
 

@@ -1,6 +1,7 @@
 """The rules several row modules (``rows/``) share: a hybrid's list of layer types read in words,
 "no RoPE at all", and StableLM's check that ``head_dim`` agrees with the width its attention
-computes. A rule only one module's rows name sits in that module, beside its rows. NumPy only.
+computes, and SmolLM 3's NoPE layers (Llama 4's reuse them). A rule only one module's rows
+name sits in that module, beside its rows. NumPy only.
 
 Tests: tests/numpy_attention/hf/test_families.py; against transformers in
 tests/parity/test_hf_models.py.
@@ -43,3 +44,16 @@ def _stablelm_refuse(config: Mapping[str, Any]) -> None:
             f"heads are hidden_size // num_attention_heads = {width} wide (its rotary embedding "
             f"would read {head_dim})"
         )
+
+
+def _smollm3_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """SmolLM 3: ``no_rope_layers[i]`` is 1 where layer i uses RoPE; without the list, every
+    ``no_rope_layer_interval``-th layer (4 by default) is a NoPE layer."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        return bool((layer_idx + 1) % (config.get("no_rope_layer_interval") or 4))
+    if layer_idx >= len(flags):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's no_rope_layers has {len(flags)} entries"
+        )
+    return bool(flags[layer_idx])

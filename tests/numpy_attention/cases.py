@@ -47,6 +47,13 @@ def option_kwargs(name, rng, batch, n, m):
         bias = np.where(rng.random((n, m)) < 0.2, -np.inf, rng.standard_normal((n, m)))
         padding = rng.random((batch, m)) < 0.3
         kwargs.update(attn_mask=bias, key_padding_mask=padding)
+    elif name == "chunk-3":
+        kwargs.update(causal=True, chunk_size=3)
+    elif name == "chunk-start-bottom-right":  # a start per batch element, one before key 0
+        kwargs.update(causal=True, align="bottom-right", chunk_size=4)
+        kwargs["chunk_start"] = np.arange(batch) * 3 - 1
+    elif name == "chunk-window-bidirectional":
+        kwargs.update(window=(1, None), chunk_size=3, chunk_start=1)
     elif name == "everything":
         kv_heads = 2
         kwargs.update(
@@ -82,6 +89,9 @@ OPTIONS = [
     "sinks",
     "sinks-dead-rows",
     "float-mask-and-padding",
+    "chunk-3",
+    "chunk-start-bottom-right",
+    "chunk-window-bidirectional",
     "everything",
 ]
 LENGTHS = {"N5-M9": (5, 9), "N9-M5": (9, 5), "N7-M7": (7, 7)}

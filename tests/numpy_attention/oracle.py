@@ -20,7 +20,8 @@ import torch
 
 def attention(q, k, v, *, causal=False, window=None, align="top-left", key_padding_mask=None,
               attn_mask=None, scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
-              enable_gqa=False, dropout_p=0.0, dropout_mask=None):  # fmt: skip
+              enable_gqa=False, dropout_p=0.0, dropout_mask=None, chunk_size=None,
+              chunk_start=None):  # fmt: skip
     """(out, lse) of q (..., H, N, D), k (..., H_kv, M, D), v (..., H_kv, M, Dv), torch tensors."""
     n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if enable_gqa and k.shape[-3] != q.shape[-3]:
@@ -55,6 +56,12 @@ def attention(q, k, v, *, causal=False, window=None, align="top-left", key_paddi
             visible = visible & (key >= position - left)
         if right is not None:
             visible = visible & (key <= position + right)
+    if chunk_size is not None:  # chunk c holds keys s + c * C .. s + c * C + C - 1
+        start = 0 if chunk_start is None else torch.as_tensor(chunk_start)
+        if torch.is_tensor(start) and start.dim() == 1:
+            start = start.reshape(start.shape + (1,) * (q.dim() - 1))
+        key_chunk = torch.floor((key - start) / chunk_size)
+        visible = visible & (key_chunk == torch.floor((position - start) / chunk_size))
     if key_padding_mask is not None:
         view = (key_padding_mask.shape[0],) + (1,) * (q.dim() - 2) + (m,)
         visible = visible & ~key_padding_mask.reshape(view)

@@ -292,6 +292,11 @@ BAD = [
         TypeError,
         "dropout_mask must be a bool",
     ),
+    ({"chunk_size": 0}, ValueError, "chunk_size must be a positive int"),
+    ({"chunk_size": 2.0}, TypeError, "chunk_size must be an int"),
+    ({"chunk_start": 1}, ValueError, "chunk_start is given without chunk_size"),
+    ({"chunk_size": 2, "chunk_start": 0.5}, TypeError, "chunk_start must be an int"),
+    ({"chunk_size": 2, "chunk_start": np.zeros(3, int)}, ValueError, r"chunk_start must be an"),
     ({"impl": "fast"}, ValueError, "impl must be one of"),
     ({"return_lse": "yes"}, TypeError, "return_lse must be a bool"),
 ]

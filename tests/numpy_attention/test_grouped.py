@@ -36,6 +36,7 @@ LONG_INV_FREQ = np.array([0.7, 0.002], dtype=np.float32)  # LongRoPE's long set,
 TEMPERATURE_LOG_FLOOR = {"kind": "log_floor", "beta": 0.6, "length": 2.0, "offset": 0.0}
 ALIBI_SLOPES = np.array([0.5, 0.25, 0.125, 1.5])  # (H,): one per query head, unequal
 TEMPERATURE_POWER = {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0}
+TEMPERATURE_CACHE = TEMPERATURE_LOG_FLOOR | {"offset": 1.0, "positions": "cache"}
 
 # Each option on its own, and all of them together. Dropout runs in train mode with an explicit
 # keep-mask.
@@ -177,6 +178,18 @@ OPTIONS = {
     | {"gate_bias": True},
     "value_width_gate_element_clip": {"v_head_dim": 3, "output_gate": "element", "clip_qkv": 0.6},
     "value_width_output_norm": {"v_head_dim": 5, "value_scale": -0.4, "output_norm": True},
+    "chunk_llama4_rope": {  # Llama 4's RoPE layers: chunks, interleaved RoPE, L2 norm after it
+        "chunk_size": 3,
+        "rope_interleaved": True,
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+    },
+    "chunk_window_sinks": {"chunk_size": 2, "window": (1, 0), "sinks": True},
+    "temperature_cache_nope": {  # Llama 4's NoPE layers: t(p) of the cache's positions
+        "query_temperature": TEMPERATURE_CACHE,
+        "rotary_dim": 0,
+    },
 }
 
 
@@ -281,13 +294,17 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         q, k = norm_heads(q, "q_norm"), norm_heads(k, "k_norm")
     if args["query_temperature"] is not None:  # t(p), straight from its formula
         spec = args["query_temperature"]
-        p = positions.to(torch.float64) + spec["offset"]
+        counted = torch.arange(n) if spec.get("positions") == "cache" else positions
+        p = counted.to(torch.float64) + spec["offset"]
         if spec["kind"] == "log_floor":
             t = 1 + spec["beta"] * torch.log(1 + torch.floor(p / spec["length"]))
         else:
             t = (1 + p / spec["length"]) ** spec["exponent"]
         q = q * (t[:, None, :, None] if t.ndim == 2 else t[:, None])  # per row of q
     padding = None if key_padding_mask is None else to_torch(key_padding_mask)
+    chunk_start = None  # chunks start at each sequence's first real token
+    if args["chunk_size"] is not None and padding is not None:
+        chunk_start = torch.tensor([int(np.argmax(~row)) for row in key_padding_mask])
 
     def attend(v):
         if attention is None:
@@ -298,6 +315,7 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
                     args["alibi_slopes"], dtype=torch.float64
                 ), enable_gqa=True, dropout_p=args["dropout"],
                 dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
+                chunk_size=args["chunk_size"], chunk_start=chunk_start,
             )  # fmt: skip
             return out
         visible = torch.ones(n, n, dtype=torch.bool).tril()
@@ -414,12 +432,15 @@ def test_matches_sdpa_with_enable_gqa(rng, kv_heads, padded):
         "value_width_scale",
         "value_width_gate_head",
         "value_width_output_norm",
+        "chunk_llama4_rope",
+        "temperature_cache_nope",
     ],
 )
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
 def test_gradcheck(rng, option, kv_heads):
     layer = make_layer(rng, kv_heads, **OPTIONS[option])
-    x, forward = forward_inputs(rng, layer, padded=option.startswith("everything"), n=4)
+    padded = option.startswith(("everything", "chunk", "temperature_cache"))
+    x, forward = forward_inputs(rng, layer, padded=padded, n=4)
 
     assert_gradcheck(gradcheck(layer, x, **forward))
 
@@ -549,7 +570,15 @@ DECODE = {
         {"differential": True, "lambda_init": 0.6, "window": (2, 0), "qk_norm": True},
         4,
     ),
+    "chunk_left_padding": (OPTIONS["chunk_llama4_rope"], 2),  # chunk edges inside each step
+    "temperature_cache_left_padding": (OPTIONS["temperature_cache_nope"], 1),
 }
+LEFT_PADDED = (
+    "left_padding",
+    "qk_norm_after_rope_temperature",
+    "chunk_left_padding",
+    "temperature_cache_left_padding",
+)
 
 
 @pytest.mark.parametrize("case", list(DECODE))
@@ -563,7 +592,7 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step, paged)
     layer = make_layer(rng, kv_heads, **options)
     x = rng.standard_normal((B, n, C))
     forward = {}
-    if case in ("left_padding", "qk_norm_after_rope_temperature"):  # element 0: 2 pads, 1: 4
+    if case in LEFT_PADDED:  # element 0: 2 pads, 1: 4
         forward["key_padding_mask"], forward["positions"] = left_padded(B, n, [2, 4])
     dv = layer.v_head_dim
     cache: KVCache | PagedKVCache = KVCache(B, kv_heads, n + 1, D, np.float64, v_head_dim=dv)
@@ -881,6 +910,14 @@ def test_a_module_file_keeps_the_clip_the_output_norm_and_alibi(tmp_path, rng):
         ),
         ((8, 4, 2), {"v_head_dim": 0}, ValueError, "v_head_dim must be a positive int"),
         ((8, 4, 2), {"value_scale": np.inf}, ValueError, "value_scale must be finite"),
+        ((8, 4, 2), {"chunk_size": 0}, ValueError, "chunk_size must be a positive int"),
+        ((8, 4, 2), {"chunk_size": 2.5}, TypeError, "chunk_size must be an int"),
+        (
+            (8, 4, 2),
+            {"query_temperature": TEMPERATURE_LOG_FLOOR | {"positions": "rows"}},
+            ValueError,
+            r"query_temperature\['positions'\] must be one of \['rope', 'cache'\]",
+        ),
         ((8, 4, 2), {"clip_qkv": 0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": -8.0}, ValueError, "clip_qkv must be > 0"),
         ((8, 4, 2), {"clip_qkv": 8.0, "clip_after_norm": True}, ValueError, "qk_norm is False"),

@@ -70,6 +70,48 @@ def test_visible_ranges_hold_exactly_the_band(n, m, left, right, causal, bottom_
             np.testing.assert_array_equal(hidden, expected)
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    n=st.integers(1, 30),
+    m=st.integers(1, 30),
+    chunk=st.integers(1, 7),
+    start=st.integers(-3, 8),
+    causal=st.booleans(),
+    bottom_right=st.booleans(),
+    block=st.integers(1, 9),
+)
+def test_chunks_hide_exactly_other_chunks_and_skip_no_visible_tile(
+    n, m, chunk, start, causal, bottom_right, block
+):
+    """A chunk's hidden grid, on tiles of every size (and transposed), is the definition's
+    (j - s) // C != (p_i - s) // C; visible_cols (visible_rows) keep every key (query) of a
+    block that a query (key) of it sees."""
+    align = "bottom-right" if bottom_right else "top-left"
+    rules = rules_for(n, m, causal=causal, align=align, chunk_size=chunk, chunk_start=start)
+    p, j = np.arange(n)[:, None] + rules.offset, np.arange(m)[None, :]
+    same = (j - start) // chunk == (p - start) // chunk
+    visible = same & (j <= p) if causal else same
+
+    for r0 in range(0, n, block):
+        for c0 in range(0, m, block):
+            rows, cols = slice(r0, min(r0 + block, n)), slice(c0, min(c0 + block, m))
+            for transposed in (False, True):
+                hidden = scores._chunk_hidden(rules, Tile(slice(0, 1), rows, cols, transposed))
+                expected = ~same[rows, cols]
+                expected = expected.T if transposed else expected
+                if hidden is None:
+                    assert not expected.any()
+                else:
+                    np.testing.assert_array_equal(np.broadcast_to(hidden, expected.shape), expected)
+        lo, hi = scores.visible_cols(rules, slice(r0, min(r0 + block, n)))
+        seen = np.nonzero(visible[r0 : r0 + block].any(axis=0))[0]
+        assert all(lo <= key < hi for key in seen)
+    for c0 in range(0, m, block):
+        lo, hi = scores.visible_rows(rules, slice(c0, min(c0 + block, m)))
+        seen = np.nonzero(visible[:, c0 : c0 + block].any(axis=1))[0]
+        assert all(lo <= query < hi for query in seen)
+
+
 def test_apply_replaces_hidden_scores_never_adds_to_them():
     rules = rules_for(3, 4, causal=True, attn_mask=np.array([0.0, -np.inf, 1.0, 2.0]))
     logits = np.full((6, 3, 4), np.nan)  # every score NaN, as from a NaN key

@@ -31,7 +31,7 @@ PACKAGES = ("numpy", "torch")
 def forward_errors(case, padded, rng):
     """package -> {"out", "dx", "parameters"}: the errors of one forward and backward."""
     config, model = case.build()
-    embeds, attention_mask, positions = hf.inputs(rng, padded, config.hidden_size)
+    embeds, attention_mask, positions = hf.inputs(rng, padded, config.get_text_config().hidden_size)
     args, kwargs, _ = hf.record_attention_call(
         model,
         case.layer_idx,
@@ -67,7 +67,7 @@ def forward_errors(case, padded, rng):
 def decode_errors(case, rng):
     """package -> the worst step's error of the decode test's run."""
     config, model = case.build()
-    embeds, attention_mask, positions = hf.inputs(rng, True, config.hidden_size)
+    embeds, attention_mask, positions = hf.inputs(rng, True, config.get_text_config().hidden_size)
     layers = hf.convert_layers(case, config, model)
     hf_cache = hf.DynamicCache(config=config)
     caches = {package: hf.new_cache(layer) for package, layer in layers.items()}

@@ -56,6 +56,7 @@ from torch.overrides import TorchFunctionMode
 import torch_attention
 from numpy_attention import convert
 from numpy_attention.decode.cache import KVCache
+from numpy_attention.functional import attention_forward
 from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,
@@ -155,8 +156,12 @@ class ModelCase:
 
 
 def language(model):
-    """A multimodal wrapper's language model (Emu3's ``text_model``); any other model itself."""
-    return getattr(model, "language_model", getattr(model, "text_model", model))
+    """A multimodal wrapper's language model (Emu3's ``text_model``; Llama 4's, a causal LM, its
+    ``model``); any other model itself."""
+    inner = getattr(model, "language_model", getattr(model, "text_model", model))
+    if inner is not model and not hasattr(inner, "layers") and hasattr(inner, "model"):
+        inner = inner.model
+    return inner
 
 
 def decoder_layers(model):
@@ -1923,6 +1928,78 @@ CASES += [
         | {"num_hidden_layers": 16, "rms_norm_eps": 1e-5},
     ),
 ]
+# -- chunked attention: Llama 4 ------------------------------------------------------------------
+# Llama 4's RoPE layers attend in chunks of attention_chunk_size (here 4: the 11 tokens cross two
+# chunk edges, the left-padded element's chunks start at its first real token) with the L2 norm
+# after RoPE; its NoPE layers (no_rope_layers 0) attend fully and scale their queries by
+# 1 + attn_scale * log(1 + floor((p + 1) / floor_scale)), p counted on the cache. Every layer's
+# feed-forward is a mixture of experts (2 here), which the attention never sees.
+LLAMA4 = {"intermediate_size_mlp": 16, "num_local_experts": 2, "attention_chunk_size": 4}
+LLAMA4_SCOUT = LLAMA4 | {  # meta-llama/Llama-4-Scout-17B-16E: 40 heads of 128 over 8, Llama 3's
+    # RoPE 16x over 8192 positions with both freq factors 1 (here over 8), chunks of 8192 and a
+    # NoPE layer every fourth with floor_scale 8192 (here 4 and 4), attn_scale 0.1, QK-norm
+    "num_attention_heads": 10,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "rope_parameters": LLAMA3_ROPE
+    | {"factor": 16.0, "low_freq_factor": 1.0}
+    | {"high_freq_factor": 1.0},
+    "floor_scale": 4,
+    "attn_scale": 0.1,
+}
+LLAMA4_VISION = {  # the smallest vision tower its config takes
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 16,
+    "image_size": 28,
+    "patch_size": 14,
+    "vision_output_dim": 16,
+    "projector_input_dim": 16,
+    "projector_output_dim": 32,
+}
+CASES += [
+    ModelCase("llama4_text-chunked-qk-norm", "Llama4Text", 1, False, LLAMA4, unpadded=True),
+    ModelCase(  # the temperature steps at p + 1 = 3, 6, 9 (attn_scale 0.5 over 3 positions)
+        "llama4_text-nope-temperature",
+        "Llama4Text",
+        1,
+        False,
+        LLAMA4 | {"no_rope_layers": [1, 0], "floor_scale": 3, "attn_scale": 0.5},
+        unpadded=True,
+    ),
+    ModelCase(  # chunks of 3, biases, no QK-norm, layer_types given apart from no_rope_layers
+        "llama4_text-chunked-bias-no-qk-norm",
+        "Llama4Text",
+        0,
+        False,
+        LLAMA4
+        | {"attention_chunk_size": 3, "attention_bias": True, "use_qk_norm": False}
+        | {"layer_types": ["chunked_attention", "full_attention"]},
+    ),
+    ModelCase("llama4_text-scout-shaped-chunked", "Llama4Text", 2, False, LLAMA4_SCOUT),
+    ModelCase("llama4_text-scout-shaped-nope", "Llama4Text", 3, False, LLAMA4_SCOUT),
+    ModelCase(  # meta-llama/Llama-4-Maverick-17B-128E: 40 heads over 8, theta 5e5 unscaled, no
+        # QK-norm, experts every second layer, chunks of 8192 (here 4), NoPE every fourth
+        "llama4_text-maverick-shaped",
+        "Llama4Text",
+        1,
+        False,
+        LLAMA4
+        | {"num_attention_heads": 10, "num_key_value_heads": 2, "num_hidden_layers": 4}
+        | {"use_qk_norm": False, "interleave_moe_layer_step": 2}
+        | {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    ),
+    ModelCase(  # Llama-4-Scout whole: the vision tower (whose attention has q_proj too) beside
+        # the language model, its NoPE layer 3, from the wrapper's config and state dict
+        "llama4-wrapper-scout-shaped",
+        "Llama4",
+        3,
+        False,
+        LLAMA4_SCOUT,
+        wrapper={"vision_config": LLAMA4_VISION},
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [
@@ -2175,6 +2252,9 @@ ROPES = {
     "default-theta-1e6": {"rope_type": "default", "rope_theta": 1e6},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
     "llama3": LLAMA3_ROPE | {"original_max_position_embeddings": 8192},
+    "llama3-equal-freq-factors": LLAMA3_ROPE  # Llama 4 Scout's: no blend band
+    | {"factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0}
+    | {"original_max_position_embeddings": 8192},
     "yarn": {
         "rope_type": "yarn",
         "rope_theta": 10000.0,
@@ -2387,3 +2467,38 @@ def test_the_way_back_restores_a_gated_model_s_state_dict(rng, model):
     assert set(back) == set(state)
     for key, value in back.items():
         assert np.array_equal(value, state[key]), key
+
+
+# -- chunked attention: the core's rule against transformers' chunked mask ------------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4])
+@pytest.mark.parametrize(("past", "n"), [(0, 11), (6, 1), (5, 3), (9, 2)])
+def test_the_core_s_chunks_are_transformers_chunked_causal_mask(rng, chunk, past, n):
+    """The keys a query sees under the core's chunk_size, bottom-right causal, with each
+    sequence's left padding as chunk_start and as key_padding_mask, are those of transformers'
+    ``chunked_causal_mask_function`` on cache positions (q_offset = the tokens already cached),
+    with its left padding counted from the 2-D attention mask: prefill and decode steps alike."""
+    from transformers.masking_utils import chunked_causal_mask_function, sdpa_mask
+
+    pads = np.array([0, 2, 5])
+    m = past + n
+    attention_mask = torch.from_numpy((np.arange(m)[None, :] >= pads[:, None]).astype(np.int64))
+    left_padding = (attention_mask.cumsum(-1) == 0).sum(-1)
+    expected = sdpa_mask(
+        batch_size=3,
+        q_length=n,
+        kv_length=m,
+        q_offset=past,
+        mask_function=chunked_causal_mask_function(chunk, left_padding),
+        attention_mask=attention_mask,
+        allow_is_causal_skip=False,
+    )  # (B, 1, N, M), True = attended
+    q, k = rng.standard_normal((3, 1, n, 4)), rng.standard_normal((3, 1, m, 4))
+
+    result = attention_forward(
+        q, k, k, causal=True, align="bottom-right", chunk_size=chunk, chunk_start=pads,
+        key_padding_mask=attention_mask.numpy() == 0, impl="dense",
+    )  # fmt: skip
+
+    np.testing.assert_array_equal(result.ctx.probs.reshape(3, 1, n, m) > 0, expected.numpy())

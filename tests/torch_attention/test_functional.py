@@ -602,6 +602,18 @@ BAD_CALLS = {
         ValueError,
         "sinks must be finite",
     ),
+    "chunk_size 0": (lambda a: {**a, "chunk_size": 0}, ValueError, "chunk_size must be a positive"),
+    "chunk_start alone": (lambda a: {**a, "chunk_start": 1}, ValueError, "without chunk_size"),
+    "chunk_start float": (
+        lambda a: {**a, "chunk_size": 2, "chunk_start": 0.5},
+        TypeError,
+        "chunk_start must be an int",
+    ),
+    "chunk_start of another batch": (
+        lambda a: {**a, "chunk_size": 2, "chunk_start": np.zeros(3, dtype=np.int64)},
+        ValueError,
+        r"chunk_start must be an int or \(B,\)",
+    ),
     "attn_mask bool and float together": (
         lambda a: {**a, "attn_mask": (np.ones((5, 7), dtype=bool), np.zeros((5, 7)))},
         TypeError,

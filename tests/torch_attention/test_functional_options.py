@@ -51,6 +51,12 @@ def case_options(rng, name, b, h, n, m):
         "bool mask + padding": ({"attn_mask": dead, "key_padding_mask": padding}, h),
         "sinks": ({"sinks": sinks}, h),
         "sinks + dead rows": ({"sinks": sinks, "attn_mask": dead}, h),
+        "chunk": ({"causal": True, "chunk_size": 2}, h),
+        "chunk start (B,) bottom-right": (
+            {"causal": True, "align": "bottom-right", "chunk_size": 3}
+            | {"chunk_start": np.arange(b) * 2, "enable_gqa": True},
+            h // 2,
+        ),
         "dropout": ({"dropout_p": 0.3, "dropout_mask": rng.random((b, h, n, m)) > 0.3}, h),
         "everything": (
             {
@@ -86,6 +92,8 @@ CASES = [
     "bool mask + padding",
     "sinks",
     "sinks + dead rows",
+    "chunk",
+    "chunk start (B,) bottom-right",
     "dropout",
     "everything",
 ]

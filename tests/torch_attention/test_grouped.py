@@ -52,6 +52,13 @@ OPTIONS = {
     | {"window": (2, 0), "output_gate": "head", "bias": True},
     # DiffLlama's: values twice as wide reach the backend (the two halves side by side)
     "differential": {"differential": True, "lambda_init": 0.3, "bias": True, "window": (3, 0)},
+    "chunk": {  # Llama 4's RoPE layers: chunks of 3, interleaved RoPE, the L2 norm after it
+        "chunk_size": 3,
+        "rope_interleaved": True,
+        "qk_norm": True,
+        "qk_norm_type": "rms_weightless",
+        "qk_norm_position": "after_rope",
+    },
     "all": {
         "bias": True,
         "qk_norm": True,
@@ -121,6 +128,11 @@ FAMILY_OPTIONS = {
         "qk_norm_shape": "all",
         "clip_qkv": 2.0,
         "rotary_dim": 2,
+    },
+    "temperature_cache_nope": {  # Llama 4's NoPE layers: t(p) of the cache's positions
+        "rotary_dim": 0,
+        "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 1.0}
+        | {"positions": "cache"},
     },
     "temperature_power_nope": {  # Beam's NoPE layers
         "rotary_dim": 0,
@@ -258,6 +270,27 @@ def test_layer_matches_numpy_on_left_padding_with_every_option(rng):
         assert_close(param.grad, np_layer.named_grads()[name], name=name)
 
 
+@pytest.mark.parametrize("backend", ["math", "sdpa", "manual"])
+def test_chunks_match_numpy_on_left_padding(rng, backend):
+    """Chunks of 3 on a batch whose last element is left-padded by 4: its chunks start at its
+    first real token, on every backend that takes a backward on CPU."""
+    np_layer, torch_layer = twins(rng, OPTIONS["chunk"], backend)
+    x, padding, positions = left_padded(rng, pad=4)
+    dout = rng.standard_normal(x.shape)
+
+    expected = np_layer(x, positions=positions, key_padding_mask=padding)
+    dx = np_layer.backward(dout)
+    x_t = to_torch(x, requires_grad=True)
+    out = torch_layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+    out.backward(to_torch(dout))
+
+    assert "chunk_size=3" in repr(torch_layer)
+    assert_close(out, expected, name="out")
+    assert_close(x_t.grad, dx, name="dx")
+    for name, param in torch_layer.named_parameters():
+        assert_close(param.grad, np_layer.named_grads()[name], name=name)
+
+
 @pytest.mark.parametrize("options", FAMILY_OPTIONS.values(), ids=FAMILY_OPTIONS.keys())
 def test_family_options_match_numpy_with_their_state_dict(rng, options):
     """Left-padded positions reach 8: past original_max_positions, the long frequencies."""
@@ -352,6 +385,7 @@ def test_decode_with_the_cache_equals_the_full_forward(rng, name, backend):
         ("plain", "auto"),
         ("value_width_sinks_gate", "math"),
         ("differential", "auto"),
+        ("chunk", "sdpa"),
     ],
 )
 def test_decode_over_pages_equals_the_contiguous_cache(rng, name, backend):

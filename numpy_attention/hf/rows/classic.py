@@ -50,19 +50,6 @@ def _pattern(default: int) -> Callable[[Mapping[str, Any], int], bool]:
     return sliding
 
 
-def _smollm3_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
-    """SmolLM 3: ``no_rope_layers[i]`` is 1 where layer i uses RoPE; without the list, every
-    ``no_rope_layer_interval``-th layer (4 by default) is a NoPE layer."""
-    flags = config.get("no_rope_layers")
-    if flags is None:
-        return bool((layer_idx + 1) % (config.get("no_rope_layer_interval") or 4))
-    if layer_idx >= len(flags):
-        raise ValueError(
-            f"layer_idx is {layer_idx} but the config's no_rope_layers has {len(flags)} entries"
-        )
-    return bool(flags[layer_idx])
-
-
 def _cohere2_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
     """Cohere 2 rotates only on its sliding layers; the full layers are NoPE."""
     return layer_kind(config, family, layer_idx) == SLIDING
@@ -301,7 +288,7 @@ ROWS: dict[str, Family] = {
         bias="use_bias", bias_default=True, out_bias="use_bias", sliding="every_layer"
     ),
     "granite": Family(scaling="attention_multiplier"),
-    "smollm3": Family(sliding="smollm3", rotates=_smollm3_rotates),
+    "smollm3": Family(sliding="smollm3", rotates=rules._smollm3_rotates),
     "glm": Family(
         bias_default=True,
         out_bias=None,

@@ -317,6 +317,76 @@ def _diffllama_refuse(config: Mapping[str, Any]) -> None:
         )
 
 
+# Llama 4: RoPE layers (no_rope_layers[i] = 1) attend in chunks and carry the L2 QK-norm; NoPE
+# layers attend fully and scale their queries by a temperature of the cache's positions
+LLAMA4_MASKS = ("full_attention", "chunked_attention")
+
+
+def _llama4_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """``no_rope_layers[i]`` (1: RoPE); an empty or missing list is its config class's default,
+    a NoPE layer every ``no_rope_layer_interval``-th layer."""
+    flags = config.get("no_rope_layers") or None
+    return rules._smollm3_rotates({**config, "no_rope_layers": flags}, family, layer_idx)
+
+
+def _llama4_chunk(config: Mapping[str, Any], family: Family, layer_idx: int) -> int | None:
+    """``attention_chunk_size`` on a ``chunked_attention`` layer (``layer_types``, by default
+    the RoPE layers, as its config class fills it in), None on a full one."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        rotating = _llama4_rotates(config, family, layer_idx)
+        return _llama4_chunk_size(config) if rotating else None
+    if layer_idx >= len(kinds):
+        raise ValueError(
+            f"layer_idx is {layer_idx} but the config's layer_types has {len(kinds)} entries"
+        )
+    chunked = _llama4_mask(kinds[layer_idx], layer_idx) == "chunked_attention"
+    return _llama4_chunk_size(config) if chunked else None
+
+
+def _llama4_mask(kind: Any, layer_idx: int) -> str:
+    if kind not in LLAMA4_MASKS:
+        raise ValueError(
+            f"layer_types[{layer_idx}] is {kind!r}: a llama4_text model builds only the masks "
+            f"{list(LLAMA4_MASKS)} and fails on any other layer type"
+        )
+    return str(kind)
+
+
+def _llama4_chunk_size(config: Mapping[str, Any]) -> int:
+    size = config.get("attention_chunk_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"attention_chunk_size is {size!r}: a llama4_text model builds its chunked mask on "
+            "every forward and needs a positive int (transformers raises without one)"
+        )
+    return size
+
+
+def _llama4_temperature(
+    config: Mapping[str, Any], family: Family, layer_idx: int
+) -> dict[str, Any] | None:
+    """On a NoPE layer under ``attn_temperature_tuning``: 1 + attn_scale * log(1 + floor((p +
+    1) / floor_scale)), p counted on the cache (past_key_values.get_seq_length() + i)."""
+    if not flag(config, "attn_temperature_tuning") or _llama4_rotates(config, family, layer_idx):
+        return None
+    return {
+        "kind": "log_floor",
+        "beta": float(required(config, "attn_scale")),
+        "length": float(required(config, "floor_scale")),
+        "offset": 1.0,
+        "positions": "cache",
+    }
+
+
+def _llama4_refuse(config: Mapping[str, Any]) -> None:
+    """Every llama4_text forward builds the chunked mask, whatever its layers are, and hands
+    each layer the mask its layer type names (there are two)."""
+    _llama4_chunk_size(config)
+    for layer_idx, kind in enumerate(config.get("layer_types") or ()):
+        _llama4_mask(kind, layer_idx)
+
+
 ROWS: dict[str, Family] = {
     # OLMo: Llama's attention; clip_qkv (OLMo-7B-0424's 8) clamps q, k and v
     "olmo": Family(clip_qkv="clip_qkv"),
@@ -534,4 +604,30 @@ ROWS: dict[str, Family] = {
     # side, head h minus lambda times head h + H/2, a weightless RMSNorm of rms_norm_eps over
     # each 2 * head_dim, times 1 - lambda_init) before o_proj; attention_bias on all four
     "diffllama": Family(differential=True, refuse=_diffllama_refuse),
+    # -- chunked attention: Llama 4 --
+    # Llama 4: RoPE as complex pairs (interleaved) on the layers no_rope_layers marks, which
+    # attend in chunks of attention_chunk_size (layer_types' chunked_attention) and carry a
+    # weightless L2 norm (an RMSNorm) after RoPE under use_qk_norm; the NoPE layers attend fully
+    # and scale their queries by a temperature of the cache's positions
+    "llama4_text": Family(
+        interleaved=True,
+        qk_norm=("rms_weightless", "head", 0.0),
+        qk_norm_flag="use_qk_norm",
+        qk_norm_after_rope=True,
+        qk_norm_rotating_only=True,
+        rotates=_llama4_rotates,
+        query_temperature=_llama4_temperature,
+        chunk=_llama4_chunk,
+        refuse=_llama4_refuse,
+        config_defaults=(
+            ("head_dim", 128),
+            ("num_key_value_heads", 8),
+            ("use_qk_norm", True),
+            ("attention_chunk_size", 8192),
+            ("attn_temperature_tuning", True),
+            ("floor_scale", 8192),
+            ("attn_scale", 0.1),
+            ("rms_norm_eps", 1e-5),
+        ),
+    ),
 }

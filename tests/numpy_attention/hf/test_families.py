@@ -898,3 +898,68 @@ def _zero_state(c, h, h_kv, d):
         "v_proj.weight": np.zeros((h_kv * d, c)),
         "o_proj.weight": np.zeros((c, h * d)),
     }
+
+
+# -- chunked attention: Llama 4 --
+
+
+def test_llama4_reads_chunks_nope_layers_and_qk_norm_as_its_config_class_builds_them():
+    """Its config class's defaults (a NoPE layer every fourth, chunked RoPE layers, QK-norm and
+    temperature on): the RoPE layers get the chunks and the L2 norm, the NoPE layers a full mask
+    and the temperature of the cache's positions; a config.json without those keys reads the
+    same."""
+    config = transformers.Llama4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_hidden_layers=8, attention_chunk_size=16, floor_scale=32, attn_scale=0.2,
+    ).to_dict()  # fmt: skip
+    bare = {
+        key: value
+        for key, value in config.items()
+        if key not in ("layer_types", "no_rope_layers", "use_qk_norm", "attn_temperature_tuning")
+    }
+
+    for layer in range(8):
+        read = layer_options(config, "llama4_text", layer, {})
+        assert read == layer_options(bare, "llama4_text", layer, {})
+        nope = layer % 4 == 3
+        assert read.get("chunk_size") == (None if nope else 16)
+        assert read.get("qk_norm", False) == (not nope)
+        assert rotary_dim(config, layer) == (0 if nope else 8)
+        expected = {"kind": "log_floor", "beta": 0.2, "length": 32.0, "offset": 1.0}
+        cache = expected | {"positions": "cache"}
+        assert read.get("query_temperature") == (cache if nope else None)
+    read = layer_options(config, "llama4_text", 0, {})
+    assert read["qk_norm_type"] == "rms_weightless" and read["qk_norm_position"] == "after_rope"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"attention_chunk_size": None}, "attention_chunk_size is None: a llama4_text model"),
+        ({"attention_chunk_size": 0}, "attention_chunk_size is 0"),
+        (
+            {"layer_types": ["sliding_attention", "full_attention"]},
+            r"layer_types\[0\] is 'sliding_attention': a llama4_text model builds only",
+        ),
+    ],
+)
+def test_llama4_configs_its_model_fails_on_are_refused_by_the_key(change, message):
+    config = transformers.Llama4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2
+    ).to_dict()
+
+    with pytest.raises(ValueError, match=message):
+        layer_options(config | change, "llama4_text", 0, {})
+    with pytest.raises(ValueError, match=message):
+        grouped_from_hf(config | change, {})
+
+
+def test_llama4_without_temperature_tuning_leaves_its_nope_layers_unscaled():
+    config = transformers.Llama4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+        attn_temperature_tuning=False,
+    ).to_dict()  # fmt: skip
+
+    read = layer_options(config, "llama4_text", 3, {})
+
+    assert "query_temperature" not in read and "chunk_size" not in read

@@ -36,8 +36,6 @@ TWISTS = {
     "inkling_text": ({}, "short convolutions.*relative-position"),
     "inkling2_text": ({}, "output gate.*sinks"),
     "jetmoe": ({}, "mixture of attention heads"),
-    "llama4": (NESTED, "llama4_text.*chunked attention"),
-    "llama4_text": ({}, "chunks.*after RoPE.*temperature"),
     "gemma3n": (NESTED, "gemma3n_text.*RMSNorm on the values"),
     "gemma3n_text": ({}, "v_norm.*KV sharing"),
     "gemma4": (NESTED, "gemma4_text.*RMSNorm on the values"),

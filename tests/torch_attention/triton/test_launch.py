@@ -379,8 +379,9 @@ def _qkv(dtype=torch.float32, d=16, device="cpu"):
         ({"key_padding_mask": torch.zeros(1, 17, dtype=torch.bool)}, "key_padding_mask"),
         ({"dropout_p": 0.1, "dropout_mask": torch.ones(17, 17, dtype=torch.bool)},
          "dropout_mask"),
+        ({"causal": True, "chunk_size": 4}, "chunk_size"),
     ],
-    ids=["attn_mask", "key_padding_mask", "dropout_mask"],
+    ids=["attn_mask", "key_padding_mask", "dropout_mask", "chunk_size"],
 )  # fmt: skip
 def test_what_the_kernel_cannot_take_is_refused_by_name(options, named, device):
     with pytest.raises(ValueError, match=f"backend='triton' cannot compute this call: .*{named}"):
