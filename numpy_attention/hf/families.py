@@ -18,8 +18,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from .. import validation
 from . import rules
-from .family import Family, as_mapping, check_kind, options
+from .family import Family, as_mapping, check_kind, kv_source, options
 from .refused import REFUSED
 
 FAMILIES: dict[str, Family] = {
@@ -745,6 +746,23 @@ FAMILIES: dict[str, Family] = {
         refuse=rules._mpt_refuse,
         alibi=rules._mpt_alibi,
     ),
+    # Gemma 3n: Gemma 3's layer types and RoPE per type, but plain-weight RMSNorms on q and k,
+    # a weightless one on v, scores unscaled (scaling 1), and its last num_kv_shared_layers
+    # layers attending with the keys and values of the last earlier layer of their type
+    "gemma3n_text": Family(
+        sliding="layer_types",
+        fallback=rules._pattern(5),
+        qk_norm=("rms", "head", 0.0),
+        scaling="unit",
+        rope_per_layer_type=True,
+        value_norm=True,
+        kv_sharing="num_kv_shared_layers",
+        config_defaults=(
+            ("head_dim", 256),
+            ("sliding_window", 512),
+            ("num_kv_shared_layers", 15),
+        ),
+    ),
 }
 # VaultGemma: Gemma 2's scores (scalar, cap), alternating layers and defaults, always causal
 FAMILIES["vaultgemma"] = dataclasses.replace(
@@ -823,6 +841,18 @@ def check_layer(config: Mapping[str, Any], name: str, layer_idx: int) -> None:
     """``family.check_kind`` for the row of ``name``: a hybrid's layer that is not attention, or a
     config the family refuses, raises ValueError by name."""
     check_kind(config, FAMILIES[name], name, layer_idx)
+
+
+def kv_source_layer(config: Mapping[str, Any], layer_idx: int) -> int | None:
+    """The layer whose keys and values layer ``layer_idx`` attends with (Gemma 3n's last
+    ``num_kv_shared_layers`` layers: the last earlier layer of their type), None where the
+    layer computes its own: which layer's ``kv`` (or cache) to pass a converted KV-shared
+    layer as ``shared_kv``. A multimodal wrapper's config is read through its language
+    model's."""
+    config = language_model(as_mapping(config))
+    name = model_type(config)
+    layer_idx = validation.non_negative_int("kv_source_layer: layer_idx", layer_idx)
+    return kv_source(config, FAMILIES[name], layer_idx)
 
 
 def layer_options(
