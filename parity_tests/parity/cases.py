@@ -349,6 +349,14 @@ def _grouped_cases() -> list[LayerCase]:
                 "window": (6, 0),
             },
         ),
+        case(  # Gemma 3n's source layers: a weightless RMSNorm on v, QK-norm, scores unscaled
+            "gemma3n-like-value-norm-padded-N37",
+            4,
+            2,
+            n=37,
+            padded=True,
+            options={"value_norm": True, "qk_norm": True, "scaling": 1.0, "window": (5, 0)},
+        ),
     ]
 
 
