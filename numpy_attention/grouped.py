@@ -202,6 +202,9 @@ class GroupedQueryAttention(Module):
             Gemma 4's last ``num_kv_shared_layers`` layers): it has no ``k_proj``, ``v_proj`` or
             ``k_norm``, and its forward takes ``shared_kv`` (``shared_kv.py``). Not with
             ``value_norm`` or ``clip_qkv`` (they act on its own values, which it has none of).
+        values_from_keys: no ``v_proj``: the values are the key projection's output, taken
+            before the key's QK-norm and RoPE (then normed by the value norm, if any): Gemma 4's
+            ``attention_k_eq_v`` on its full layers. Not with ``kv_shared`` or ``clip_qkv``.
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -245,6 +248,7 @@ class GroupedQueryAttention(Module):
         alibi_slopes: Any = None,
         value_norm: bool = False,
         kv_shared: bool = False,
+        values_from_keys: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -306,7 +310,9 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
-        self.value_norm, self.kv_shared = check_shared(value_norm, kv_shared, self.clip_qkv)
+        self.value_norm, self.kv_shared, self.values_from_keys = check_shared(
+            value_norm, kv_shared, self.clip_qkv, values_from_keys
+        )
         self.kv: SharedKV | None = None  # the keys and values of the last forward, to share
         self.dkv: SharedKV | None = None  # a KV-shared layer's: their gradient, by backward
         self.rng = np.random.default_rng(rng)
@@ -317,6 +323,7 @@ class GroupedQueryAttention(Module):
         self.q_proj = Linear(self.input_size, width, bias=bias, rng=self.rng)
         if not self.kv_shared:  # a KV-shared layer reads another layer's keys and values
             self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
+        if not (self.kv_shared or self.values_from_keys):  # Gemma 4's full layers: v = k_proj
             self.v_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias, rng=self.rng)
         if self.value_norm:  # Gemma 3n, Gemma 4: each head of v over its D, no weight
@@ -472,7 +479,8 @@ class GroupedQueryAttention(Module):
         own = shared is None  # a KV-shared layer's keys and values are another layer's
         q = self.q_proj(x)  # (B, N, H*D)
         if shared is None:
-            k, v = self.k_proj(x), self.v_proj(x)  # (B, N, H_kv*D) each
+            k = self.k_proj(x)  # (B, N, H_kv*D)
+            v = k if self.values_from_keys else self.v_proj(x)  # (B, N, H_kv*D)
         else:
             k, v = shared  # (B, H_kv, M, D) each, normed and rotated by their own layer
         clip, clips = self.clip_qkv, None  # (refused with shared keys and values)
@@ -587,6 +595,7 @@ class GroupedQueryAttention(Module):
         RoPE);  with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
         (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
         With a value norm, dVh = v_norm^T(dV) (the weightless RMSNorm's backward per head).
+        With values from the keys, dxk = k_proj^T(dKp + dVp) and there is no dxv.
         Keys and values shared with other layers: dKr += dkv.k and dV += dkv.v (their other
         uses) before the key and value chains; a KV-shared layer stops at dKr, dV and leaves
         them in ``self.dkv`` (dx is then dxq (+ dxg)).
@@ -657,9 +666,13 @@ class GroupedQueryAttention(Module):
         if ctx.clips is not None and not self.clip_after_norm:  # forward: q = clip(q_proj(x))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
-        dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
-        dxv = self.v_proj.backward(dv)
-        dx = dxq + dxk + dxv
+        if self.values_from_keys:  # forward: v = k_proj(x) as well, so its gradients add
+            dxk = self.k_proj.backward(dk + dv)  # (B, N, H_kv*D) -> (B, N, C)
+            dx = dxq + dxk
+        else:
+            dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
+            dxv = self.v_proj.backward(dv)
+            dx = dxq + dxk + dxv
         return dx if dxg is None else dx + dxg
 
     def _query_backward(

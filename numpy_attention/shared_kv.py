@@ -37,23 +37,37 @@ class SharedKV(NamedTuple):
     v: np.ndarray
 
 
-def check_shared(value_norm: Any, kv_shared: Any, clip: float | None) -> tuple[bool, bool]:
-    """The layer's ``value_norm`` and ``kv_shared`` as flags (pure Python, shared with the torch
-    twin): a KV-shared layer has no values of its own to norm, nor keys and values to clamp, so
-    either with it is refused by name."""
+def check_shared(
+    value_norm: Any, kv_shared: Any, clip: float | None, values_from_keys: Any = False
+) -> tuple[bool, bool, bool]:
+    """The layer's ``value_norm``, ``kv_shared`` and ``values_from_keys`` as flags (pure Python,
+    shared with the torch twin): a KV-shared layer has no values of its own to norm or take
+    from its keys, nor keys and values to clamp, and values taken from the keys are not clamped
+    by any model (where the clamp would sit is a guess), so each of those is refused by name."""
     value_norm = validation.flag("value_norm", value_norm)
     kv_shared = validation.flag("kv_shared", kv_shared)
+    values_from_keys = validation.flag("values_from_keys", values_from_keys)
     if kv_shared and value_norm:
         raise ValueError(
             "value_norm with kv_shared: a KV-shared layer's values are another layer's, "
             "normed there (build the source layer with value_norm)"
+        )
+    if kv_shared and values_from_keys:
+        raise ValueError(
+            "values_from_keys with kv_shared: a KV-shared layer has no key projection to take "
+            "its values from (build the source layer with values_from_keys)"
         )
     if kv_shared and clip is not None:
         raise ValueError(
             f"clip_qkv={clip} with kv_shared: a KV-shared layer's keys and values are another "
             "layer's, and no model clamps only its queries"
         )
-    return value_norm, kv_shared
+    if values_from_keys and clip is not None:
+        raise ValueError(
+            f"clip_qkv={clip} with values_from_keys: no model clamps values taken from the "
+            "keys, so whether the clamp comes before or after the sharing would be a guess"
+        )
+    return value_norm, kv_shared, values_from_keys
 
 
 def read_shared_kv(

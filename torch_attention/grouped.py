@@ -24,7 +24,8 @@ or a weightless RMSNorm; before RoPE or after it), the query temperature (``temp
 partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the output gate (per
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
 before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``) and the output norm
-(an RMSNorm over the H*D merged coordinates, ``o_norm``), the value norm (``value_norm``) and
+(an RMSNorm over the H*D merged coordinates, ``o_norm``), the value norm (``value_norm``), values
+taken from the key projection (``values_from_keys``) and
 keys and values shared across layers (``kv_shared``, ``shared_kv.py``: the source's ``kv`` are
 tensors of the graph, so autograd adds the consumers' gradients) are the NumPy twin's.
 
@@ -132,6 +133,7 @@ class GroupedQueryAttention(Module):
         alibi_slopes: Any = None,
         value_norm: bool = False,
         kv_shared: bool = False,
+        values_from_keys: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -194,7 +196,9 @@ class GroupedQueryAttention(Module):
             )
         self.output_norm = _check_output_norm(output_norm, output_norm_eps, self.output_gate)
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
-        self.value_norm, self.kv_shared = check_shared(value_norm, kv_shared, self.clip_qkv)
+        self.value_norm, self.kv_shared, self.values_from_keys = check_shared(
+            value_norm, kv_shared, self.clip_qkv, values_from_keys
+        )
         self.kv: SharedKV | None = None  # the keys and values of the last forward, to share
         self.backend = check_backend(backend)
 
@@ -204,6 +208,7 @@ class GroupedQueryAttention(Module):
         self.q_proj = Linear(self.input_size, width, bias=bias)
         if not self.kv_shared:  # a KV-shared layer reads another layer's keys and values
             self.k_proj = Linear(self.input_size, kv_width, bias=bias)
+        if not (self.kv_shared or self.values_from_keys):  # Gemma 4's full layers: v = k_proj
             self.v_proj = Linear(self.input_size, kv_width, bias=bias)
         self.o_proj = Linear(width, self.hidden_size, bias=out_bias)
         if self.value_norm:  # Gemma 3n, Gemma 4: each head of v over its D, no weight
@@ -331,7 +336,8 @@ class GroupedQueryAttention(Module):
         own = shared is None  # a KV-shared layer's keys and values are another layer's
         q = self.q_proj(x)  # (B, N, H*D)
         if shared is None:
-            k, v = self.k_proj(x), self.v_proj(x)  # (B, N, H_kv*D) each
+            k = self.k_proj(x)  # (B, N, H_kv*D)
+            v = k if self.values_from_keys else self.v_proj(x)  # (B, N, H_kv*D)
         else:
             k, v = shared  # (B, H_kv, M, D) each, normed and rotated by their own layer
         c = self.clip_qkv  # (refused with shared keys and values)
@@ -445,6 +451,8 @@ class GroupedQueryAttention(Module):
             options.append("value_norm=True")
         if self.kv_shared:
             options.append("kv_shared=True")
+        if self.values_from_keys:
+            options.append("values_from_keys=True")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:

@@ -158,6 +158,14 @@ OPTIONS = {
     },
     "alibi_rope_window_sinks": {"alibi_slopes": ALIBI_SLOPES, "window": (2, 0), "sinks": True},
     "value_norm": {"value_norm": True, "norm_eps": 0.1},  # Gemma 3n's weightless v_norm
+    "values_from_keys": {"values_from_keys": True, "bias": True},  # no v_proj: v = k_proj(x)
+    "values_from_keys_gemma4_full": {  # Gemma 4's full layers: v = v_norm(k_proj(x))
+        "values_from_keys": True,
+        "value_norm": True,
+        "qk_norm": True,
+        "scaling": 1.0,
+        "norm_eps": 0.1,
+    },
     "value_norm_gemma3n": {  # with its QK-norm and scale 1, a window
         "value_norm": True,
         "qk_norm": True,
@@ -262,7 +270,8 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     own = shared_kv is None
     q = project("q_proj", heads, "q_norm")
     if own:
-        k, v = project("k_proj", kv_heads, "k_norm"), project("v_proj", kv_heads)
+        values = "k_proj" if args["values_from_keys"] else "v_proj"  # the raw projection
+        k, v = project("k_proj", kv_heads, "k_norm"), project(values, kv_heads)
         if args["value_norm"]:  # each head of v over its D, no weight
             v = F.rms_norm(v, (d,), None, args["norm_eps"])
     else:
@@ -491,6 +500,7 @@ def test_dropout_draws_from_the_layers_generator_and_is_off_in_eval(rng):
 DECODE = {
     "plain": ({}, 2),
     "value_norm": (OPTIONS["value_norm_gemma3n"], 1),  # v normed before it is cached
+    "values_from_keys": (OPTIONS["values_from_keys_gemma4_full"], 2),
     "alibi_mpt": (OPTIONS["alibi_mpt"], 2),  # each cached key's distance to the new rows
     "alibi_rope_gqa": ({"alibi_slopes": ALIBI_SLOPES, "qk_norm": True}, 1),
     "left_padding": ({}, 2),

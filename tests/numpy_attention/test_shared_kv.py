@@ -227,6 +227,17 @@ def test_a_source_forward_with_a_cache_shares_no_kv(rng):
     [
         ({"kv_shared": True, "value_norm": True}, ValueError, "value_norm with kv_shared"),
         ({"kv_shared": True, "clip_qkv": 0.5}, ValueError, "clip_qkv=0.5 with kv_shared"),
+        (
+            {"kv_shared": True, "values_from_keys": True},
+            ValueError,
+            "values_from_keys with kv_shared",
+        ),
+        (
+            {"values_from_keys": True, "clip_qkv": 0.5},
+            ValueError,
+            "clip_qkv=0.5 with values_from_keys",
+        ),
+        ({"values_from_keys": 0}, TypeError, "values_from_keys must be a bool"),
         ({"kv_shared": 1}, TypeError, "kv_shared must be a bool"),
         ({"value_norm": "yes"}, TypeError, "value_norm must be a bool"),
     ],
