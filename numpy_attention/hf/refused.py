@@ -43,8 +43,9 @@ REFUSED = {
         "its full layers differ from its sliding ones in ways no row can say yet: their own "
         "head_dim (global_head_dim, through per_layer_config) and, under attention_k_eq_v, "
         "their own key/value head count (num_global_key_value_heads) and no v_proj (the values "
-        "are v_norm of k_proj's output, taken before k_norm and RoPE: a layer option still "
-        "missing), RoPE 'proportional' over a quarter of the global head; and "
+        "are v_norm of k_proj's output, taken before k_norm and RoPE: the layer's "
+        "values_from_keys, which no row reads yet), RoPE 'proportional' over a quarter of the "
+        "global head, its frequencies from that per-layer head_dim; and "
         "use_bidirectional_attention 'all' or 'vision' makes it non-causal (issue 28)"
         for name in ("gemma4_text", "gemma4_unified_text")
     },
