@@ -13,7 +13,7 @@ The layer's chain, and its backward walking it in reverse through the parts' own
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
-    v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
+    v = s_v * v_norm(split_heads(v_proj(x), H_kv))     (B, H_kv, N, Dv) v_norm: value_norm only
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
     o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
@@ -44,6 +44,10 @@ x feeds the query, key and value paths (and the gate's), so dx = dxq + dxk + dxv
 ``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor
 (``rope.py``, ``norms.py``).
 
+A layer built with ``kv_shared`` computes no k or v: it attends with another layer's
+(``shared_kv.py``: Gemma 3n's and Gemma 4's last layers), and its backward leaves their
+gradient in its ``dkv`` for the source layer's backward to add.
+
 Decoding, the layer hands q, k, v to its cache's ``attend``, which appends k, v and attends over
 everything cached: a contiguous ``KVCache`` or pages, ``PagedKVCache``, both in
 ``decode/cache.py`` (equal results; docs/decoding.md).
@@ -53,10 +57,11 @@ LongRoPE's switch, the cache), docs/derivations/rope.md (partial rotary),
 docs/derivations/rmsnorm.md, docs/derivations/layernorm.md, docs/derivations/output-gate.md,
 docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
 docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
-docs/derivations/value-scale.md, docs/derivations/differential.md.
+docs/derivations/value-scale.md, docs/derivations/differential.md,
+docs/derivations/shared-kv.md.
 Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
 equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
-tests/numpy_attention/test_norms.py.
+tests/numpy_attention/test_norms.py, tests/numpy_attention/test_shared_kv.py.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+from .shared_kv import SharedKV, check_shared, check_shared_grad, read_shared_kv
 from .temperature import (
     TemperatureCtx,
     check_temperature,
@@ -109,10 +115,10 @@ __all__ = ["GroupedQueryAttention"]
 
 class _GroupedCtx(NamedTuple):
     q_heads: HeadsCtx
-    k_heads: HeadsCtx
-    v_heads: HeadsCtx
+    k_heads: HeadsCtx | None  # None for a KV-shared layer (no keys or values of its own)
+    v_heads: HeadsCtx | None
     q_rope: RopeCtx
-    k_rope: RopeCtx
+    k_rope: RopeCtx | None
     attn: Any  # attention_forward's ctx (dense or tiled)
     out_heads: HeadsCtx
     gate: GateCtx | None  # with an output gate
@@ -234,6 +240,15 @@ class GroupedQueryAttention(Module):
             alike; the chunks of a left-padded sequence start at its first unpadded key (the
             leading True entries of ``key_padding_mask``), as transformers counts them
             (docs/derivations/windows.md#chunks).
+        value_norm: a weightless RMSNorm over each head's D coordinates of v, eps
+            ``norm_eps``, before attention (Gemma 3n's and Gemma 4's ``v_norm``); no parameter.
+        kv_shared: the layer attends with another layer's keys and values (Gemma 3n's and
+            Gemma 4's last ``num_kv_shared_layers`` layers): it has no ``k_proj``, ``v_proj`` or
+            ``k_norm``, and its forward takes ``shared_kv`` (``shared_kv.py``). Not with
+            ``value_norm`` or ``clip_qkv`` (they act on its own values, which it has none of).
+        values_from_keys: no ``v_proj``: the values are the key projection's output, taken
+            before the key's QK-norm and RoPE (then normed by the value norm, if any): Gemma 4's
+            ``attention_k_eq_v`` on its full layers. Not with ``kv_shared`` or ``clip_qkv``.
         rng: generator or seed for the projections' initial weights and the keep-masks drawn
             in train mode.
     """
@@ -281,6 +296,9 @@ class GroupedQueryAttention(Module):
         lambda_init: float | None = None,
         differential_eps: float = 1e-6,
         chunk_size: int | None = None,
+        value_norm: bool = False,
+        kv_shared: bool = False,
+        values_from_keys: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -363,6 +381,20 @@ class GroupedQueryAttention(Module):
         self.chunk_size = (
             None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
         )
+        self.value_norm, self.kv_shared, self.values_from_keys = check_shared(
+            value_norm, kv_shared, self.clip_qkv, values_from_keys
+        )
+        self.kv: SharedKV | None = None  # the keys and values of the last forward, to share
+        self.dkv: SharedKV | None = None  # a KV-shared layer's: their gradient, by backward
+        grouped_options.check_value_options(
+            value_norm=self.value_norm,
+            kv_shared=self.kv_shared,
+            values_from_keys=self.values_from_keys,
+            v_head_dim=self.v_head_dim,
+            head_dim=self.head_dim,
+            value_scale=self.value_scale,
+            differential=self.differential,
+        )
         self.rng = np.random.default_rng(rng)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -371,18 +403,25 @@ class GroupedQueryAttention(Module):
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
         self.q_proj = Linear(self.input_size, width, bias=bias, rng=self.rng)
-        self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
-        self.v_proj = Linear(self.input_size, v_width, bias=bias, rng=self.rng)
+        if not self.kv_shared:  # a KV-shared layer reads another layer's keys and values
+            self.k_proj = Linear(self.input_size, kv_width, bias=bias, rng=self.rng)
+        if not (self.kv_shared or self.values_from_keys):  # Gemma 4's full layers: v = k_proj
+            self.v_proj = Linear(self.input_size, v_width, bias=bias, rng=self.rng)
         self.o_proj = Linear(merged_width, self.hidden_size, bias=out_bias, rng=self.rng)
+        if self.value_norm:  # Gemma 3n, Gemma 4: each head of v over its Dv, no weight
+            self.v_norm = WeightlessRMSNorm(self.v_head_dim, norm_eps)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             self.q_norm: Module = WeightlessRMSNorm(
                 grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim),
                 norm_eps,
             )
-            self.k_norm: Module = WeightlessRMSNorm(
-                grouped_options.norm_width(self.qk_norm_shape, self.num_kv_heads, self.head_dim),
-                norm_eps,
-            )
+            if not self.kv_shared:  # only the queries are its own
+                self.k_norm: Module = WeightlessRMSNorm(
+                    grouped_options.norm_width(
+                        self.qk_norm_shape, self.num_kv_heads, self.head_dim
+                    ),
+                    norm_eps,
+                )
         elif self.qk_norm:
             norm = _NORMS[qk_norm_type]
             offset: dict[str, Any] = {"weight_offset": norm_weight_offset}
@@ -393,11 +432,12 @@ class GroupedQueryAttention(Module):
                 norm_eps,
                 **offset,
             )
-            self.k_norm = norm(
-                grouped_options.norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim),
-                norm_eps,
-                **offset,
-            )
+            if not self.kv_shared:  # only the queries are its own
+                self.k_norm = norm(
+                    grouped_options.norm_dim(self.qk_norm_shape, self.num_kv_heads, self.head_dim),
+                    norm_eps,
+                    **offset,
+                )
         if self.has_sinks:
             self.register_parameter("sinks", np.zeros(self.num_heads, dtype=np.float32))
         if self.output_gate is not None:
@@ -433,8 +473,10 @@ class GroupedQueryAttention(Module):
         key_padding_mask: np.ndarray | None = None,
         cache: KVCache | PagedKVCache | None = None,
         attn_dropout_mask: np.ndarray | None = None,
+        shared_kv: SharedKV | tuple[Any, Any] | KVCache | PagedKVCache | None = None,
     ) -> np.ndarray:
-        """Causal self-attention of x's tokens over the cache's and their own.
+        """Causal self-attention of x's tokens over the cache's and their own (over the shared
+        keys and values, for a KV-shared layer).
 
         Args:
             x: (B, N, C), or (B, N, input_size) when given.
@@ -448,13 +490,38 @@ class GroupedQueryAttention(Module):
                 (token i of x sits at position ``cache.length + i`` of the key axis). No
                 backward follows a forward with a cache.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+            shared_kv: a KV-shared layer's keys and values, and only its: the source layer's
+                ``kv`` (a ``SharedKV`` or (k, v) pair, (B, H_kv, M, D), M >= N: the queries are
+                the last N positions of the key axis, attended with ``align="bottom-right"``),
+                or the source layer's ``KVCache`` / ``PagedKVCache`` after its own call of this
+                step (read, not appended to; no backward follows). The positions default to
+                ``M - N + arange(N)``.
 
         Returns:
             (B, N, C).
         """
         x = validation.layer_input("x", x, self.input_size, (3,), self.dtype)
         b, n, _ = x.shape
-        start = 0
+        start, shared, from_cache = 0, None, False
+        if self.kv_shared:  # another layer's keys and values: nothing of its own to cache
+            if cache is not None:
+                raise ValueError(
+                    "cache: a KV-shared layer appends no keys or values of its own; pass the "
+                    "source layer's cache as shared_kv"
+                )
+            if shared_kv is None:
+                raise ValueError(
+                    "shared_kv is missing: a KV-shared layer attends with the source layer's kv "
+                    "(or, decoding, its cache)"
+                )
+            shape = (b, self.num_kv_heads, self.head_dim)
+            shared, from_cache = read_shared_kv(shared_kv, shape, n, x.dtype)
+            start = shared.k.shape[2] - n
+        elif shared_kv is not None:
+            raise ValueError(
+                "shared_kv is given but the layer computes its own keys and values "
+                "(kv_shared=False)"
+            )
         if cache is not None:
             if not isinstance(cache, (KVCache, PagedKVCache)):
                 raise TypeError(
@@ -478,9 +545,10 @@ class GroupedQueryAttention(Module):
         )
 
         # With a cache there is no backward: keep nothing (no probabilities, no projections' x).
-        with no_grad() if cache is not None else contextlib.nullcontext():
-            out, ctx = self._chain(x, positions, padding, keep, cache)
-        self._save_ctx(_CachedForward() if cache is not None else ctx, out)
+        inference = cache is not None or from_cache
+        with no_grad() if inference else contextlib.nullcontext():
+            out, ctx = self._chain(x, positions, padding, keep, cache, shared)
+        self._save_ctx(_CachedForward() if inference else ctx, out)
         return out
 
     def _chain(
@@ -490,34 +558,51 @@ class GroupedQueryAttention(Module):
         padding: np.ndarray | None,
         keep: np.ndarray | None,
         cache: KVCache | PagedKVCache | None,
+        shared: SharedKV | None = None,
     ) -> tuple[np.ndarray, _GroupedCtx]:
-        """The forward chain (see the module docstring); inputs already checked."""
+        """The forward chain (see the module docstring); inputs already checked. A KV-shared
+        layer's keys and values are ``shared``'s, taken as they are (normed and rotated by
+        their own layer)."""
         rope: dict[str, Any] = {
             "inv_freq": self._frequencies(positions),
             "interleaved": self.rope_interleaved,
             "attention_factor": self.rope_attention_factor,
             "rotary_dim": self.rotary_dim,
         }
-        q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
-        v = self.v_proj(x)  # (B, N, H_kv*Dv)
-        clip, clips = self.clip_qkv, None
+        own = shared is None  # a KV-shared layer's keys and values are another layer's
+        q = self.q_proj(x)  # (B, N, H*D)
+        if shared is None:
+            k = self.k_proj(x)  # (B, N, H_kv*D)
+            v = k if self.values_from_keys else self.v_proj(x)  # (B, N, H_kv*Dv)
+        else:
+            k, v = shared  # (B, H_kv, M, D) each, normed and rotated by their own layer
+        clip, clips = self.clip_qkv, None  # (refused with shared keys and values)
         if clip is not None and not self.clip_after_norm:  # OLMo, DBRX
             (q, k, v), clips = _clip_qkv(clip, q, k, v)
         if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
             q = self._norm_forward(self.q_norm, q, self.num_heads)
-            k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
+            if own:
+                k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
         if clip is not None and self.clip_after_norm:  # OLMoE: q, k after their norm
             (q, k, v), clips = _clip_qkv(clip, q, k, v)
         q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, D)
-        k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
-        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, then cached
-            v = v * self.value_scale
+        k_heads = v_heads = k_rope = None
+        if own:
+            k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
+            v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
+            if self.value_norm:  # Gemma 3n, Gemma 4: v / rms over each head's Dv
+                v = self.v_norm(v)
+            if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, cached
+                v = v * self.value_scale
         q, q_rope = rope_forward(q, positions, **rope)
-        k, k_rope = rope_forward(k, positions, **rope)
+        if own:
+            k, k_rope = rope_forward(k, positions, **rope)
         if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
             q = self._norm_heads_forward(self.q_norm, q)
-            k = self._norm_heads_forward(self.k_norm, k)
+            if own:
+                k = self._norm_heads_forward(self.k_norm, k)
+        if own:  # what a KV-shared layer reads: this call's keys and values (a cache's else)
+            self.kv = SharedKV(k, v) if cache is None else None
         temperature = None
         if self.query_temperature is not None:  # q * t(p), row by row
             counted = _temperature_positions(self.query_temperature, positions, cache)
@@ -617,7 +702,9 @@ class GroupedQueryAttention(Module):
         dflat = self._norm_backward(norm, flat, heads)
         return dflat.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
 
-    def backward(self, dout: np.ndarray) -> np.ndarray:
+    def backward(
+        self, dout: np.ndarray, *, dkv: SharedKV | tuple[Any, Any] | None = None
+    ) -> np.ndarray:
         """Gradient of x; adds the gradients of every parameter.
 
         dA = o_proj^T(dY);  with the output norm dA = o_norm^T(dA) (RMSNorm's backward);
@@ -633,13 +720,21 @@ class GroupedQueryAttention(Module):
         the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn) (before
         RoPE);  with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
         (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
-        Derivation: docs/derivations/grouped.md, docs/derivations/output-gate.md,
+        With a value norm, dVh = v_norm^T(dV) (the weightless RMSNorm's backward per head).
+        With values from the keys, dxk = k_proj^T(dKp + dVp) and there is no dxv.
+        Keys and values shared with other layers: dKr += dkv.k and dV += dkv.v (their other
+        uses) before the key and value chains; a KV-shared layer stops at dKr, dV and leaves
+        them in ``self.dkv`` (dx is then dxq (+ dxg)).
+        Derivation: docs/derivations/grouped.md, docs/derivations/shared-kv.md,
+        docs/derivations/output-gate.md,
         docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
         docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
         docs/derivations/value-scale.md, docs/derivations/differential.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
+            dkv: the gradient of the ``kv`` that forward shared, (B, H_kv, N, D) each: the sum
+                of its KV-shared layers' ``dkv``; None when no layer read it.
 
         Returns:
             dx (B, N, C).
@@ -648,8 +743,17 @@ class GroupedQueryAttention(Module):
         if saved is not None and isinstance(saved.ctx, _CachedForward):
             raise RuntimeError(
                 "GroupedQueryAttention.backward follows a forward without a cache (the training "
-                "path); the last forward appended to a KVCache, which is inference only"
+                "path); the last forward appended to a KVCache (or read one as shared_kv), "
+                "which is inference only"
             )
+        if dkv is not None and self.kv_shared:
+            raise ValueError(
+                "dkv: a KV-shared layer has no keys or values of its own to receive a gradient; "
+                "its own gradient of the shared ones is left in its dkv"
+            )
+        shared_grad = None  # checked before the ctx is used (without one, _pop_ctx says so)
+        if dkv is not None and saved is not None and self.kv is not None:
+            shared_grad = check_shared_grad(dkv, self.kv)
         dout, ctx = self._pop_ctx(dout)
         dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
         if self.output_norm:  # forward: merged = o_norm(merged)
@@ -666,22 +770,29 @@ class GroupedQueryAttention(Module):
         grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D | Dv): group sums
         if grads.dsinks is not None:  # with sinks
             self._accumulate("sinks", grads.dsinks)
-        dq, dk = grads.dq, grads.dk
-        if ctx.temperature is not None:  # forward: q = t(p) * q
-            dq = query_temperature_backward(dq, ctx.temperature)
-        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
-            dq = self._norm_heads_backward(self.q_norm, dq)
-            dk = self._norm_heads_backward(self.k_norm, dk)
-        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
-        dk = rope_backward(dk, ctx.k_rope)
-        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
-        dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
-        dv = grads.dv
+        dq, dk, dv = grads.dq, grads.dk, grads.dv
         if ctx.differential is not None:  # forward: V' = both halves of v side by side
             dv = differential_values_backward(dv)  # (B, H_kv, N, 2D) -> (B, H_kv, N, D)
         if self.value_scale != 1.0:  # forward: v = s_v * v
             dv = dv * self.value_scale
-        dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, Dv) -> (B, N, H_kv*Dv)
+        if ctx.temperature is not None:  # forward: q = t(p) * q
+            dq = query_temperature_backward(dq, ctx.temperature)
+        if self.kv_shared:  # the keys and values were another layer's: their gradient goes back
+            self.dkv = SharedKV(dk, dv)
+            return self._query_backward(dq, ctx, dxg)
+        if shared_grad is not None:  # forward: k, v also attended by the KV-shared layers
+            dk, dv = dk + shared_grad.k, dv + shared_grad.v
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
+            dq = self._norm_heads_backward(self.q_norm, dq)
+            dk = self._norm_heads_backward(self.k_norm, dk)
+        if self.value_norm:  # forward: v = v_norm(v_h)
+            dv = self.v_norm.backward(dv)
+        assert ctx.k_rope is not None and ctx.k_heads is not None and ctx.v_heads is not None
+        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
+        dk = rope_backward(dk, ctx.k_rope)
+        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
+        dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
+        dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
         if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))
@@ -690,10 +801,28 @@ class GroupedQueryAttention(Module):
         if ctx.clips is not None and not self.clip_after_norm:  # forward: q = clip(q_proj(x))
             dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
         dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
-        dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
-        dxv = self.v_proj.backward(dv)
-        dx = dxq + dxk + dxv
+        if self.values_from_keys:  # forward: v = k_proj(x) as well, so its gradients add
+            dxk = self.k_proj.backward(dk + dv)  # (B, N, H_kv*D) -> (B, N, C)
+            dx = dxq + dxk
+        else:
+            dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
+            dxv = self.v_proj.backward(dv)
+            dx = dxq + dxk + dxv
         return dx if dxg is None else dx + dxg
+
+    def _query_backward(
+        self, dq: np.ndarray, ctx: _GroupedCtx, dxg: np.ndarray | None
+    ) -> np.ndarray:
+        """A KV-shared layer's dx: the query chain's alone (and the gate's): ``backward``'s
+        steps for q, from dQr (B, H, N, D) to dxq (B, N, C)."""
+        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
+            dq = self._norm_heads_backward(self.q_norm, dq)
+        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
+        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
+        if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))
+            dq = self._norm_backward(self.q_norm, dq, self.num_heads)
+        dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
+        return dxq if dxg is None else dxq + dxg
 
 
 _NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {

@@ -114,3 +114,41 @@ def check_differential_width(differential: bool, v_head_dim: int, head_dim: int)
             f"differential with v_head_dim={v_head_dim} != head_dim={head_dim}: no model has "
             "both (DiffLlama's values are head_dim wide)"
         )
+
+
+def check_value_options(
+    *,
+    value_norm: bool,
+    kv_shared: bool,
+    values_from_keys: bool,
+    v_head_dim: int,
+    head_dim: int,
+    value_scale: float,
+    differential: bool,
+) -> None:
+    """The value options that no model combines, refused rather than given a guessed order: a
+    value norm or another layer's (or the keys') values with MiMo-V2-Flash's value width or
+    scale, or with DiffLlama's differential attention."""
+    gemma = [
+        name
+        for name, on in (
+            ("value_norm", value_norm),
+            ("kv_shared", kv_shared),
+            ("values_from_keys", values_from_keys),
+        )
+        if on
+    ]
+    other = [
+        name
+        for name, on in (
+            (f"v_head_dim={v_head_dim}", v_head_dim != head_dim),
+            (f"value_scale={value_scale}", value_scale != 1.0),
+            ("differential", differential),
+        )
+        if on
+    ]
+    if gemma and other:
+        raise ValueError(
+            f"{' and '.join(gemma)} with {' and '.join(other)}: no model has both, and the "
+            "order of the value transforms would be a guess"
+        )

@@ -14,7 +14,7 @@ The layer's chain (backward by autograd here; the pages derive the NumPy twin's)
     q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
     k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
     q = t(p) * q                                       (B, H, N, D)     query_temperature only
-    v = s_v * split_heads(v_proj(x), H_kv)             (B, H_kv, N, Dv) (appended to the cache)
+    v = s_v * v_norm(split_heads(v_proj(x), H_kv))     (B, H_kv, N, Dv) v_norm: value_norm only
     o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
     o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
     a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
@@ -27,9 +27,11 @@ partial rotary and NoPE (``rotary_dim``), LongRoPE's frequency switch, the outpu
 element or per head, sigmoid or softplus, ``gate.py``), the clip of q, k and v (``clip_qkv``,
 before the QK-norm or, ``clip_after_norm``, q and k after it; ``clip.py``), the output norm
 (an RMSNorm over the H*Dv merged coordinates, ``o_norm``), the value width Dv and the value
-scale s_v (``v_head_dim``, ``value_scale``: MiMo-V2-Flash) and differential attention (the
-value halves side by side, paired heads subtracted and normed; ``differential.py``) are the
-NumPy twin's.
+scale s_v (``v_head_dim``, ``value_scale``: MiMo-V2-Flash), differential attention (the value
+halves side by side, paired heads subtracted and normed; ``differential.py``), the value norm
+(``value_norm``), values taken from the key projection (``values_from_keys``) and keys and
+values shared across layers (``kv_shared``, ``shared_kv.py``: the source's ``kv`` are tensors
+of the graph, so autograd adds the consumers' gradients) are the NumPy twin's.
 
 Precision as in the NumPy twin: RoPE's angles are computed in float64 from float64 positions and
 frequencies, and only the cos and sin tables are cast to x's dtype; RMSNorm computes in its
@@ -44,9 +46,10 @@ Derivation: docs/derivations/grouped.md, docs/derivations/rope.md, docs/derivati
 docs/derivations/layernorm.md, docs/derivations/output-gate.md, docs/derivations/clip-qkv.md,
 docs/derivations/output-norm.md, docs/derivations/qk-norm-after-rope.md,
 docs/derivations/query-temperature.md, docs/derivations/value-scale.md,
-docs/derivations/differential.md.
-Tests: tests/torch_attention/test_grouped.py; against the NumPy twin in
-tests/parity/test_run.py; against transformers in tests/parity/test_hf_models.py.
+docs/derivations/differential.md, docs/derivations/shared-kv.md.
+Tests: tests/torch_attention/test_grouped.py, tests/torch_attention/test_shared_kv.py; against
+the NumPy twin in tests/parity/test_run.py; against transformers in
+tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import check_positions, rope, rope_inv_freq
+from .shared_kv import SharedKV, check_shared, read_shared_kv
 from .temperature import check_temperature, query_temperature
 
 __all__ = ["GroupedQueryAttention"]
@@ -149,6 +153,9 @@ class GroupedQueryAttention(Module):
         lambda_init: float | None = None,
         differential_eps: float = 1e-6,
         chunk_size: int | None = None,
+        value_norm: bool = False,
+        kv_shared: bool = False,
+        values_from_keys: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -232,6 +239,19 @@ class GroupedQueryAttention(Module):
         self.chunk_size = (
             None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
         )
+        self.value_norm, self.kv_shared, self.values_from_keys = check_shared(
+            value_norm, kv_shared, self.clip_qkv, values_from_keys
+        )
+        self.kv: SharedKV | None = None  # the keys and values of the last forward, to share
+        grouped_options.check_value_options(
+            value_norm=self.value_norm,
+            kv_shared=self.kv_shared,
+            values_from_keys=self.values_from_keys,
+            v_head_dim=self.v_head_dim,
+            head_dim=self.head_dim,
+            value_scale=self.value_scale,
+            differential=self.differential,
+        )
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -240,16 +260,21 @@ class GroupedQueryAttention(Module):
         bias = validation.flag("bias", bias)
         out_bias = validation.flag("out_bias", out_bias)
         self.q_proj = Linear(self.input_size, width, bias=bias)
-        self.k_proj = Linear(self.input_size, kv_width, bias=bias)
-        self.v_proj = Linear(self.input_size, v_width, bias=bias)
+        if not self.kv_shared:  # a KV-shared layer reads another layer's keys and values
+            self.k_proj = Linear(self.input_size, kv_width, bias=bias)
+        if not (self.kv_shared or self.values_from_keys):  # Gemma 4's full layers: v = k_proj
+            self.v_proj = Linear(self.input_size, v_width, bias=bias)
         self.o_proj = Linear(merged_width, self.hidden_size, bias=out_bias)
+        if self.value_norm:  # Gemma 3n, Gemma 4: each head of v over its Dv, no weight
+            self.v_norm = WeightlessRMSNorm(self.v_head_dim, self.norm_eps)
         if self.qk_norm and qk_norm_type == "rms_weightless":  # no parameter
             q_width = grouped_options.norm_width(self.qk_norm_shape, self.num_heads, self.head_dim)
             k_width = grouped_options.norm_width(
                 self.qk_norm_shape, self.num_kv_heads, self.head_dim
             )
             self.q_norm: nn.Module = WeightlessRMSNorm(q_width, self.norm_eps)
-            self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
+            if not self.kv_shared:  # only the queries are its own
+                self.k_norm: nn.Module = WeightlessRMSNorm(k_width, self.norm_eps)
         elif self.qk_norm:
             norm = _NORMS[qk_norm_type]
             q_dim = grouped_options.norm_dim(self.qk_norm_shape, self.num_heads, self.head_dim)
@@ -258,7 +283,8 @@ class GroupedQueryAttention(Module):
             if qk_norm_type == "layer_bias":  # q_norm.bias, k_norm.bias beside the weights
                 options["bias"] = True
             self.q_norm = norm(q_dim, self.norm_eps, **options)
-            self.k_norm = norm(k_dim, self.norm_eps, **options)
+            if not self.kv_shared:
+                self.k_norm = norm(k_dim, self.norm_eps, **options)
         if self.has_sinks:
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         if self.output_gate is not None:
@@ -279,8 +305,10 @@ class GroupedQueryAttention(Module):
         key_padding_mask: Any = None,
         cache: KVCache | PagedKVCache | None = None,
         attn_dropout_mask: Any = None,
+        shared_kv: SharedKV | tuple[Any, Any] | KVCache | PagedKVCache | None = None,
     ) -> torch.Tensor:
-        """Causal self-attention of x's tokens over the cache's and their own.
+        """Causal self-attention of x's tokens over the cache's and their own (over the shared
+        keys and values, for a KV-shared layer).
 
         Args:
             x: (B, N, C).
@@ -294,13 +322,37 @@ class GroupedQueryAttention(Module):
                 ``align="bottom-right"``.
                 A forward with a cache runs under ``torch.no_grad()`` (inference only).
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+            shared_kv: a KV-shared layer's keys and values, and only its: the source layer's
+                ``kv`` (a ``SharedKV`` or (k, v) pair, (B, H_kv, M, D), M >= N, the queries the
+                last N positions of the key axis), or the source layer's ``KVCache`` /
+                ``PagedKVCache`` after its own call of this step (read, not appended to; run
+                under ``torch.no_grad()``). Positions default to ``M - N + arange(N)``.
 
         Returns:
             (B, N, C).
         """
         x = validation.layer_input("x", x, self.input_size, (3,), self.q_proj.weight.dtype)
         b, n, _ = x.shape
-        start = 0
+        start, shared, from_cache = 0, None, False
+        if self.kv_shared:  # another layer's keys and values: nothing of its own to cache
+            if cache is not None:
+                raise ValueError(
+                    "cache: a KV-shared layer appends no keys or values of its own; pass the "
+                    "source layer's cache as shared_kv"
+                )
+            if shared_kv is None:
+                raise ValueError(
+                    "shared_kv is missing: a KV-shared layer attends with the source layer's kv "
+                    "(or, decoding, its cache)"
+                )
+            shape = (b, self.num_kv_heads, self.head_dim)
+            shared, from_cache = read_shared_kv(shared_kv, shape, n, x.dtype, x.device)
+            start = shared.k.shape[2] - n
+        elif shared_kv is not None:
+            raise ValueError(
+                "shared_kv is given but the layer computes its own keys and values "
+                "(kv_shared=False)"
+            )
         if cache is not None:
             if not isinstance(cache, (KVCache, PagedKVCache)):
                 raise TypeError(
@@ -322,8 +374,8 @@ class GroupedQueryAttention(Module):
             attn_dropout_mask,
             x.device,
         )
-        with torch.no_grad() if cache is not None else contextlib.nullcontext():
-            return self._chain(x, positions, padding, keep, cache)
+        with torch.no_grad() if cache is not None or from_cache else contextlib.nullcontext():
+            return self._chain(x, positions, padding, keep, cache, shared)
 
     def _chain(
         self,
@@ -332,34 +384,49 @@ class GroupedQueryAttention(Module):
         padding: torch.Tensor | None,
         keep: torch.Tensor | None,
         cache: KVCache | PagedKVCache | None,
+        shared: SharedKV | None = None,
     ) -> torch.Tensor:
-        """The forward chain (see the module docstring); inputs already checked."""
+        """The forward chain (see the module docstring); inputs already checked. A KV-shared
+        layer's keys and values are ``shared``'s, taken as they are."""
         rotation: dict[str, Any] = {
             "inv_freq": self._frequencies(positions),
             "interleaved": self.rope_interleaved,
             "attention_factor": self.rope_attention_factor,
             "rotary_dim": self.rotary_dim,
         }
-        q, k = self.q_proj(x), self.k_proj(x)  # (B, N, H*D), (B, N, H_kv*D)
-        v = self.v_proj(x)  # (B, N, H_kv*Dv)
-        c = self.clip_qkv
+        own = shared is None  # a KV-shared layer's keys and values are another layer's
+        q = self.q_proj(x)  # (B, N, H*D)
+        if shared is None:
+            k = self.k_proj(x)  # (B, N, H_kv*D)
+            v = k if self.values_from_keys else self.v_proj(x)  # (B, N, H_kv*Dv)
+        else:
+            k, v = shared  # (B, H_kv, M, D) each, normed and rotated by their own layer
+        c = self.clip_qkv  # (refused with shared keys and values)
         if c is not None and not self.clip_after_norm:  # OLMo, DBRX
             q, k, v = clip(q, c), clip(k, c), clip(v, c)
         if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
             q = self._norm(self.q_norm, q, self.num_heads)
-            k = self._norm(self.k_norm, k, self.num_kv_heads)
+            if own:
+                k = self._norm(self.k_norm, k, self.num_kv_heads)
         if c is not None and self.clip_after_norm:  # OLMoE: q and k after their norm
             q, k, v = clip(q, c), clip(k, c), clip(v, c)
         q = split_heads(q, self.num_heads)  # (B, N, H*D) -> (B, H, N, D)
-        k = split_heads(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-        v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
-        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, then cached
-            v = v * self.value_scale
+        if own:
+            k = split_heads(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
+            v = split_heads(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
+            if self.value_norm:  # Gemma 3n, Gemma 4: v / rms over each head's Dv
+                v = self.v_norm(v)
+            if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, cached
+                v = v * self.value_scale
         q = rope(q, positions, **rotation)
-        k = rope(k, positions, **rotation)
+        if own:
+            k = rope(k, positions, **rotation)
         if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
             q = self._norm_heads(self.q_norm, q)
-            k = self._norm_heads(self.k_norm, k)
+            if own:
+                k = self._norm_heads(self.k_norm, k)
+        if own:  # what a KV-shared layer reads: this call's keys and values (a cache's else)
+            self.kv = SharedKV(k, v) if cache is None else None
         if self.query_temperature is not None:  # q * t(p), row by row
             counted = _temperature_positions(self.query_temperature, positions, cache)
             q = query_temperature(q, counted, self.query_temperature)
@@ -466,6 +533,12 @@ class GroupedQueryAttention(Module):
         if self.differential:
             eps = self.differential_eps
             options.append(f"differential=True, lambda_init={self.lambda_init}, eps={eps}")
+        if self.value_norm:
+            options.append("value_norm=True")
+        if self.kv_shared:
+            options.append("kv_shared=True")
+        if self.values_from_keys:
+            options.append("values_from_keys=True")
         if self.scaling is not None:
             options.append(f"scaling={self.scaling}")
         if self.dropout:

@@ -20,7 +20,7 @@ Tests: tests/numpy_attention/hf/ (one test file per module, test_X.py for X.py);
 transformers in tests/parity/test_hf_models.py and tests/parity/test_hf_latent.py.
 """
 
-from .families import SUPPORTED_MODEL_TYPES
+from .families import SUPPORTED_MODEL_TYPES, kv_source_layer
 from .grouped import (
     grouped_from_hf,
     hf_attention_state,
@@ -38,6 +38,7 @@ __all__ = [
     "hf_attention_state_from_grouped",
     "hf_inv_freq",
     "hf_rope_attention_factor",
+    "kv_source_layer",
     "latent_from_hf",
     "padding_from_hf",
 ]

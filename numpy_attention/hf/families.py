@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .family import Family, as_mapping, check_kind, options
+from .. import validation
+from .family import Family, as_mapping, check_kind, kv_source, options
 from .refused import REFUSED
 from .rows import classic, fused, hybrids, twists
 
@@ -106,6 +107,18 @@ def check_layer(config: Mapping[str, Any], name: str, layer_idx: int) -> None:
     """``family.check_kind`` for the row of ``name``: a hybrid's layer that is not attention, or a
     config the family refuses, raises ValueError by name."""
     check_kind(config, FAMILIES[name], name, layer_idx)
+
+
+def kv_source_layer(config: Mapping[str, Any], layer_idx: int) -> int | None:
+    """The layer whose keys and values layer ``layer_idx`` attends with (Gemma 3n's last
+    ``num_kv_shared_layers`` layers: the last earlier layer of their type), None where the
+    layer computes its own: which layer's ``kv`` (or cache) to pass a converted KV-shared
+    layer as ``shared_kv``. A multimodal wrapper's config is read through its language
+    model's."""
+    config = language_model(as_mapping(config))
+    name = model_type(config)
+    layer_idx = validation.non_negative_int("kv_source_layer: layer_idx", layer_idx)
+    return kv_source(config, FAMILIES[name], layer_idx)
 
 
 def layer_options(

@@ -67,7 +67,8 @@ class Family:
         qk_norm: (type, shape, weight offset) of the QK-norm, or None;
             ``qk_norm_flag`` the config key that switches it on (None: always);
             ``norm_eps`` the config key of its eps.
-        scaling: None (1/sqrt(D)), ``"query_pre_attn_scalar"`` (its ** -0.5),
+        scaling: None (1/sqrt(D)), ``"unit"`` (1: Gemma 3n, Gemma 4),
+            ``"query_pre_attn_scalar"`` (its ** -0.5),
             ``"attention_multiplier"`` (the scale itself), ``"scale_attn_weights"`` (1/sqrt(D)
             under that flag, true by default, else 1: GPT-BigCode) or ``"half_head_dim"``
             ((D / 2)^-0.5, Zamba's).
@@ -251,9 +252,49 @@ class Family:
     qk_norm_rotating_only: bool = False
     """The QK-norm exists on the layers that rotate only (Llama 4: ``use_qk_norm and
     use_rope``); its NoPE layers have none."""
+    value_norm: bool = False
+    """A weightless RMSNorm over each head of v before attention, its eps the ``norm_eps`` key
+    (Gemma 3n's and Gemma 4's ``v_norm``): the layer's ``value_norm``, on every layer that
+    computes its own values."""
+    kv_sharing: str | None = None
+    """Config key of the count n of last layers that compute no keys or values (Gemma 3n's and
+    Gemma 4's ``num_kv_shared_layers``): layer i >= num_hidden_layers - n attends with those of
+    the last earlier layer of its own type (``kv_source``), and is the layer's ``kv_shared``;
+    None: every layer computes its own."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
+
+
+def kv_source(config: Mapping[str, Any], family: Family, layer_idx: int) -> int | None:
+    """The layer whose keys and values layer i attends with, under ``family.kv_sharing`` (as
+    transformers' ``kv_sharing_modes`` decides it: the last layer of i's type before the n
+    shared ones), or None when layer i computes its own."""
+    config = class_view(config, family)
+    key = family.kv_sharing
+    count = 0 if key is None else config.get(key) or 0
+    if count == 0:
+        return None
+    layers = validation.positive_int(
+        "config['num_hidden_layers']", required(config, "num_hidden_layers")
+    )
+    count = validation.positive_int(f"config['{key}']", count)
+    if count >= layers:
+        raise ValueError(
+            f"{key} is {count} but the model has {layers} layers: the shared layers need an "
+            "earlier layer of each of their types to read the keys and values of"
+        )
+    first = layers - count
+    kinds = [layer_kind(config, family, i) for i in range(layers)]
+    if set(kinds[:first]) != set(kinds):
+        raise ValueError(
+            f"{key} is {count}: the shared layers {first}..{layers - 1} have types "
+            f"{sorted(set(kinds[first:]))} but the layers before them {sorted(set(kinds[:first]))}"
+            ": every shared layer needs an earlier layer of its type (as transformers requires)"
+        )
+    if layer_idx < first:
+        return None
+    return first - 1 - kinds[:first][::-1].index(kinds[layer_idx])
 
 
 def layer_rope_theta(config: Mapping[str, Any], family: Family, layer_idx: int) -> float | None:
@@ -488,6 +529,8 @@ def options(
         options["scaling"] = None if multiplier is None else float(multiplier)
     elif family.scaling == "scale_attn_weights":  # false: scores q . k, without 1/sqrt(D)
         options["scaling"] = None if flag(config, family.scaling, True) else 1.0
+    elif family.scaling == "unit":  # Gemma 3n, Gemma 4: scores q . k, the QK-norm in charge
+        options["scaling"] = 1.0
     elif family.scaling == "half_head_dim":  # Zamba: (D / 2)^-0.5
         options["scaling"] = (options["head_dim"] / 2) ** -0.5
     elif family.scaling == "softmax_scale":  # MPT's attn_config entry; null: 1/sqrt(D)
@@ -530,6 +573,10 @@ def options(
     chunk = None if family.chunk is None else family.chunk(config, family, layer_idx)
     if chunk is not None:
         options["chunk_size"] = chunk
+    if kv_source(config, family, layer_idx) is not None:  # no keys or values of its own
+        options["kv_shared"] = True
+    elif family.value_norm:
+        options |= {"value_norm": True, "norm_eps": float(required(config, family.norm_eps))}
     return options
 
 

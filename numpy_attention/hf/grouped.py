@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 100 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 101 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -93,7 +93,7 @@ from .families import (
     layer_options,
     model_type,
 )
-from .family import ATTENTION, Family, as_mapping, class_view, flag, sizes
+from .family import ATTENTION, Family, as_mapping, class_view, flag, kv_source, sizes
 from .layouts import ANCHORS, expected_form, hf_shapes, join, split
 from .rope import rope_options
 
@@ -257,12 +257,15 @@ def grouped_from_hf(
     layout = family.layout
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
     check_layer(config, name, layer_idx)
+    shared = kv_source(config, family, layer_idx) is not None
     num_layers = class_view(config, family).get("num_hidden_layers")  # GPT-BigCode: n_layer
     if num_layers is not None and layer_idx >= num_layers:
         raise ValueError(
             f"{fn}: layer_idx is {layer_idx} but the config has num_hidden_layers = {num_layers}"
         )
     prefix, attention = _attention_entries(fn, state_dict, layer_idx, layout)
+    if shared:  # a checkpoint keeps a KV-shared layer's unused k, v and norms; the model drops them
+        attention = {key: value for key, value in attention.items() if not key.startswith(_UNUSED)}
     if family.adapters is not None and flag(config, family.adapters):
         attention = _with_adapters_folded(fn, config, family, layer_idx, prefix, attention)
     options = layer_options(config, name, layer_idx, attention)
@@ -342,6 +345,7 @@ def hf_attention_state_from_grouped(
             "shared W and the layer's A and B"
         )
     shape = sizes(config, family, layer_idx)
+    shared = kv_source(config, family, layer_idx) is not None
     arrays = {key: np.array(_to_numpy(value)) for key, value in state_dict.items()}
     h, h_kv, d, c = (
         shape["num_heads"],
@@ -357,6 +361,8 @@ def hf_attention_state_from_grouped(
         "v_proj.weight": (h_kv * dv, c_in),
         "o_proj.weight": (c, h * dv),
     }
+    if shared:  # a KV-shared layer has no key or value projection
+        del expected["k_proj.weight"], expected["v_proj.weight"]
     fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
         family.layout, ("q_proj", "k_proj", "v_proj")
     )
@@ -560,7 +566,12 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["g_proj.weight"] = (width, c)
         if options.get("gate_bias"):
             shapes["g_proj.bias"] = (width,)
+    if options.get("kv_shared"):  # its keys and values are another layer's
+        shapes = {key: shape for key, shape in shapes.items() if not key.startswith(_UNUSED)}
     return shapes
+
+
+_UNUSED = ("k_proj.", "v_proj.", "k_norm.", "v_norm.")  # a KV-shared layer's (Gemma 3n)
 
 
 def _norm_shape(shape: str, heads: int, head_dim: int) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The rules several row modules (``rows/``) share: a hybrid's list of layer types read in words,
 "no RoPE at all", and StableLM's check that ``head_dim`` agrees with the width its attention
-computes, and SmolLM 3's NoPE layers (Llama 4's reuse them). A rule only one module's rows
-name sits in that module, beside its rows. NumPy only.
+computes, SmolLM 3's NoPE layers (Llama 4's reuse them) and Gemma 3's layer pattern (Gemma
+3n's). A rule only one module's rows name sits in that module, beside its rows. NumPy only.
 
 Tests: tests/numpy_attention/hf/test_families.py; against transformers in
 tests/parity/test_hf_models.py.
@@ -9,7 +9,7 @@ tests/parity/test_hf_models.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .family import Family, required
@@ -57,3 +57,12 @@ def _smollm3_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) 
             f"layer_idx is {layer_idx} but the config's no_rope_layers has {len(flags)} entries"
         )
     return bool(flags[layer_idx])
+
+
+def _pattern(default: int) -> Callable[[Mapping[str, Any], int], bool]:
+    """Gemma 3's and Cohere 2's: every layer but each ``sliding_window_pattern``-th slides."""
+
+    def sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
+        return bool((layer_idx + 1) % (config.get("sliding_window_pattern") or default))
+
+    return sliding

@@ -357,6 +357,14 @@ def _grouped_cases() -> list[LayerCase]:
             padded=True,
             options={"differential": True, "lambda_init": 0.3, "bias": True},
         ),
+        case(  # Gemma 3n's source layers: a weightless RMSNorm on v, QK-norm, scores unscaled
+            "gemma3n-like-value-norm-padded-N37",
+            4,
+            2,
+            n=37,
+            padded=True,
+            options={"value_norm": True, "qk_norm": True, "scaling": 1.0, "window": (5, 0)},
+        ),
     ]
 
 

@@ -98,6 +98,7 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "forward": _both("grouped", "GroupedQueryAttention.forward"),  # the one bare forward(...)
     "KVCache": _both("decode.cache", "KVCache"),
     "RMSNorm": _both("norms", "RMSNorm"),
+    "SharedKV": _both("shared_kv", "SharedKV"),
     "LayerNorm": _both("norms", "LayerNorm"),
     "MultiHeadLatentAttention": _both("latent", "MultiHeadLatentAttention"),
     "MultiHeadLatentAttention.forward": _both("latent", "MultiHeadLatentAttention.forward"),

@@ -159,6 +159,21 @@ OPTIONS = {
         "clip_qkv": 0.8,
     },
     "alibi_rope_window_sinks": {"alibi_slopes": ALIBI_SLOPES, "window": (2, 0), "sinks": True},
+    "value_norm": {"value_norm": True, "norm_eps": 0.1},  # Gemma 3n's weightless v_norm
+    "values_from_keys": {"values_from_keys": True, "bias": True},  # no v_proj: v = k_proj(x)
+    "values_from_keys_gemma4_full": {  # Gemma 4's full layers: v = v_norm(k_proj(x))
+        "values_from_keys": True,
+        "value_norm": True,
+        "qk_norm": True,
+        "scaling": 1.0,
+        "norm_eps": 0.1,
+    },
+    "value_norm_gemma3n": {  # with its QK-norm and scale 1, a window
+        "value_norm": True,
+        "qk_norm": True,
+        "scaling": 1.0,
+        "window": (2, 0),
+    },
     "everything_after_rope": {  # Llama 4's RoPE layers with its NoPE layers' temperature
         "qk_norm": True,
         "qk_norm_type": "rms_weightless",
@@ -230,11 +245,13 @@ def forward_inputs(rng, layer, *, padded, n=N):
 
 
 def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_dropout_mask=None,
-                attention=None):  # fmt: skip
+                attention=None, shared_kv=None, keep_kv=None):  # fmt: skip
     """The layer in torch ops, from its constructor arguments ``args`` (constructor_args()).
 
     x (B, N, C) and ``params`` (state-dict name -> tensor) are torch tensors; the others NumPy.
     ``attention(q, k, v, visible, scale)`` replaces the oracle's attention where given.
+    ``shared_kv`` (k, v) replaces the layer's own keys and values (a KV-shared layer's);
+    ``keep_kv`` (a dict), where given, receives them as attended under ``"kv"``.
     """
     b, n, _ = x.shape
     heads, kv_heads, d = args["num_heads"], args["num_kv_heads"], args["head_dim"]
@@ -273,8 +290,16 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
         flat = norm(y.transpose(1, 2).reshape(b, n, -1), norm_name)
         return flat.reshape(b, n, -1, d).transpose(1, 2)
 
-    q, k = project("q_proj", heads, "q_norm"), project("k_proj", kv_heads, "k_norm")
-    v = project("v_proj", kv_heads, width=dv) * args["value_scale"]  # (B, H_kv, N, Dv)
+    own = shared_kv is None
+    q = project("q_proj", heads, "q_norm")
+    if own:
+        values = "k_proj" if args["values_from_keys"] else "v_proj"  # the raw projection
+        k, v = project("k_proj", kv_heads, "k_norm"), project(values, kv_heads, width=dv)
+        if args["value_norm"]:  # each head of v over its Dv, no weight
+            v = F.rms_norm(v, (dv,), None, args["norm_eps"])
+        v = v * args["value_scale"]  # (B, H_kv, N, Dv)
+    else:
+        k, v = shared_kv
     theta, r = args["rope_theta"], d if args["rotary_dim"] is None else args["rotary_dim"]
     positions = torch.arange(n) if positions is None else to_torch(positions)
     inv_freq = (
@@ -289,9 +314,13 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None, attn_
     def turn(y):  # the first r coordinates of each head rotate, the rest pass through
         return torch.cat([torch_rope(y[..., :r], positions, inv_freq, **rope), y[..., r:]], -1)
 
-    q, k = turn(q), turn(k)
+    q = turn(q)
+    k = turn(k) if own else k
     if after_rope:
-        q, k = norm_heads(q, "q_norm"), norm_heads(k, "k_norm")
+        q = norm_heads(q, "q_norm")
+        k = norm_heads(k, "k_norm") if own else k
+    if keep_kv is not None:
+        keep_kv["kv"] = (k, v)
     if args["query_temperature"] is not None:  # t(p), straight from its formula
         spec = args["query_temperature"]
         counted = torch.arange(n) if spec.get("positions") == "cache" else positions
@@ -520,6 +549,8 @@ def test_dropout_draws_from_the_layers_generator_and_is_off_in_eval(rng):
 
 DECODE = {
     "plain": ({}, 2),
+    "value_norm": (OPTIONS["value_norm_gemma3n"], 1),  # v normed before it is cached
+    "values_from_keys": (OPTIONS["values_from_keys_gemma4_full"], 2),
     "alibi_mpt": (OPTIONS["alibi_mpt"], 2),  # each cached key's distance to the new rows
     "alibi_rope_gqa": ({"alibi_slopes": ALIBI_SLOPES, "qk_norm": True}, 1),
     "left_padding": ({}, 2),

@@ -34,7 +34,7 @@ def test_every_option_of_the_grouped_layer_is_covered():
     assert any(h == h_kv > 1 for h, h_kv in heads)  # MHA
     for name in ("bias", "out_bias", "qk_norm", "window", "softcap", "sinks", "scaling"):
         assert any(option.get(name) for option in options), name
-    for name in ("query_temperature", "differential"):
+    for name in ("query_temperature", "differential", "value_norm"):  # ..., Gemma 3n
         assert any(option.get(name) for option in options), name
     assert any(option.get("rope_interleaved") for option in options)
     assert any(option.get("rope_attention_factor", 1.0) != 1.0 for option in options)

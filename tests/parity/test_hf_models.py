@@ -45,6 +45,7 @@ torch_attention/grouped.py) as Hugging Face's models use them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,13 +62,14 @@ from numpy_attention.hf import (
     hf_attention_state_from_grouped,
     hf_inv_freq,
     hf_rope_attention_factor,
+    kv_source_layer,
     padding_from_hf,
 )
 
 from ..conftest import assert_close, to_numpy, to_torch
 
 transformers = pytest.importorskip("transformers")
-from transformers.cache_utils import Cache, DynamicCache  # noqa: E402
+from transformers.cache_utils import Cache, DynamicCache, KVSharingDict  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
 B, N, PREFILL, PAD = 2, 11, 6, 3  # batch, tokens, prefill length, left padding of element 1
@@ -259,6 +261,15 @@ BEAM = {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_att
 BEAM_FULL_ROPE = {"rope_type": "default", "rope_theta": 1e6}
 BEAM_SHAPED = BEAM | {"num_hidden_layers": 6, "layer_types": None, "mlp_layer_types": None}
 BEAM_SHAPED |= {"num_attention_heads": 6, "num_key_value_heads": 1}
+GEMMA3N = {  # its per-layer inputs, AltUp and LAuReL sized down (they never reach attention)
+    "sliding_window": WINDOW,
+    "num_kv_shared_layers": 2,
+    "vocab_size_per_layer_input": 11,
+    "hidden_size_per_layer_input": 8,
+    "laurel_rank": 4,
+    "rms_norm_eps": 1e-6,
+}
+GEMMA3N_TYPES = ["sliding_attention", "full_attention"]
 CASES = [
     ModelCase("llama-bias", "Llama", 0, False, {"attention_bias": True}, unpadded=True),
     ModelCase("llama-llama3-rope", "Llama", 1, False, {"rope_parameters": LLAMA3_ROPE}, True),
@@ -1869,6 +1880,37 @@ CASES += [
         False,
         MPT_SIZES | {"d_model": 64, "n_heads": 32, "max_seq_len": 2048},
     ),
+    # -- value norm and KV sharing: Gemma 3n. Layers 0 and 1 compute their keys and values (and
+    # store them: the value norm, plain-weight QK-norm, scale 1); layers 2 and 3 reuse those of
+    # layers 0 and 1 (the forward test feeds them keys and values of their own, whose gradients
+    # it compares; decoding reads the source layer's cache)
+    *(
+        ModelCase(
+            f"gemma3n-{role}-{kind}",
+            "Gemma3nText",
+            layer,
+            kind == "sliding",
+            GEMMA3N | {"num_hidden_layers": 4, "layer_types": GEMMA3N_TYPES * 2},
+            unpadded=True,
+        )
+        for role, offset in (("store", 0), ("shared", 2))
+        for kind, layer in (("sliding", offset), ("full", offset + 1))
+    ),
+    # google/gemma-3n-E4B: 8 heads over 2 kv heads, 4 sliding layers to 1 full (the config
+    # class's default pattern), the last 15 of 35 layers shared (here 5 of 10: layer 9, full,
+    # reads layer 4's keys and values, layer 7, sliding, layer 3's), thetas 1e6 and 1e4
+    *(
+        ModelCase(
+            f"gemma3n-e4b-shaped-{layer}",
+            "Gemma3nText",
+            layer,
+            layer not in (4, 9),
+            GEMMA3N
+            | {"num_hidden_layers": 10, "num_kv_shared_layers": 5}
+            | {"num_attention_heads": 8, "num_key_value_heads": 2},
+        )
+        for layer in (4, 7, 9)
+    ),
 ]
 # -- values narrower than the keys, scaled: MiMo-V2-Flash -----------------------------------------
 # Values v_head_dim wide times attention_value_scale before the cache; sliding layers with twice
@@ -2022,26 +2064,34 @@ def inputs(rng, padded, hidden_size=SIZES["hidden_size"]):
 def record_attention_call(model, layer_idx, **model_kwargs):
     """Run the model; return the arguments (positional, keywords) and the output of layer
     ``layer_idx``'s attention call."""
-    seen = {}
-    attention = attention_of(model, layer_idx)
+    return record_attention_calls(model, (layer_idx,), **model_kwargs)[layer_idx]
 
-    def before(module, args, kwargs):
-        seen["args"], seen["kwargs"] = tuple(args), dict(kwargs)
 
-    def after(module, args, kwargs, output):
-        seen["out"] = output[0]
+def record_attention_calls(model, layer_idxs, **model_kwargs):
+    """Run the model once; for each layer of ``layer_idxs``, the arguments (positional,
+    keywords) and the output of its attention call (a KV-shared layer and its source, both)."""
+    seen = {layer_idx: {} for layer_idx in layer_idxs}
+    hooks = []
+    for layer_idx in layer_idxs:
+        attention = attention_of(model, layer_idx)
 
-    hooks = [
-        attention.register_forward_pre_hook(before, with_kwargs=True),
-        attention.register_forward_hook(after, with_kwargs=True),
-    ]
+        def before(module, args, kwargs, record=seen[layer_idx]):
+            record["args"], record["kwargs"] = tuple(args), dict(kwargs)
+
+        def after(module, args, kwargs, output, record=seen[layer_idx]):
+            record["out"] = output[0]
+
+        hooks += [
+            attention.register_forward_pre_hook(before, with_kwargs=True),
+            attention.register_forward_hook(after, with_kwargs=True),
+        ]
     try:
         with Float64Math(), torch.no_grad():
             model(**model_kwargs)
     finally:
         for hook in hooks:
             hook.remove()
-    return seen["args"], seen["kwargs"], seen["out"]
+    return {i: (record["args"], record["kwargs"], record["out"]) for i, record in seen.items()}
 
 
 def input_width(config):
@@ -2136,29 +2186,39 @@ def convert_layers(case, config, model):
     return {"numpy": layer, "torch": torch_attention.from_numpy(twin, layer)}
 
 
-def forward_backward(layer, x, dout, positions, padding):
-    """Output, input gradient and parameter gradients by name, as NumPy arrays."""
+def forward_backward(layer, x, dout, positions, padding, shared_kv=None):
+    """Output, input gradient, parameter gradients by name and, for a KV-shared layer given the
+    keys and values ``shared_kv``, their gradients (else None), as NumPy arrays."""
     if isinstance(layer, torch.nn.Module):
         x_t = to_torch(x, requires_grad=True)
-        out = layer(x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding))
+        kv = None if shared_kv is None else [to_torch(t, requires_grad=True) for t in shared_kv]
+        shared = {} if kv is None else {"shared_kv": tuple(kv)}
+        out = layer(
+            x_t, positions=to_torch(positions), key_padding_mask=to_torch(padding), **shared
+        )
         out.backward(to_torch(dout))
         grads = {name: to_numpy(param.grad) for name, param in layer.named_parameters()}
-        return to_numpy(out), to_numpy(x_t.grad), grads
-    out = layer(x, positions=positions, key_padding_mask=padding)
+        dkv = None if kv is None else [to_numpy(t.grad) for t in kv]
+        return to_numpy(out), to_numpy(x_t.grad), grads, dkv
+    shared = {} if shared_kv is None else {"shared_kv": tuple(shared_kv)}
+    out = layer(x, positions=positions, key_padding_mask=padding, **shared)
     dx = layer.backward(dout)
-    return out, dx, layer.named_grads()
+    return out, dx, layer.named_grads(), None if shared_kv is None else list(layer.dkv)
 
 
 def decode_step(layer, x, positions, padding, cache):
+    """One decode call: with the layer's own cache, or, for a KV-shared layer, reading its
+    source layer's (``shared_kv``)."""
+    keyword = "shared_kv" if layer.kv_shared else "cache"
     if isinstance(layer, torch.nn.Module):
         out = layer(
             to_torch(x),
             positions=to_torch(positions),
             key_padding_mask=to_torch(padding),
-            cache=cache,
+            **{keyword: cache},
         )
         return to_numpy(out)
-    return layer(x, positions=positions, key_padding_mask=padding, cache=cache)
+    return layer(x, positions=positions, key_padding_mask=padding, **{keyword: cache})
 
 
 def new_cache(layer):
@@ -2187,6 +2247,13 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
     real = attention_mask.numpy() == 1  # (B, N)
     x = rng.standard_normal((B, N, input_width(config)))
     dout = rng.standard_normal((B, N, config.get_text_config().hidden_size)) * real[..., None]
+    shared_kv = None
+    if layers["numpy"].kv_shared:  # the source's keys and values as leaves: their gradients too
+        shape = (2, B, layers["numpy"].num_kv_heads, N, layers["numpy"].head_dim)
+        shared_kv = rng.standard_normal(shape)
+        kv_t = [to_torch(t, requires_grad=True) for t in shared_kv]
+        kind = config.get_text_config().layer_types[case.layer_idx]
+        kwargs = kwargs | {"shared_kv_states": KVSharingDict({kind: tuple(kv_t)})}
 
     x_t = to_torch(x, requires_grad=True)
     expected = call_attention(attention, args, kwargs, x_t)
@@ -2197,11 +2264,14 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
         hf_window = None
     assert case.sliding == (hf_window is not None)  # the model's own reading of its config
     for package, layer in layers.items():
-        out, dx, grads = forward_backward(layer, x, dout, ours, padding)
+        out, dx, grads, dkv = forward_backward(layer, x, dout, ours, padding, shared_kv)
         grads = model_gradients(config, attention, case.layer_idx, grads)  # the model's names
         assert layer.window == ((WINDOW - 1, 0) if case.sliding else None), package
         assert_close(out[real], to_numpy(expected)[real], name=f"{package} out")
         assert_close(dx, x_t.grad, name=f"{package} dx")
+        if shared_kv is not None:  # the gradient a model's backward adds to the source's
+            assert_close(dkv[0], kv_t[0].grad, name=f"{package} shared keys")
+            assert_close(dkv[1], kv_t[1].grad, name=f"{package} shared values")
         unused = {name for name, param in attention.named_parameters() if param.grad is None}
         assert all("_adapter_list." in name for name in unused), unused  # other layers' slots
         assert set(grads) == {name for name, _ in attention.named_parameters()} - unused, package
@@ -2214,32 +2284,42 @@ def test_forward_and_every_gradient_match_transformers(rng, case, padded):
 def test_decoding_with_the_cache_matches_transformers_dynamic_cache(rng, case):
     """A left-padded batch: prefill 6 tokens, then one at a time, Hugging Face with its own
     DynamicCache, each layer (NumPy and torch) with a KVCache fed the very input Hugging Face's
-    attention got."""
+    attention got. A KV-shared layer (Gemma 3n's last layers) has no cache: its source layer,
+    converted too and fed its own input, fills one, which the shared layer reads."""
     config, model = case.build()
     embeds, attention_mask, positions = inputs(rng, True, config.get_text_config().hidden_size)
     layers = convert_layers(case, config, model)
+    source_idx = kv_source_layer(config.to_dict(), case.layer_idx)
+    recorded = (case.layer_idx,) if source_idx is None else (case.layer_idx, source_idx)
+    sources = {}
+    if source_idx is not None:
+        sources = convert_layers(dataclasses.replace(case, layer_idx=source_idx), config, model)
     hf_cache = DynamicCache(config=config)
     if case.model == "MiniMax":  # its model refuses any cache but its own
         from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
         hf_cache = MiniMaxCache()
-    caches = {package: new_cache(layer) for package, layer in layers.items()}
+    caches = {package: new_cache(layer) for package, layer in (sources or layers).items()}
     real = attention_mask.numpy() == 1
 
     for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
-        args, kwargs, expected = record_attention_call(
+        calls = record_attention_calls(
             model,
-            case.layer_idx,
+            recorded,
             inputs_embeds=embeds[:, start:stop],
             attention_mask=attention_mask[:, :stop],
             position_ids=positions[:, start:stop],
             past_key_values=hf_cache,
             use_cache=True,
         )
+        args, kwargs, expected = calls[case.layer_idx]
         padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
         x = to_numpy(attention_input(args, kwargs))
         rows = real[:, start:stop]
         for package, layer in layers.items():
+            if source_idx is not None:  # the source appends this step's keys and values first
+                source_x = to_numpy(attention_input(*calls[source_idx][:2]))
+                decode_step(sources[package], source_x, ours, padding, caches[package])
             out = decode_step(layer, x, ours, padding, caches[package])
             assert_close(out[rows], to_numpy(expected)[rows], name=f"{package} {start}:{stop}")
     assert all(cache.length == N for cache in caches.values())

@@ -134,6 +134,8 @@ FAMILY_OPTIONS = {
         "query_temperature": {"kind": "log_floor", "beta": 0.5, "length": 2.0, "offset": 1.0}
         | {"positions": "cache"},
     },
+    "value_norm_qk_norm": {"value_norm": True, "qk_norm": True, "norm_eps": 0.1},  # Gemma 3n
+    "values_from_keys_value_norm": {"values_from_keys": True, "value_norm": True},  # Gemma 4
     "temperature_power_nope": {  # Beam's NoPE layers
         "rotary_dim": 0,
         "query_temperature": {"kind": "power", "exponent": 0.7, "length": 3.0, "offset": 1.0},

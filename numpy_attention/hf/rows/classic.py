@@ -13,7 +13,7 @@ tests/parity/test_hf_models.py.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .. import rules
@@ -39,15 +39,6 @@ def _qwen2_moe_sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
 def _even_layers(config: Mapping[str, Any], layer_idx: int) -> bool:
     """Gemma 2's and GPT-OSS's: every other layer, from the first."""
     return layer_idx % 2 == 0
-
-
-def _pattern(default: int) -> Callable[[Mapping[str, Any], int], bool]:
-    """Gemma 3's and Cohere 2's: every layer but each ``sliding_window_pattern``-th slides."""
-
-    def sliding(config: Mapping[str, Any], layer_idx: int) -> bool:
-        return bool((layer_idx + 1) % (config.get("sliding_window_pattern") or default))
-
-    return sliding
 
 
 def _cohere2_rotates(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
@@ -258,7 +249,7 @@ ROWS: dict[str, Family] = {
     # Gemma 3 keeps attn_logit_softcapping in its config but its attention never applies it
     "gemma3_text": Family(
         sliding="layer_types",
-        fallback=_pattern(6),
+        fallback=rules._pattern(6),
         qk_norm=("rms", "head", 1.0),
         scaling="query_pre_attn_scalar",
         rope_per_layer_type=True,
@@ -279,7 +270,7 @@ ROWS: dict[str, Family] = {
     ),
     "cohere2": Family(
         sliding="layer_types",
-        fallback=_pattern(4),
+        fallback=rules._pattern(4),
         interleaved=True,
         rotates=_cohere2_rotates,
         head_dim_from_config=False,

@@ -630,4 +630,21 @@ ROWS: dict[str, Family] = {
             ("rms_norm_eps", 1e-5),
         ),
     ),
+    # Gemma 3n: Gemma 3's layer types and RoPE per type, but plain-weight RMSNorms on q and k,
+    # a weightless one on v, scores unscaled (scaling 1), and its last num_kv_shared_layers
+    # layers attending with the keys and values of the last earlier layer of their type
+    "gemma3n_text": Family(
+        sliding="layer_types",
+        fallback=rules._pattern(5),
+        qk_norm=("rms", "head", 0.0),
+        scaling="unit",
+        rope_per_layer_type=True,
+        value_norm=True,
+        kv_sharing="num_kv_shared_layers",
+        config_defaults=(
+            ("head_dim", 256),
+            ("sliding_window", 512),
+            ("num_kv_shared_layers", 15),
+        ),
+    ),
 }
