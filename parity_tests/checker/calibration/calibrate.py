@@ -147,6 +147,10 @@ def calibrate(
         span = f"seeds {first_seed}..{seed}, stopped,"
         _emit_tables(emit, span, device, battery, dtypes, ratio, floor, weakest)
         _emit_bias(emit, bias, bias_bound)
+        # a stopped run still names every row a correct kernel failed until then ("none" too)
+        emit(f"\nRows a correct kernel failed until then: {len(failed) or 'none'}.")
+        for line in failed:
+            emit(f"- {line}")
         raise
     progress.done()
     span = f"{seeds} seeds ({first_seed}..{first_seed + seeds - 1})"

@@ -73,6 +73,23 @@ def test_a_stopped_calibration_prints_what_it_measured_and_stops(monkeypatch):
     )
     assert any(line.startswith("| float32 | out |") for line in lines)  # SDPA's, measured
     assert "| scale_by_d | not run |" in lines  # never "inf", the strongest flag
+    assert "\nRows a correct kernel failed until then: none." in lines
+
+
+def test_a_stopped_calibration_still_names_the_rows_a_correct_kernel_failed(monkeypatch):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    wrong = Target("wrong", scale_by_d, ("float32",))
+    lines: list[str] = []
+    monkeypatch.setattr(calibration, "check_kernel", stopped)
+
+    with pytest.raises(KeyboardInterrupt):
+        _calibrate_into(monkeypatch, [wrong], {"p": Pitfall(stopped, "plain", "out")}, lines)
+
+    counted = [line for line in lines if line.startswith("\nRows a correct kernel failed")]
+    assert counted and not counted[0].endswith("none.")
+    assert any(line.startswith("- wrong ") and "seed 0 float32 out: fail" in line for line in lines)
 
 
 def test_a_pitfall_flagged_infinitely_on_every_seed_reads_inf(monkeypatch):
