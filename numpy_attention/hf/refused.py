@@ -1,8 +1,8 @@
 """The model types ``grouped_from_hf`` refuses by name, each with its reason: the twist its
 attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm after RoPE,
-a mixture of attention heads, Gemma 4's per-layer widths...), what the model is instead (a
-state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
-Attention: step 19). ``families.model_type`` raises with it. NumPy only.
+a mixture of attention heads, a drafter's mask over its target's keys...), what the model
+is instead (a state-space model, a wrapper whose ``text_config`` to pass), or where it goes
+(DeepSeek Sparse Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
 Tests: tests/numpy_attention/hf/test_refused.py.
 """
