@@ -49,6 +49,8 @@ WRAPPERS: dict[str, tuple[tuple[str, ...], str]] = {
     "qwen3_5": (("qwen3_5_text",), "language_model"),
     "qwen3_5_moe": (("qwen3_5_moe_text",), "language_model"),
     "llama4": (("llama4_text",), "language_model"),
+    "gemma4": (("gemma4_text",), "language_model"),
+    "gemma4_unified": (("gemma4_unified_text",), "language_model"),
 }
 
 

@@ -261,6 +261,14 @@ class Family:
     Gemma 4's ``num_kv_shared_layers``): layer i >= num_hidden_layers - n attends with those of
     the last earlier layer of its own type (``kv_source``), and is the layer's ``kv_shared``;
     None: every layer computes its own."""
+    layer_head_dim: Callable[[Mapping[str, Any], Family, int], int] | None = None
+    """Layer i's head width where the model's code gives it per layer (Gemma 4's full layers:
+    ``global_head_dim``, through its config's ``per_layer_config``); None: the config's
+    ``head_dim``. The layer's RoPE reads it too (its rotated width, its frequencies)."""
+    values_from_keys: Callable[[Mapping[str, Any], Family, int], bool] | None = None
+    """Whether layer i has no v_proj and takes its values from k_proj's output (Gemma 4's full
+    layers under ``attention_k_eq_v``): the layer's ``values_from_keys``; a KV-shared layer
+    reads its source's values instead. None: never."""
 
 
 # -- reading a row -------------------------------------------------------------------------------
@@ -439,6 +447,8 @@ def sizes(
         head_dim = required(config, "head_dim")
     input_size = hidden_size if family.input_size is None else family.input_size(config)
     head_dim = head_dim or input_size // head_dim_heads
+    if family.layer_head_dim is not None and layer_idx is not None:  # Gemma 4's full layers
+        head_dim = family.layer_head_dim(config, family, layer_idx)
     if family.heads_span_hidden and num_heads * head_dim != hidden_size:
         raise ValueError(
             f"num_attention_heads * head_dim is {num_heads} * {head_dim}, but a "
@@ -575,8 +585,13 @@ def options(
         options["chunk_size"] = chunk
     if kv_source(config, family, layer_idx) is not None:  # no keys or values of its own
         options["kv_shared"] = True
-    elif family.value_norm:
-        options |= {"value_norm": True, "norm_eps": float(required(config, family.norm_eps))}
+    else:
+        if family.value_norm:
+            options |= {"value_norm": True, "norm_eps": float(required(config, family.norm_eps))}
+        if family.values_from_keys is not None and family.values_from_keys(
+            config, family, layer_idx
+        ):
+            options["values_from_keys"] = True
     return options
 
 

@@ -3,7 +3,7 @@ model reads it, the attention weights found in any state dict, fused projections
 and joined on save, NumPy only (transformers is never imported).
 
 Models (``config["model_type"]``): ``families.SUPPORTED_MODEL_TYPES`` and
-``families.WRAPPERS``, 101 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
+``families.WRAPPERS``, 105 model types (Llama, Mistral, the Qwens, the Gemmas, GPT-OSS, Phi,
 OLMo, Cohere, Granite, GLM, Falcon and their
 relatives; the hybrids' softmax layers). What each family's code reads is one row of
 ``families.FAMILIES``; RoPE is ``rope.py``'s, the fused projections ``layouts.py``'.
@@ -363,6 +363,8 @@ def hf_attention_state_from_grouped(
     }
     if shared:  # a KV-shared layer has no key or value projection
         del expected["k_proj.weight"], expected["v_proj.weight"]
+    elif layer_options(config, name, layer_idx, arrays).get("values_from_keys"):
+        del expected["v_proj.weight"]  # Gemma 4's full layers: the values are k_proj's
     fused = {"separate": (), "q_gate": ("q_proj", "g_proj")}.get(
         family.layout, ("q_proj", "k_proj", "v_proj")
     )
@@ -568,6 +570,8 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes["g_proj.bias"] = (width,)
     if options.get("kv_shared"):  # its keys and values are another layer's
         shapes = {key: shape for key, shape in shapes.items() if not key.startswith(_UNUSED)}
+    if options.get("values_from_keys"):  # Gemma 4's full layers: no v_proj
+        shapes = {key: shape for key, shape in shapes.items() if not key.startswith("v_proj.")}
     return shapes
 
 

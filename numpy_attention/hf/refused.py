@@ -1,8 +1,8 @@
 """The model types ``grouped_from_hf`` refuses by name, each with its reason: the twist its
 attention has that ``GroupedQueryAttention`` lacks (an output gate, QK-norm after RoPE,
-a mixture of attention heads, Gemma 4's per-layer widths...), what the model is instead (a
-state-space model, a wrapper whose ``text_config`` to pass), or where it goes (DeepSeek Sparse
-Attention: step 19). ``families.model_type`` raises with it. NumPy only.
+a mixture of attention heads, a drafter's mask over its target's keys...), what the model
+is instead (a state-space model, a wrapper whose ``text_config`` to pass), or where it goes
+(DeepSeek Sparse Attention: step 19). ``families.model_type`` raises with it. NumPy only.
 
 Tests: tests/numpy_attention/hf/test_refused.py.
 """
@@ -31,23 +31,6 @@ REFUSED = {
     "exact (pass text_config and the language model's state dict), but the wrapper itself is "
     "not proven: Gemma3nModel builds its vision tower with timm and Pillow, which the test "
     "environment lacks, so no parity case can build it",
-    **{
-        name: f"{name}: its value norm and KV sharing are the layer's now (as Gemma 3n's), but "
-        "its full layers differ from its sliding ones in ways no row can say yet: their own "
-        "head_dim (global_head_dim, through per_layer_config) and, under attention_k_eq_v, "
-        "their own key/value head count (num_global_key_value_heads) and no v_proj (the values "
-        "are v_norm of k_proj's output, taken before k_norm and RoPE: the layer's "
-        "values_from_keys, which no row reads yet), RoPE 'proportional' over a quarter of the "
-        "global head, its frequencies from that per-layer head_dim; and "
-        "use_bidirectional_attention 'all' or 'vision' makes it non-causal (issue 28)"
-        for name in ("gemma4_text", "gemma4_unified_text")
-    },
-    **{
-        name: f"{name}: the multimodal Gemma 4 config; its language model "
-        f"'{text}' is itself refused: its full layers' own head_dim and, under "
-        "attention_k_eq_v, values taken from k_proj (issue 28)"
-        for name, text in (("gemma4", "gemma4_text"), ("gemma4_unified", "gemma4_unified_text"))
-    },
     **{
         name: f"{name}: a drafter whose every layer reuses the target model's keys and values "
         "(KV sharing, num_kv_shared_layers = num_hidden_layers: the target's shared_kv_states) "

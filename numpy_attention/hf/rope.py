@@ -124,14 +124,17 @@ def rotary_dim(config: Mapping[str, Any], layer_idx: int) -> int:
     rotary embedding's (``_rotated_width``)."""
     if not rotates(config, _family(config), layer_idx):
         return 0
-    return _rotated_width(config, rope_parameters(config, layer_idx))
+    return _rotated_width(config, rope_parameters(config, layer_idx), layer_idx)
 
 
-def _rotated_width(config: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+def _rotated_width(
+    config: Mapping[str, Any], params: Mapping[str, Any], layer_idx: int | None = None
+) -> int:
     """The width of the model's rotary embedding: ``int(head_dim * partial_rotary_factor)``
-    where the model honours the factor (which must be 1 elsewhere)."""
+    where the model honours the factor (which must be 1 elsewhere); ``head_dim`` layer
+    ``layer_idx``'s where the family gives it per layer (Gemma 4)."""
     family = _family(config)
-    head_dim = sizes(config, family)["head_dim"]
+    head_dim = sizes(config, family, layer_idx)["head_dim"]
     if params["rope_type"] == "proportional":  # every pair turns, those past the factor at 0
         return int(head_dim)
     top_level = config.get("partial_rotary_factor") if family.partial_rotary_top_level else None
@@ -250,7 +253,8 @@ def hf_inv_freq(
     """
     config = as_mapping(config)
     params = rope_parameters(config, layer_idx)
-    dim = _rotated_width(config, params)  # also on a NoPE layer: the embedding it does not use
+    # also on a NoPE layer: the embedding it does not use
+    dim = _rotated_width(config, params, layer_idx)
     base = np.float32(params["rope_theta"])
     # Python floats below are weak scalars: every step stays float32, as in torch.
     exponents = np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)  # (R/2,)

@@ -2042,6 +2042,114 @@ CASES += [
         wrapper={"vision_config": LLAMA4_VISION},
     ),
 ]
+# -- Gemma 4's text model: full layers of their own width (global_head_dim) under proportional RoPE
+# over a quarter of each head, and under attention_k_eq_v their own key/value heads and values
+# taken from k_proj. Layers 0 (sliding) and 1 (full, k = v) compute and store their keys and
+# values; layers 2 and 3 reuse those of layers 0 and 1
+GEMMA4 = {"sliding_window": WINDOW, "vocab_size_per_layer_input": 11}  # no per-layer inputs
+GEMMA4 |= {"hidden_size_per_layer_input": 0, "rms_norm_eps": 1e-6, "attention_k_eq_v": True}
+GEMMA4 |= {"global_head_dim": 16, "num_global_key_value_heads": 1}
+# without per-layer inputs, its model's slicing before the KV-shared layers (for logits_to_keep)
+# indexes them and fails; asking for the hidden states turns that slicing off
+GEMMA4 |= {"output_hidden_states": True}
+CASES += (
+    [
+        ModelCase(
+            f"gemma4-{role}-{kind}",
+            "Gemma4Text",
+            layer,
+            kind == "sliding",
+            GEMMA4
+            | {"num_hidden_layers": 4, "num_kv_shared_layers": 2}
+            | {"layer_types": ["sliding_attention", "full_attention"] * 2},
+            unpadded=True,
+        )
+        for role, offset in (("store", 0), ("shared", 2))
+        for kind, layer in (("sliding", offset), ("full", offset + 1))
+    ]
+    + [
+        # google/gemma-4-31B-like: 32 heads of 256 over 16 on the sliding layers, of 512 over 4
+        # on the full ones (k = v), five sliding layers to one full, the config class's RoPE
+        # (theta 1e4 sliding, proportional 1e6 over a quarter of the full heads), no KV sharing
+        # (here 8 heads of 8 over 4, of 16 over 1)
+        ModelCase(
+            f"gemma4-31b-shaped-{layer}",
+            "Gemma4Text",
+            layer,
+            layer != 5,
+            GEMMA4
+            | {"num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4}
+            | {"global_head_dim": 16, "num_global_key_value_heads": 1},
+        )
+        for layer in (4, 5)
+    ]
+    + [
+        # google/gemma-4-E2B-like: no k = v (a v_proj on every layer, the full layers' kv heads the
+        # config's), 8 heads over 1, head_dim 256 and 512 (here 8 and 16), the last 20 of 35 layers
+        # KV-shared (here 4 of 12: layer 11, full, reads layer 5's keys and values)
+        ModelCase(
+            f"gemma4-e2b-shaped-{layer}",
+            "Gemma4Text",
+            layer,
+            layer != 11 and layer != 5,
+            GEMMA4
+            | {"attention_k_eq_v": False, "num_global_key_value_heads": None}
+            | {"num_hidden_layers": 12, "num_kv_shared_layers": 4}
+            | {"num_attention_heads": 8, "num_key_value_heads": 1},
+        )
+        for layer in (5, 11)
+    ]
+)
+# Gemma 4 Unified's text model: the same attention ("vision", its default, is causal on text; it
+# has no per-layer inputs); the two multimodal wrappers, given their whole state dicts (vision
+# towers included)
+GEMMA4_UNIFIED = {
+    key: value
+    for key, value in GEMMA4.items()
+    if key not in ("vocab_size_per_layer_input", "hidden_size_per_layer_input")
+}
+GEMMA4_VISION = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1}
+GEMMA4_VISION |= {"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8}
+GEMMA4_VISION |= {"global_head_dim": 8}
+GEMMA4_WRAPPER = {"vision_config": GEMMA4_VISION, "audio_config": None}
+GEMMA4_WRAPPER |= {  # special tokens inside the tiny vocabulary (its model embeds them)
+    f"{kind}_token_id": 3 + i
+    for i, kind in enumerate(("boi", "eoi", "image", "video", "boa", "audio"))
+}
+GEMMA4_LAYERS = {"num_hidden_layers": 4, "num_kv_shared_layers": 2}
+GEMMA4_LAYERS |= {"layer_types": ["sliding_attention", "full_attention"] * 2}
+CASES += [
+    *(
+        ModelCase(
+            f"gemma4-unified-{role}-full",
+            "Gemma4UnifiedText",
+            layer,
+            False,
+            GEMMA4_UNIFIED | GEMMA4_LAYERS,
+            unpadded=True,
+        )
+        for role, layer in (("store", 1), ("shared", 3))
+    ),
+    ModelCase(
+        "gemma4-unified-sliding", "Gemma4UnifiedText", 0, True, GEMMA4_UNIFIED | GEMMA4_LAYERS
+    ),
+    ModelCase(
+        "gemma4-wrapper-full",
+        "Gemma4",
+        1,
+        False,
+        GEMMA4 | GEMMA4_LAYERS,
+        wrapper=GEMMA4_WRAPPER,
+    ),
+    ModelCase(
+        "gemma4-unified-wrapper-full",
+        "Gemma4Unified",
+        1,
+        False,
+        GEMMA4_UNIFIED | GEMMA4_LAYERS,
+        wrapper=GEMMA4_WRAPPER,
+    ),
+]
 IDS = [case.name for case in CASES]
 CASES_BY_NAME = {case.name: case for case in CASES}
 RUNS = [
@@ -2442,6 +2550,29 @@ def test_partial_and_per_layer_type_frequencies_match_the_models():
     for freqs, kind in zip(gemma_freqs, gemma.layer_types, strict=True):
         expected = to_numpy(getattr(gemma_rotary, f"{kind}_inv_freq"))
         assert_close(freqs / expected, np.ones_like(expected), name=f"Gemma 3's {kind}")
+
+
+@pytest.mark.parametrize("form", ["to_dict", "config.json"])
+def test_gemma4_frequencies_match_the_models(form):
+    """Gemma 4 at its released widths (head_dim 256, global_head_dim 512): the sliding layers'
+    whole-head RoPE at 1e4, the full layers' proportional RoPE at 1e6, a quarter of the 512
+    wide head turning (64 of 256 pairs), its exponents over 512; from the config as to_dict
+    writes it (per_layer_config) and as a released config.json has it (global_head_dim)."""
+    keys = {"hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 4}
+    keys |= {"head_dim": 256, "global_head_dim": 512, "num_hidden_layers": 6}
+    keys |= {"attention_k_eq_v": True, "num_global_key_value_heads": 1, "vocab_size": 11}
+    config = transformers.Gemma4TextConfig(**keys)
+    rotary = transformers.models.gemma4.modeling_gemma4.Gemma4TextRotaryEmbedding(config)
+    given = config.to_dict()
+    if form == "config.json":
+        given = {key: value for key, value in given.items() if key != "per_layer_config"}
+        given |= {"global_head_dim": 512, "num_global_key_value_heads": 1}
+    for layer_idx, kind, turned in ((0, "sliding_attention", 128), (5, "full_attention", 64)):
+        expected = to_numpy(getattr(rotary, f"{kind}_inv_freq"))
+        freqs = hf_inv_freq(given, layer_idx=layer_idx)
+        assert freqs.shape == expected.shape == (128 if kind == "sliding_attention" else 256,)
+        assert np.count_nonzero(freqs) == turned
+        assert_close(freqs, expected, name=f"Gemma 4's {kind}")
 
 
 GATED_ROTARY = {  # model -> (its modeling module, the layer types its rotary embedding keeps)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ... import validation
 from .. import rules
 from ..family import ATTENTION, FULL, SLIDING, Family, flag, layer_kind, required
 
@@ -647,4 +648,142 @@ ROWS: dict[str, Family] = {
             ("num_kv_shared_layers", 15),
         ),
     ),
+}
+
+
+# -- Gemma 4: its full layers' own widths ----------------------------------------------------------
+# Its config class gives each full layer an entry of per_layer_config: head_dim global_head_dim
+# (512 by default) and, under attention_k_eq_v, num_global_key_value_heads key/value heads (where
+# set); a config.json holds either that dict (keys the layer indices, as strings) or the two keys
+_GEMMA4_LAYER_KEYS = ("head_dim", "num_key_value_heads")
+
+
+def _gemma4_layer_types(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Its config class's layer_types: five sliding layers to one full without a list, and the
+    last layer full whatever the list says (it forces it, with a warning)."""
+    types = config.get("layer_types")
+    if types is None:
+        layers = int(required(config, "num_hidden_layers"))
+        types = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
+    types = list(types)
+    if types and types[-1] != FULL:
+        types[-1] = FULL
+    return {"layer_types": types}
+
+
+def _gemma4_entry(config: Mapping[str, Any], family: Family, layer_idx: int) -> dict[str, Any]:
+    """Layer i's overrides, as its config class builds ``per_layer_config``."""
+    entries = config.get("per_layer_config")
+    if entries is None:  # a config.json of the released form: global_head_dim and the kv heads
+        if layer_kind(config, family, layer_idx) != FULL:
+            return {}
+        entry = {"head_dim": required(config, "global_head_dim")}
+        if flag(config, "attention_k_eq_v") and config.get("num_global_key_value_heads"):
+            entry["num_key_value_heads"] = config["num_global_key_value_heads"]
+        return entry
+    if not isinstance(entries, Mapping):
+        raise ValueError(
+            f"per_layer_config is {type(entries).__name__}; Gemma 4's is a dict from layer "
+            "index to that layer's head_dim and num_key_value_heads"
+        )
+    by_layer = {}
+    for key, value in entries.items():  # to_dict writes the indices as padded strings: "05"
+        try:
+            by_layer[int(key)] = value
+        except ValueError:
+            raise ValueError(
+                f"per_layer_config has the key {key!r}; Gemma 4's keys are layer indices"
+            ) from None
+    entry = dict(by_layer.get(layer_idx) or {})
+    unknown = sorted(set(entry) - set(_GEMMA4_LAYER_KEYS))
+    if unknown:
+        raise ValueError(
+            f"per_layer_config[{layer_idx}] sets {unknown}: a Gemma 4 layer reads only "
+            f"{list(_GEMMA4_LAYER_KEYS)} from its entry"
+        )
+    return entry
+
+
+def _gemma4_head_dim(config: Mapping[str, Any], family: Family, layer_idx: int) -> int:
+    """Layer i's head width; its rotary embedding reads one width per layer type (its first
+    layer's), so every layer of the type must have it."""
+    layers = int(required(config, "num_hidden_layers"))
+    kind = layer_kind(config, family, layer_idx)
+    widths = {
+        i: int(_gemma4_entry(config, family, i).get("head_dim") or required(config, "head_dim"))
+        for i in range(layers)
+        if layer_kind(config, family, i) == kind
+    }
+    if len(set(widths.values())) > 1:
+        raise ValueError(
+            f"per_layer_config gives the {kind} layers head_dim {widths}: Gemma 4's rotary "
+            "embedding builds one set of frequencies per layer type, so its layers of one type "
+            "need one head_dim"
+        )
+    return validation.positive_int(f"layer {layer_idx}'s head_dim", widths[layer_idx])
+
+
+def _gemma4_kv_heads(config: Mapping[str, Any], family: Family, layer_idx: int) -> int:
+    entry = _gemma4_entry(config, family, layer_idx)
+    heads = entry.get("num_key_value_heads") or required(config, "num_key_value_heads")
+    return validation.positive_int(f"layer {layer_idx}'s num_key_value_heads", heads)
+
+
+def _gemma4_values_from_keys(config: Mapping[str, Any], family: Family, layer_idx: int) -> bool:
+    """attention_k_eq_v: its full layers have no v_proj, their values are k_proj's output."""
+    return flag(config, "attention_k_eq_v") and layer_kind(config, family, layer_idx) == FULL
+
+
+def _gemma4_refuse(config: Mapping[str, Any]) -> None:
+    """use_bidirectional_attention "all": every layer non-causal (and its config class halves the
+    window), which the layer cannot be. "vision" leaves the text model causal (only the
+    multimodal model's mask lets an image's tokens see each other)."""
+    if config.get("use_bidirectional_attention") == "all":
+        raise ValueError(
+            "use_bidirectional_attention is 'all': every Gemma 4 layer then attends both ways "
+            "(is_causal False, the window halved), and GroupedQueryAttention is causal"
+        )
+
+
+# Gemma 4: Gemma 3n's attention (plain-weight QK-norm, weightless v_norm, scale 1, KV sharing of
+# the last num_kv_shared_layers layers), full layers global_head_dim wide with proportional RoPE
+# over a quarter of each head and, under attention_k_eq_v, their own key/value heads and values
+# from k_proj; use_bidirectional_attention "all" is refused by key ("vision" is causal on text);
+# Gemma 4 Unified's text model is the same attention (its config class: a window of 1024,
+# "vision" by default)
+ROWS |= {
+    name: Family(
+        sliding="layer_types",
+        qk_norm=("rms", "head", 0.0),
+        scaling="unit",
+        rope_per_layer_type=True,
+        value_norm=True,
+        kv_sharing="num_kv_shared_layers",
+        refuse=_gemma4_refuse,
+        config_defaults=(
+            ("num_hidden_layers", 30),
+            ("num_key_value_heads", 4),
+            ("head_dim", 256),
+            ("global_head_dim", 512),
+            ("sliding_window", window),
+            ("num_kv_shared_layers", 0),
+            ("rms_norm_eps", 1e-6),
+        ),
+        rope_default=(
+            (
+                FULL,
+                (
+                    ("rope_type", "proportional"),
+                    ("partial_rotary_factor", 0.25),
+                    ("rope_theta", 1e6),
+                ),
+            ),
+            (SLIDING, (("rope_type", "default"), ("rope_theta", 1e4))),
+        ),
+        derived=_gemma4_layer_types,
+        layer_kv_heads=_gemma4_kv_heads,
+        layer_head_dim=_gemma4_head_dim,
+        values_from_keys=_gemma4_values_from_keys,
+    )
+    for name, window in (("gemma4_text", 512), ("gemma4_unified_text", 1024))
 }

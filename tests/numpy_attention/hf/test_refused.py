@@ -37,10 +37,6 @@ TWISTS = {
     "inkling2_text": ({}, "output gate.*sinks"),
     "jetmoe": ({}, "mixture of attention heads"),
     "gemma3n": (NESTED, "gemma3n_text' is exact.*timm and Pillow"),
-    "gemma4": (NESTED, "gemma4_text.*own head_dim.*k_proj"),
-    "gemma4_text": ({}, "global_head_dim.*attention_k_eq_v.*use_bidirectional_attention"),
-    "gemma4_unified": (NESTED, "gemma4_unified_text.*own head_dim.*k_proj"),
-    "gemma4_unified_text": ({}, "global_head_dim.*attention_k_eq_v.*use_bidirectional_attention"),
     "gemma4_assistant": (DRAFTER, "reuses the target model's keys and values"),
     "gemma4_unified_assistant": (DRAFTER, "reuses the target model's keys and values"),
 }
