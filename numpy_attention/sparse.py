@@ -178,14 +178,11 @@ def sparse_attention_backward(
         ds = p * (dp - shift[t].reshape(n, kv_heads, group, 1))
         dq[t] = (ctx.scale * (ds @ k_sel)).reshape(n, heads, -1)
         q_t = ctx.q[t].reshape(n, kv_heads, group, -1)
-        dk_sel = ctx.scale * (ds.swapaxes(-1, -2) @ q_t)  # (n, H_kv, topk, D): summed over g
-        dv_sel = p.swapaxes(-1, -2) @ do  # (n, H_kv, topk, Dv)
         rows, valid = ctx.rows[t], ctx.valid[t]
-        _scatter_add(dk, rows, valid, dk_sel)
-        if dv is None:
-            _scatter_add(dk[..., : ctx.d_v], rows, valid, dv_sel)
-        else:
-            _scatter_add(dv, rows, valid, dv_sel)
+        for h in range(kv_heads):  # each key row gets the sum over every entry naming it
+            _scatter_products(dk[:, h], rows[:, h], valid[:, h], ds[:, h], q_t[:, h], ctx.scale)
+            values = dk[:, h, : ctx.d_v] if dv is None else dv[:, h]  # MLA: V is k's latent
+            _scatter_products(values, rows[:, h], valid[:, h], p[:, h], do[:, h], 1.0)
     dsinks = None
     if ctx.sinks is not None:
         # P_sink = exp(s_h - lse); a row with neither keys nor sink has lse = -inf and P_sink 0
@@ -387,23 +384,37 @@ def _group_matmul(p: np.ndarray, v_sel: np.ndarray) -> np.ndarray:
     return (p @ v_sel).reshape(n, -1, v_sel.shape[-1])
 
 
-def _scatter_add(
-    target: np.ndarray, rows: np.ndarray, valid: np.ndarray, values: np.ndarray
+def _scatter_products(
+    target: np.ndarray,
+    rows: np.ndarray,
+    valid: np.ndarray,
+    weights: np.ndarray,
+    vectors: np.ndarray,
+    factor: Any,
 ) -> None:
-    """target[rows[i, h, j], h] += values[i, h, j] over the valid entries, every repeat of a row
-    added (a sorted reduction: repeats become one sum per row, then one write per row)."""
-    kv_heads = target.shape[1]
-    heads = np.broadcast_to(np.arange(kv_heads)[None, :, None], rows.shape)
-    flat = (rows * kv_heads + heads)[valid]  # the row of (S_kv * H_kv, width) each entry adds to
-    if flat.size == 0:
-        return
-    values = values[valid]  # (entries, width)
-    order = np.argsort(flat, kind="stable")
-    flat, values = flat[order], values[order]
-    starts = np.flatnonzero(np.concatenate(([True], flat[1:] != flat[:-1])))
-    sums = np.add.reduceat(values, starts, axis=0)
-    view = target.reshape(-1, target.shape[-1]) if target.flags.c_contiguous else None
-    if view is not None:
-        view[flat[starts]] += sums
-    else:  # a column slice of dk (V = k[..., :d_v]): write through its row and head
-        target[flat[starts] // kv_heads, flat[starts] % kv_heads] += sums
+    """target[rows[t, j]] += factor * sum_g weights[t, g, j] * vectors[t, g] over the valid
+    entries (t, j): the key (or value) gradient of one kv head, every repeat of a row added.
+
+    Rather than one vector per entry, scattered, the weights (scalars) are summed into a matrix
+    W (rows named, tokens x group) by ``np.bincount`` (repeats add there), and the rows' gradients
+    are one product W @ vectors; then each distinct row is written once. target (S_kv, W) may be
+    a view (a head of dk, or dk's first d_v columns). rows, valid (n, topk); weights (n, g,
+    topk); vectors (n, g, W)."""
+    n, group, topk = weights.shape
+    s_kv = target.shape[0]
+    size = n  # tokens per product: W (rows, size * g) stays under _BLOCK_ENTRIES / 2 numbers
+    while size > 1 and size * group * min(s_kv, size * topk) > _BLOCK_ENTRIES // 2:
+        size = (size + 1) // 2
+    for start in range(0, n, size):
+        chunk = slice(start, min(start + size, n))
+        t_idx, j_idx = np.nonzero(valid[chunk])
+        if t_idx.size == 0:
+            continue
+        named, inverse = np.unique(rows[chunk][t_idx, j_idx], return_inverse=True)
+        m = chunk.stop - chunk.start
+        cols = t_idx[:, None] * group + np.arange(group)  # (entries, g): W's column of (t, g)
+        flat = (inverse.reshape(-1, 1) * (m * group) + cols).ravel()
+        w = weights[chunk][t_idx, :, j_idx].ravel()  # (entries * g,), the same order
+        sums = np.bincount(flat, weights=w, minlength=named.size * m * group)
+        matrix = sums.reshape(named.size, m * group).astype(vectors.dtype, copy=False)
+        target[named] += factor * (matrix @ vectors[chunk].reshape(m * group, -1))
