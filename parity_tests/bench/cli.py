@@ -12,7 +12,8 @@ at each shape (``attention.py``); ``crossover``, ``blocks`` and ``profile``, the
 dense/tiled crossover, block sizes and products alone against the whole (``tuning.py``);
 ``gpt2``, the GPT-2 layer (``gpt2.py``); ``options`` and ``window``, the cost of today's options
 on the tiled path (``options.py``); ``decode``, a Llama-8B-shaped layer's decode step and prefill
-(``decode.py``); ``latent``, a DeepSeek-V2-Lite-shaped MLA layer's decode step (``latent.py``).
+(``decode.py``); ``latent``, a DeepSeek-V2-Lite-shaped MLA layer's decode step (``latent.py``);
+``sparse``, sparse attention by indices against dense attention at growing lengths (``sparse.py``).
 The issues' targets are reported where the parts they need ran (``report.py``).
 
 The report goes to stdout. Only ``--write-docs`` (with the whole benchmark) rewrites the
@@ -30,6 +31,7 @@ from . import attention, gpt2, measure, report, tuning
 from . import decode as decode_bench
 from . import latent as latent_bench
 from . import options as options_bench
+from . import sparse as sparse_bench
 
 PARTS = (
     "shapes",
@@ -41,6 +43,7 @@ PARTS = (
     "window",
     "decode",
     "latent",
+    "sparse",
 )
 
 
@@ -131,8 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     window = options_bench.window_rows(measure.best_time) if "window" in parts else None
     decode = decode_bench.decode_rows(repeats, measure.traced_peak) if "decode" in parts else None
     latent = latent_bench.latent_rows(repeats, measure.traced_peak) if "latent" in parts else None
+    sparse = sparse_bench.sparse_rows(repeats) if "sparse" in parts else None
     text = report.report(
-        rate, repeats, rows, sweep, cross, floor, layer, options_rows, window, decode, latent
+        rate,
+        repeats,
+        rows,
+        sweep,
+        cross,
+        floor,
+        layer,
+        options_rows,
+        window,
+        decode,
+        latent,
+        sparse,
     )
     print(text)
     if args.write_docs:

@@ -18,6 +18,7 @@ from . import attention, gpt2, tuning
 from . import decode as decode_bench
 from . import latent as latent_bench
 from . import options as options_bench
+from . import sparse as sparse_bench
 from .measure import mib, seconds
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -31,6 +32,7 @@ def targets(
     window: dict | None = None,
     decode: dict | None = None,
     latent: dict | None = None,
+    sparse: dict | None = None,
 ) -> list[str]:
     """The issues' targets, as ratios from this run: those whose measurements ran."""
     checks = []
@@ -93,6 +95,7 @@ def targets(
         + options_bench.targets(options, window)
         + decode_bench.targets(decode)
         + latent_bench.targets(latent)
+        + sparse_bench.targets(sparse)
     )
     if not lines:
         return []
@@ -111,6 +114,7 @@ def report(
     window: dict | None = None,
     decode: dict | None = None,
     latent: dict | None = None,
+    sparse: dict | None = None,
 ) -> str:
     """The Markdown report of the parts that ran (None: the part did not run)."""
     lines = [
@@ -119,7 +123,7 @@ def report(
         f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s. "
         f"Times: the best of {repeats} runs after one warm-up (one run from N = 16384 on).",
         "",
-        *targets(rows or {}, layer, options, window, decode, latent),
+        *targets(rows or {}, layer, options, window, decode, latent, sparse),
     ]
     if rows:
         lines += attention.shape_tables(rows, rate)
@@ -139,6 +143,8 @@ def report(
         lines += decode_bench.decode_lines(decode, seconds, mib)
     if latent is not None:
         lines += latent_bench.latent_lines(latent, seconds, mib)
+    if sparse is not None:
+        lines += sparse_bench.sparse_lines(sparse, seconds)
     return "\n".join(lines).rstrip("\n")
 
 
