@@ -27,7 +27,7 @@ import numpy as np
 from . import validation
 from .decode.cache import KVCache, PagedKVCache
 
-__all__ = ["SharedKV", "check_shared", "check_shared_grad", "read_shared_kv"]
+__all__ = ["SharedKV", "check_shared", "check_shared_grad", "check_shared_shapes", "read_shared_kv"]
 
 
 class SharedKV(NamedTuple):
@@ -70,6 +70,29 @@ def check_shared(
     return value_norm, kv_shared, values_from_keys
 
 
+def check_shared_shapes(
+    k_shape: tuple[int, ...], v_shape: tuple[int, ...], shape: tuple[int, int, int], n: int
+) -> None:
+    """The shared keys' and values' shapes against the consumer's (B, H_kv, D) and its N
+    queries (pure Python: the torch twin checks its tensors' shapes here too)."""
+    batch, heads, width = shape
+    for name, got in (("k", tuple(k_shape)), ("v", tuple(v_shape))):
+        if len(got) != 4 or (got[0], got[1], got[3]) != shape:
+            raise ValueError(
+                f"shared_kv.{name} must be (B, H_kv, M, D) = ({batch}, {heads}, M, {width}), "
+                f"the layer's, got {got}"
+            )
+    if tuple(k_shape) != tuple(v_shape):
+        raise ValueError(
+            f"shared_kv's k and v must have one shape, got {tuple(k_shape)} and {tuple(v_shape)}"
+        )
+    if k_shape[2] < n:
+        raise ValueError(
+            f"shared_kv holds M = {k_shape[2]} keys but x has N = {n} tokens: the queries are "
+            "the last N positions of the shared keys, so M must be at least N"
+        )
+
+
 def read_shared_kv(
     shared: Any, shape: tuple[int, int, int], n: int, dtype: np.dtype
 ) -> tuple[SharedKV, bool]:
@@ -99,20 +122,7 @@ def read_shared_kv(
             "shared_kv must be the source layer's kv (a SharedKV or (k, v) pair) or its "
             f"KVCache / PagedKVCache, got {type(shared).__name__}"
         )
-    batch, heads, width = shape
-    for name, array in (("k", k), ("v", v)):
-        if array.ndim != 4 or (array.shape[0], array.shape[1], array.shape[3]) != shape:
-            raise ValueError(
-                f"shared_kv.{name} must be (B, H_kv, M, D) = ({batch}, {heads}, M, {width}), "
-                f"the layer's, got {array.shape}"
-            )
-    if k.shape != v.shape:
-        raise ValueError(f"shared_kv's k and v must have one shape, got {k.shape} and {v.shape}")
-    if k.shape[2] < n:
-        raise ValueError(
-            f"shared_kv holds M = {k.shape[2]} keys but x has N = {n} tokens: the queries are "
-            "the last N positions of the shared keys, so M must be at least N"
-        )
+    check_shared_shapes(k.shape, v.shape, shape, n)
     if k.dtype != dtype or v.dtype != dtype:
         raise TypeError(f"shared_kv holds {k.dtype} and {v.dtype}, but the layer is {dtype}")
     return SharedKV(k, v), cached

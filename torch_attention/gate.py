@@ -19,31 +19,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# The options and their rules are pure Python: the NumPy twin's, shared.
+from numpy_attention.gate import GATE_ACTIVATIONS, GATE_KINDS, check_gate, gate_width
+
 __all__ = ["GATE_ACTIVATIONS", "GATE_KINDS", "check_gate", "gate_width", "output_gate"]
-
-GATE_KINDS = ("element", "head")
-GATE_ACTIVATIONS = ("sigmoid", "softplus")
-
-
-def check_gate(kind: object, activation: object, bias: bool) -> str | None:
-    """The gate's options checked (the NumPy twin's rules); its kind (None: no gate) returned."""
-    if kind is not None and kind not in GATE_KINDS:
-        raise ValueError(f"output_gate must be None or one of {list(GATE_KINDS)}, got {kind!r}")
-    if activation not in GATE_ACTIVATIONS:
-        raise ValueError(
-            f"gate_activation must be one of {list(GATE_ACTIVATIONS)}, got {activation!r}"
-        )
-    if kind is None and (activation != "sigmoid" or bias):
-        raise ValueError(
-            f"gate_activation={activation!r} and gate_bias={bias} describe an output gate, but "
-            "output_gate is None"
-        )
-    return None if kind is None else str(kind)
-
-
-def gate_width(kind: str, heads: int, head_dim: int) -> int:
-    """The gate projection's output width: H*D per element, H per head."""
-    return heads * head_dim if kind == "element" else heads
 
 
 def output_gate(attn: torch.Tensor, pre: torch.Tensor, activation: str) -> torch.Tensor:

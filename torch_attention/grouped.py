@@ -65,30 +65,29 @@ from torch import nn
 from numpy_attention import grouped_options
 
 from . import validation
-from .clip import check_clip, clip
+from .clip import clip
 from .decode.cache import KVCache, PagedKVCache
 from .differential import (
     LAMBDA_NAMES,
     LAMBDA_STD,
-    check_differential,
     differential,
     differential_values,
 )
 from .functional import attention, check_backend, merge_heads, split_heads
-from .gate import check_gate, gate_width, output_gate
+from .gate import gate_width, output_gate
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
 from .rope import check_positions, rope, rope_inv_freq
-from .shared_kv import SharedKV, check_shared, read_shared_kv
-from .temperature import check_temperature, query_temperature
+from .shared_kv import SharedKV, read_shared_kv
+from .temperature import query_temperature
 
 __all__ = ["GroupedQueryAttention"]
 
 # -- the layer --------------------------------------------------------------------------------
 
 
-class GroupedQueryAttention(Module):
+class GroupedQueryAttention(grouped_options.GroupedOptions, Module):
     """Causal grouped-query self-attention with RoPE, as in Llama, Mistral, Qwen2/3, Gemma 2/3,
     GPT-OSS, Phi-3, OLMo 2, Cohere 1/2, StarCoder 2, Granite, SmolLM 3, GLM and Falcon; the twin
     of ``numpy_attention.grouped.GroupedQueryAttention``.
@@ -159,99 +158,13 @@ class GroupedQueryAttention(Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        self.hidden_size = validation.positive_int("hidden_size", hidden_size)
-        self.input_size = (  # x's width: q, k, v (and the gate) read it, o_proj writes C
-            self.hidden_size
-            if input_size is None
-            else validation.positive_int("input_size", input_size)
-        )
-        self.num_heads = validation.positive_int("num_heads", num_heads)
-        self.num_kv_heads = validation.positive_int("num_kv_heads", num_kv_heads)
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-            )
-        if head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}) "
-                    "when head_dim is None"
-                )
-            head_dim = self.hidden_size // self.num_heads
-        self.head_dim = validation.positive_int("head_dim", head_dim)
-        self.rotary_dim = grouped_options.check_rotary_dim(rotary_dim, self.head_dim)
-        self.rope_theta = validation.finite_real("rope_theta", rope_theta)
+        self.check_options(**grouped_options.option_args(locals()))  # the scalar options
         self.inv_freq = _check_inv_freq("inv_freq", inv_freq, self.rotary_dim, rope_theta)
         self.long_inv_freq, self.original_max_positions = _check_long_rope(
             long_inv_freq, original_max_positions, self.rotary_dim
         )
-        self.rope_attention_factor = validation.finite_real(
-            "rope_attention_factor", rope_attention_factor
-        )
-        self.rope_interleaved = validation.flag("rope_interleaved", rope_interleaved)
-        self.qk_norm = validation.flag("qk_norm", qk_norm)
-        self.norm_eps = validation.finite_real("norm_eps", norm_eps)
-        if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
-        self.qk_norm_shape = grouped_options.check_qk_norm(
-            self.qk_norm, qk_norm_type, qk_norm_shape, norm_weight_offset, qk_norm_position
-        )
-        self.qk_norm_position = str(qk_norm_position)
-        self.query_temperature = check_temperature(query_temperature)
-        self.window = None if window is None else validation.window(window)
-        self.softcap = validation.finite_real("softcap", softcap)
-        if self.softcap < 0:
-            raise ValueError(f"softcap must be >= 0 (0 = off), got {softcap}")
-        self.has_sinks = validation.flag("sinks", sinks)
-        gate_bias = validation.flag("gate_bias", gate_bias)
-        self.output_gate = check_gate(output_gate, gate_activation, gate_bias)
-        self.gate_activation = str(gate_activation)
-        self.scaling = None if scaling is None else validation.finite_real("scaling", scaling)
-        self.dropout = validation.dropout_p(dropout, "dropout")
-        self.clip_qkv = check_clip(clip_qkv, clip_after_norm, self.qk_norm)
-        self.clip_after_norm = bool(clip_after_norm)
-        if self.clip_after_norm and self.qk_norm_position != "before_rope":
-            raise ValueError(
-                "clip_after_norm clamps q and k between the QK-norm and RoPE (OLMoE), but "
-                f"qk_norm_position is {self.qk_norm_position!r}: no model clamps after a norm "
-                "that follows RoPE"
-            )
-        self.output_norm = grouped_options.check_output_norm(
-            output_norm, output_norm_eps, self.output_gate
-        )
         self.alibi_slopes = _check_alibi(alibi_slopes, self.num_heads)
-        self.v_head_dim = validation.positive_int(
-            "v_head_dim", self.head_dim if v_head_dim is None else v_head_dim
-        )
-        self.value_scale = validation.finite_real("value_scale", value_scale)
-        self.lambda_init = check_differential(
-            differential,
-            lambda_init,
-            differential_eps,
-            self.num_kv_heads,
-            output_gate=self.output_gate,
-            output_norm=self.output_norm,
-            dropout=self.dropout,
-        )
-        self.differential = self.lambda_init is not None
-        self.differential_eps = float(differential_eps)
-        grouped_options.check_differential_width(self.differential, self.v_head_dim, self.head_dim)
-        self.chunk_size = (
-            None if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
-        )
-        self.value_norm, self.kv_shared, self.values_from_keys = check_shared(
-            value_norm, kv_shared, self.clip_qkv, values_from_keys
-        )
         self.kv: SharedKV | None = None  # the keys and values of the last forward, to share
-        grouped_options.check_value_options(
-            value_norm=self.value_norm,
-            kv_shared=self.kv_shared,
-            values_from_keys=self.values_from_keys,
-            v_head_dim=self.v_head_dim,
-            head_dim=self.head_dim,
-            value_scale=self.value_scale,
-            differential=self.differential,
-        )
         self.backend = check_backend(backend)
 
         width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -289,7 +202,7 @@ class GroupedQueryAttention(Module):
             self.sinks = nn.Parameter(torch.zeros(self.num_heads))
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, self.num_heads, self.v_head_dim)
-            self.g_proj = Linear(self.input_size, gates, bias=gate_bias)
+            self.g_proj = Linear(self.input_size, gates, bias=self.gate_bias)
         if self.output_norm:
             self.o_norm = RMSNorm(merged_width, float(output_norm_eps))
         if self.differential:  # Hugging Face's names and init: normal(0, 0.1), (D,) each

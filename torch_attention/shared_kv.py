@@ -17,7 +17,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from numpy_attention.shared_kv import check_shared  # the rules are pure Python, shared
+from numpy_attention.shared_kv import (  # the rules are pure Python, shared
+    check_shared,
+    check_shared_shapes,
+)
 
 from . import validation
 from .decode.cache import KVCache, PagedKVCache
@@ -50,22 +53,7 @@ def read_shared_kv(
             "shared_kv must be the source layer's kv (a SharedKV or (k, v) pair) or its "
             f"KVCache / PagedKVCache, got {type(shared).__name__}"
         )
-    batch, heads, width = shape
-    for name, tensor in (("k", k), ("v", v)):
-        if tensor.ndim != 4 or (tensor.shape[0], tensor.shape[1], tensor.shape[3]) != shape:
-            raise ValueError(
-                f"shared_kv.{name} must be (B, H_kv, M, D) = ({batch}, {heads}, M, {width}), "
-                f"the layer's, got {tuple(tensor.shape)}"
-            )
-    if k.shape != v.shape:
-        raise ValueError(
-            f"shared_kv's k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    if k.shape[2] < n:
-        raise ValueError(
-            f"shared_kv holds M = {k.shape[2]} keys but x has N = {n} tokens: the queries are "
-            "the last N positions of the shared keys, so M must be at least N"
-        )
+    check_shared_shapes(tuple(k.shape), tuple(v.shape), shape, n)
     if k.dtype != dtype or v.dtype != dtype:
         raise TypeError(f"shared_kv holds {k.dtype} and {v.dtype}, but the layer is {dtype}")
     if k.device != device or v.device != device:

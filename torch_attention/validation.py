@@ -2,7 +2,9 @@
 
 The twin of ``numpy_attention.validation``: the same checks under the same names and with the
 same messages, on tensors instead of arrays (``float_tensor`` / ``bool_tensor`` are the twins of
-``float_array`` / ``bool_array``). The bottom floor of the package: it imports torch alone.
+``float_array`` / ``bool_array``); the scalar checks (``flag``, ``positive_int``, ``finite_real``,
+``window``, ``dropout_p``, ...) are the NumPy twin's own, re-exported. The bottom floor of the
+package: it imports torch and ``numpy_attention.validation`` alone.
 Every check raises ``TypeError`` (the wrong kind of data) or ``ValueError`` (the wrong shape or
 value) naming the argument and the shapes involved, and each check is written once, here. No
 ``assert``: checks must also run under ``python -O``. ``grad_output`` has no twin: autograd
@@ -13,13 +15,36 @@ Tests: tests/torch_attention/test_validation.py.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import torch
 
-_REAL = (int, float, np.integer, np.floating)
+# The scalar checks are pure Python: one copy, the NumPy twin's, under the same names.
+from numpy_attention.validation import (
+    dropout_p,
+    finite_real,
+    flag,
+    integer,
+    non_negative_int,
+    positive_int,
+    window,
+)
+
+__all__ = [
+    "bool_tensor",
+    "broadcasts_to",
+    "dropout_p",
+    "finite_real",
+    "flag",
+    "float_tensor",
+    "integer",
+    "keep_mask",
+    "layer_input",
+    "non_negative_int",
+    "positive_int",
+    "same_dtype",
+    "window",
+]
 
 
 def float_tensor(name: str, value: Any) -> torch.Tensor:
@@ -46,71 +71,6 @@ def same_dtype(**tensors: torch.Tensor) -> torch.dtype:
         listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
         raise TypeError(f"inputs must share one dtype, got {listed}")
     return next(iter(dtypes.values()))
-
-
-def flag(name: str, value: Any) -> bool:
-    """A Python or NumPy bool; anything else (``"no"``, 1, None) is a ``TypeError``: a truthy
-    string or number would otherwise switch an option on silently."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
-def integer(name: str, value: Any) -> int:
-    """A Python or NumPy integer (not a bool), as int; ``TypeError`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return int(value)
-
-
-def positive_int(name: str, value: Any) -> int:
-    """An integer >= 1 (``TypeError`` for a non-integer, ``ValueError`` for one below 1)."""
-    value = integer(name, value)
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
-
-
-def non_negative_int(name: str, value: Any) -> int:
-    """An integer >= 0 (``TypeError`` for a non-integer, ``ValueError`` for a negative one)."""
-    value = integer(name, value)
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value}")
-    return value
-
-
-def finite_real(name: str, value: Any) -> float:
-    """A finite real number, as float: ``TypeError`` for anything else, ``ValueError`` for NaN
-    and inf (a NaN scale would turn every output into NaN, or into 0 on some torch backends)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, _REAL):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
-
-
-def window(value: Any, name: str = "window") -> tuple[int | None, int | None]:
-    """A sliding window ``(left, right)``, each side a non-negative int or None (unbounded);
-    None is no window, ``(None, None)``."""
-    if value is None:
-        return None, None
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"{name} must be (left, right) or None, got {value!r}")
-    left, right = (
-        None if side is None else non_negative_int(f"{name}[{i}]", side)
-        for i, side in enumerate(value)
-    )
-    return left, right
-
-
-def dropout_p(p: Any, name: str = "dropout_p") -> float:
-    """A dropout probability in [0, 1); 1.0 (which ``nn.Dropout`` accepts) would divide by zero
-    in the inverted rescale."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, _REAL):
-        raise TypeError(f"{name} must be a number in [0, 1), got {p!r}")
-    if not 0.0 <= float(p) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {p}")
-    return float(p)
 
 
 def broadcasts_to(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
