@@ -20,8 +20,15 @@ of the row's scores), p the main attention's weights summed over its heads and L
 held constant (the main attention is not trained by this loss); dense (over every visible key)
 or restricted to the selected set (``indices``: softmax and p both renormalized over it).
 
+``LightningIndexer`` is the indexer as a layer's part (``MultiHeadLatentAttention``'s
+``index_topk``), with transformers' parameter names (``wq_b``, ``wk``, ``k_norm``,
+``weights_proj``): from the layer's input x and its query latent it selects, per query, the
+keys the main attention may read. The selection is piecewise constant in every weight, so no
+gradient flows through it (transformers runs it under ``no_grad``); the indexer trains by
+``indexer_kl_loss`` instead.
+
 Shape legend: S_q query tokens, S_kv key tokens, HI indexer heads, DI indexer head width, H the
-main attention's heads.
+main attention's heads; B batch, N tokens of a call, M keys, C model width, Lq query latent.
 
 Derivation: docs/derivations/indexer.md. Tests: tests/numpy_attention/test_indexer.py.
 """
@@ -33,7 +40,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import validation
-from .grad_mode import is_grad_enabled
+from .grad_mode import is_grad_enabled, no_grad
+from .layers import Linear
+from .module import Module
+from .norms import LayerNorm
+from .rope import rope_forward
 
 # Query tokens per block: the block's (n, HI, S_kv) products stay near 2^23 numbers.
 _BLOCK_ENTRIES = 1 << 23
@@ -210,6 +221,138 @@ def indexer_kl_loss(
     loss = float(np.sum(terms[live]))
     dscores = np.where(live[:, None] & read, q - p, 0.0)
     return KLOutput(loss, dscores)
+
+
+def check_index_options(
+    heads: Any, head_dim: Any, topk: Any, q_lora_rank: int | None
+) -> tuple[int, int, int, int] | None:
+    """A latent layer's indexer options as (HI, DI, topk, Lq), or None without an indexer: all
+    three given or none; it reads the query latent, so the layer needs ``q_lora_rank`` (pure
+    Python: the torch twin checks them here too)."""
+    given = {"index_n_heads": heads, "index_head_dim": head_dim, "index_topk": topk}
+    if all(value is None for value in given.values()):
+        return None
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} missing: DSA's indexer needs index_n_heads, index_head_dim "
+            "and index_topk together"
+        )
+    if q_lora_rank is None:
+        raise ValueError(
+            "the indexer (index_topk) reads the query latent q_a_layernorm(q_a_proj(x)): it "
+            "needs q_lora_rank"
+        )
+    return (
+        validation.positive_int("index_n_heads", heads),
+        validation.positive_int("index_head_dim", head_dim),
+        validation.positive_int("index_topk", topk),
+        q_lora_rank,
+    )
+
+
+class LightningIndexer(Module):
+    """DeepSeek-V3.2's indexer inside an attention layer (module docstring): its parameters and
+    the selection, per query, of the keys the main attention reads.
+
+        q = rope(wq_b(q_resid))          (B, N, HI, DI)   RoPE on the first R dims of each head
+        k = rope(k_norm(wk(x)))          (B, M, DI)       one key head (the cache's rows first)
+        w = weights_proj(x) * HI^-0.5    (B, N, HI)
+        scores = indexer_forward(q, k, w, scale=DI^-0.5, causal), padded keys -inf
+        selected = topk_indices(scores, topk)   as a (B, N, M) mask
+
+    Parameters: ``wq_b`` = Linear(Lq, HI*DI), ``wk`` = Linear(C, DI), both without bias;
+    ``k_norm`` = LayerNorm(DI, eps 1e-6, with bias); ``weights_proj`` = Linear(C, HI, no bias).
+
+    Args:
+        hidden_size: C.
+        q_lora_rank: Lq, the width of the query latent the indexer reads.
+        num_heads: HI.
+        head_dim: DI.
+        topk: how many keys each query keeps (all it sees when it sees fewer).
+        rope_dim: R, the rotated width (the main attention's qk_rope_head_dim), at most DI.
+        rope_interleaved: False: half-split pairs (x_i, x_{i+R/2}), DeepSeek-V3.2's and
+            transformers' layout for the indexer (unlike the main attention's); True:
+            interleaved pairs (x_2i, x_2i+1), the layout that was a bug in several engines.
+        rng: generator or seed for the initial weights.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        num_heads: int,
+        head_dim: int,
+        topk: int,
+        rope_dim: int,
+        *,
+        rope_interleaved: bool = False,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = validation.positive_int("index_n_heads", num_heads)
+        self.head_dim = validation.positive_int("index_head_dim", head_dim)
+        self.topk = validation.positive_int("index_topk", topk)
+        self.rope_dim = validation.non_negative_int("qk_rope_head_dim", rope_dim)
+        if self.rope_dim > self.head_dim:
+            raise ValueError(
+                f"index_head_dim ({head_dim}) must be at least qk_rope_head_dim ({rope_dim}): "
+                "the indexer rotates the first qk_rope_head_dim dims of each head"
+            )
+        self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
+        rng = np.random.default_rng(rng)
+        self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False, rng=rng)
+        self.wk = Linear(hidden_size, self.head_dim, bias=False, rng=rng)
+        self.k_norm = LayerNorm(self.head_dim, 1e-6, bias=True)
+        self.weights_proj = Linear(hidden_size, self.num_heads, bias=False, rng=rng)
+
+    def keys(self, x: np.ndarray, positions: np.ndarray, rope: dict[str, Any]) -> np.ndarray:
+        """This call's indexer keys (B, N, DI), rotated (what a decoding cache holds)."""
+        with no_grad():
+            k = self.k_norm(self.wk(x))[:, None]  # (B, 1, N, DI)
+            k, _ = rope_forward(k, positions, **self._rope(rope))
+        return k[:, 0]
+
+    def forward(
+        self,
+        x: np.ndarray,
+        q_resid: np.ndarray,
+        keys: np.ndarray,
+        positions: np.ndarray,
+        rope: dict[str, Any],
+        padding: np.ndarray | None,
+    ) -> np.ndarray:
+        """The (B, N, M) bool mask, True where query t may read key s: its top-k keys.
+
+        Args:
+            x: (B, N, C), the layer's input.
+            q_resid: (B, N, Lq), the query latent q_a_layernorm(q_a_proj(x)).
+            keys: (B, M, DI), the indexer keys of every key (``keys``, cached ones first).
+            positions: the queries' RoPE positions, as the layer checked them.
+            rope: the layer's ``inv_freq`` and ``attention_factor``.
+            padding: (B, M) bool, True = a padding key (never selected), or None.
+        """
+        b, n, _ = x.shape
+        m = keys.shape[1]
+        with no_grad():
+            q = self.wq_b(q_resid).reshape(b, n, self.num_heads, self.head_dim)
+            q, _ = rope_forward(q.swapaxes(1, 2), positions, **self._rope(rope))
+            weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
+            selected = np.zeros((b, n, m), dtype=bool)
+            for i in range(b):
+                scores = indexer_forward(
+                    q[i].swapaxes(0, 1), keys[i], weights[i], scale=self.head_dim**-0.5
+                ).scores
+                if padding is not None:
+                    scores[:, padding[i]] = -np.inf
+                picked = topk_indices(scores, self.topk)  # (N, topk), -1 past the visible
+                rows = np.broadcast_to(np.arange(n)[:, None], picked.shape)
+                valid = picked >= 0
+                selected[i, rows[valid], picked[valid]] = True
+        return selected
+
+    def _rope(self, rope: dict[str, Any]) -> dict[str, Any]:
+        return {**rope, "rotary_dim": self.rope_dim, "interleaved": self.rope_interleaved}
 
 
 def _prepare(q_idx: Any, k_idx: Any, weights: Any, scale: Any, causal: Any) -> tuple:

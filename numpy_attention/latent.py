@@ -66,6 +66,7 @@ from .functional import (
 from .gate import GateCtx, check_gate, gate_width, output_gate_backward, output_gate_forward
 from .grad_mode import no_grad
 from .grouped import _key_padding
+from .indexer import LightningIndexer, check_index_options
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import (
     HeadLinearCtx,
@@ -194,6 +195,10 @@ class MultiHeadLatentAttention(Module):
         gate_bias: bool = False,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
+        index_n_heads: int | None = None,
+        index_head_dim: int | None = None,
+        index_topk: int | None = None,
+        index_rope_interleave: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -246,6 +251,19 @@ class MultiHeadLatentAttention(Module):
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, h, self.v_head_dim)
             self.g_proj = Linear(c, gates, bias=gate_bias, rng=self.rng)
+        index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
+        self.index_topk = None if index is None else index[2]
+        if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
+            self.indexer = LightningIndexer(
+                c,
+                index[3],
+                index[0],
+                index[1],
+                index[2],
+                self.qk_rope_head_dim,
+                rope_interleaved=index_rope_interleave,
+                rng=self.rng,
+            )
 
     def constructor_args(self) -> dict[str, Any]:
         """The base's, in a form that survives JSON (``save_module``): ``inv_freq`` as a list
@@ -305,6 +323,7 @@ class MultiHeadLatentAttention(Module):
                 raise TypeError(
                     f"cache must be a LatentCache or a PagedLatentCache, got {type(cache).__name__}"
                 )
+            cache.check_index(None if self.index_topk is None else self.indexer.head_dim)
             cache.check_append(b, n, self.kv_lora_rank, self.qk_rope_head_dim, x.dtype)
             start = cache.length
         m = start + n
@@ -344,7 +363,8 @@ class MultiHeadLatentAttention(Module):
         if self.q_lora_rank is None:
             q = self.q_proj(x)  # (B, N, C) -> (B, N, H*(P+R))
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # C -> Lq -> H*(P+R)
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))  # C -> Lq, the query latent
+            q = self.q_b_proj(q_resid)  # Lq -> H*(P+R)
         q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, P+R)
         q_nope, q_pe = q[..., :p], q[..., p:]
         latent = self.kv_a_proj_with_mqa(x)  # (B, N, C) -> (B, N, L+R)
@@ -374,6 +394,12 @@ class MultiHeadLatentAttention(Module):
             "dropout_p": self.dropout if keep is not None else 0.0,
             "dropout_mask": keep,
         }
+        if self.index_topk is not None:  # DSA: each query reads only its top-k keys
+            keys = self.indexer.keys(x, positions, rope)  # (B, N, DI)
+            if cache is not None:  # the cached keys first: (B, M, DI)
+                keys = cache.index_append(keys)
+            selected = self.indexer(x, q_resid, keys, positions, rope, padding)  # (B, N, M)
+            options["attn_mask"] = selected[:, None]  # one mask for every head
         form: _ExpandedCtx | _AbsorbedCtx
         if absorb:
             w_uk, w_uv = self._up_projections()  # (H, P, L), (H, Dv, L)

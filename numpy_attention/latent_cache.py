@@ -17,6 +17,16 @@ caches have:
         -> AttentionOutput                     rows[..., :L], **options): the absorbed form,
                                                MQA over the rows, values their first L columns
 
+A DSA layer (``index_topk``) also caches its indexer's rotated keys, DI numbers a token, in a
+cache built with ``index_head_dim=DI`` (transformers' ``update_indexer``), through two more:
+
+    check_index(index_head_dim)                raise unless the cache holds indexer keys of
+                                               that width (None: it holds none)
+    index_append(keys) -> (B, M, DI)           write this call's keys (B, N, DI) at the
+                                               positions the latents' append takes next, and
+                                               return every one; ``length`` is unchanged
+                                               (the latents' append that follows advances it)
+
 The contiguous cache's rows are views of its array; the paged cache reads each sequence's pages
 (a view when they are consecutive in the pool) and attends sequence by sequence, as
 ``PagedKVCache.attend`` does, so the two give the same numbers.
@@ -37,7 +47,7 @@ import numpy as np
 
 from . import validation
 from .decode.cache import attend_per_sequence
-from .decode.pages import PagePool
+from .decode.pages import PagePool, read_tokens
 from .functional import attention_forward
 from .scores import AttentionOutput
 
@@ -59,10 +69,18 @@ class LatentCache:
         kv_lora_rank: L.
         qk_rope_head_dim: R.
         dtype: a floating dtype, that of the layer it serves.
+        index_head_dim: DI, for a DSA layer: ``index_keys`` (B, max_len, DI) holds its
+            indexer's keys; None (no indexer) holds none.
     """
 
     def __init__(
-        self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: Any
+        self,
+        batch: int,
+        max_len: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        dtype: Any,
+        index_head_dim: int | None = None,
     ) -> None:
         batch = validation.positive_int("batch", batch)
         self.max_len = validation.positive_int("max_len", max_len)
@@ -73,6 +91,12 @@ class LatentCache:
             raise TypeError(f"LatentCache needs a floating dtype, got {dtype}")
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.latent = np.zeros((batch, self.max_len, width), dtype=dtype)
+        self.index_head_dim = index_width(index_head_dim)
+        self.index_keys = (
+            None
+            if self.index_head_dim is None
+            else np.zeros((batch, self.max_len, self.index_head_dim), dtype=dtype)
+        )
         self._length = 0
 
     @property
@@ -142,6 +166,22 @@ class LatentCache:
         rows = self.append(c_kv, k_rope)[:, None]  # (B, 1, M, L+R), views
         return attention_forward(q, rows, rows[..., : self.kv_lora_rank], **options)
 
+    def check_index(self, index_head_dim: int | None) -> None:
+        """Raise unless the cache holds indexer keys of this width (None: none)."""
+        check_index(self.index_head_dim, index_head_dim)
+
+    def index_append(self, keys: np.ndarray) -> np.ndarray:
+        """Write an indexer's keys (B, N, DI) at the positions the next ``append`` takes; return
+        every one so far, (B, length + N, DI), a view. ``length`` is unchanged."""
+        if self.index_keys is None:
+            raise ValueError("this cache holds no indexer keys (built without index_head_dim)")
+        keys = _index_keys(keys, self.index_head_dim, self.dtype)
+        self.check_append(keys.shape[0], keys.shape[1], self.kv_lora_rank,
+                          self.qk_rope_head_dim, keys.dtype)  # fmt: skip
+        stop = self._length + keys.shape[1]
+        self.index_keys[:, self._length : stop] = keys
+        return self.index_keys[:, :stop]
+
     def reset(self) -> None:
         """Forget every cached position (a new sequence); the array is kept."""
         self._length = 0
@@ -174,6 +214,8 @@ class PagedLatentCache(PagePool):
         kv_lora_rank: L.
         qk_rope_head_dim: R.
         dtype: a floating dtype, that of the layer it serves.
+        index_head_dim: DI, for a DSA layer: ``index_keys`` (num_blocks, P, 1, DI), pages of
+            its indexer's keys under the same block table; None holds none.
     """
 
     def __init__(
@@ -183,6 +225,7 @@ class PagedLatentCache(PagePool):
         kv_lora_rank: int,
         qk_rope_head_dim: int,
         dtype: Any = np.float32,
+        index_head_dim: int | None = None,
     ) -> None:
         super().__init__(num_blocks, page_size)
         self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
@@ -192,6 +235,12 @@ class PagedLatentCache(PagePool):
             raise TypeError(f"PagedLatentCache needs a floating dtype, got {dtype}")
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.latent = np.zeros((len(self._owned), self.page_size, 1, width), dtype=dtype)
+        self.index_head_dim = index_width(index_head_dim)
+        self.index_keys = (
+            None
+            if self.index_head_dim is None
+            else np.zeros((len(self._owned), self.page_size, 1, self.index_head_dim), dtype)
+        )
 
     @property
     def c_kv(self) -> np.ndarray:
@@ -256,6 +305,28 @@ class PagedLatentCache(PagePool):
 
         return attend_per_sequence(q, read, **options)
 
+    def check_index(self, index_head_dim: int | None) -> None:
+        """Raise unless the cache holds indexer keys of this width (None: none)."""
+        check_index(self.index_head_dim, index_head_dim)
+
+    def index_append(self, keys: np.ndarray) -> np.ndarray:
+        """Write an indexer's keys (B, N, DI) into the pages the next ``append`` writes its
+        rows to (reserving them); return every one so far, (B, length + N, DI), gathered from
+        each sequence's pages. ``length`` is unchanged."""
+        if self.index_keys is None:
+            raise ValueError("this cache holds no indexer keys (built without index_head_dim)")
+        keys = _index_keys(keys, self.index_head_dim, self.dtype)
+        batch, n = keys.shape[:2]
+        self.reserve(batch, n)
+        self._write(self.index_keys, keys[:, :, None])
+        stop = self._length + n
+        return np.stack(
+            [
+                read_tokens(self.index_keys, np.asarray(table, np.int64), 0, stop)[:, 0]
+                for table in self._tables
+            ]
+        )
+
     def _append(self, c_kv: np.ndarray, k_rope: np.ndarray) -> None:
         """Check, reserve the pages, write, advance: ``append`` without reading back."""
         c_kv, k_rope = _latents(c_kv, k_rope)
@@ -285,6 +356,39 @@ def _latents(c_kv: Any, k_rope: Any) -> tuple[np.ndarray, np.ndarray]:
         )
     validation.same_dtype(c_kv=c_kv, k_rope=k_rope)
     return c_kv, k_rope
+
+
+def index_width(index_head_dim: Any) -> int | None:
+    """A cache's indexer key width DI, checked; None: it holds no indexer keys."""
+    return (
+        None
+        if index_head_dim is None
+        else validation.positive_int("index_head_dim", index_head_dim)
+    )
+
+
+def check_index(held: int | None, given: int | None) -> None:
+    """A DSA layer's indexer width against a cache's (None: no indexer, no keys held)."""
+    if held == given:
+        return
+    if given is None:
+        raise ValueError(
+            f"the cache holds indexer keys (index_head_dim={held}), but the layer has no indexer"
+        )
+    raise ValueError(
+        f"the layer's indexer caches keys of width index_head_dim={given}, but the cache holds "
+        f"{'none (build it with index_head_dim=' + str(given) + ')' if held is None else held}"
+    )
+
+
+def _index_keys(keys: Any, width: int | None, dtype: np.dtype) -> np.ndarray:
+    """An indexer's keys (B, N, DI) as a float array of the cache's dtype, or a clear error."""
+    keys = validation.float_array("keys", keys)
+    if keys.ndim != 3 or keys.shape[-1] != width:
+        raise ValueError(f"indexer keys must be (B, N, DI) = (B, N, {width}), got {keys.shape}")
+    if keys.dtype != dtype:
+        raise TypeError(f"the cache holds {dtype}, got indexer keys of {keys.dtype}")
+    return keys
 
 
 def _check_fields(

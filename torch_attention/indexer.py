@@ -1,6 +1,8 @@
 """DeepSeek-V3.2's lightning indexer in torch, the twin of ``numpy_attention.indexer``,
 differentiable by autograd: its scores, the top-k selection (ties to the lower index, -1 past the
-visible keys) and the KL training loss.
+visible keys) and the KL training loss; and ``LightningIndexer``, the indexer as
+``MultiHeadLatentAttention``'s part (``index_topk``): the NumPy twin's parameters, rules and
+selection (no gradient flows through a selection: it runs under ``torch.no_grad()``).
 
     scores[t, s] = sum_j weights[t, j] * relu(scale * q_idx[t, j] . k_idx[s])
 
@@ -10,13 +12,27 @@ Derivation: docs/derivations/indexer.md. Tests: tests/torch_attention/test_index
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
+# The options are pure Python: the NumPy twin's rules.
+from numpy_attention.indexer import check_index_options
+
 from . import validation
+from .layers import Linear
+from .module import Module
+from .norms import LayerNorm
+from .rope import rope
 from .rules import compute_dtype
 
-__all__ = ["indexer_kl_loss", "indexer_scores", "topk_indices"]
+__all__ = [
+    "LightningIndexer",
+    "check_index_options",
+    "indexer_kl_loss",
+    "indexer_scores",
+    "topk_indices",
+]
 
 
 def indexer_scores(
@@ -106,3 +122,72 @@ def indexer_kl_loss(
     log_p = torch.log(torch.where(p > 0, p, torch.ones_like(p)))
     terms = torch.where(p > 0, p * (log_p - torch.where(read, log_q, torch.zeros_like(log_q))), 0)
     return terms[live].sum()
+
+
+class LightningIndexer(Module):
+    """DeepSeek-V3.2's indexer inside an attention layer: the twin of
+    ``numpy_attention.indexer.LightningIndexer`` (its docstring has the chain), the same
+    arguments, parameters and selection."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        num_heads: int,
+        head_dim: int,
+        topk: int,
+        rope_dim: int,
+        *,
+        rope_interleaved: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads = validation.positive_int("index_n_heads", num_heads)
+        self.head_dim = validation.positive_int("index_head_dim", head_dim)
+        self.topk = validation.positive_int("index_topk", topk)
+        self.rope_dim = validation.non_negative_int("qk_rope_head_dim", rope_dim)
+        if self.rope_dim > self.head_dim:
+            raise ValueError(
+                f"index_head_dim ({head_dim}) must be at least qk_rope_head_dim ({rope_dim}): "
+                "the indexer rotates the first qk_rope_head_dim dims of each head"
+            )
+        self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
+        self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False)
+        self.wk = Linear(hidden_size, self.head_dim, bias=False)
+        self.k_norm = LayerNorm(self.head_dim, 1e-6, bias=True)
+        self.weights_proj = Linear(hidden_size, self.num_heads, bias=False)
+
+    @torch.no_grad()
+    def keys(self, x: torch.Tensor, positions: Any, rotation: dict[str, Any]) -> torch.Tensor:
+        """This call's indexer keys (B, N, DI), rotated."""
+        k = self.k_norm(self.wk(x))[:, None]  # (B, 1, N, DI)
+        return rope(k, positions, **self._rope(rotation))[:, 0]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        keys: torch.Tensor,
+        positions: Any,
+        rotation: dict[str, Any],
+        padding: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The (B, N, M) bool mask, True where query t may read key s (the NumPy twin's)."""
+        b, n, _ = x.shape
+        m = keys.shape[1]
+        q = self.wq_b(q_resid).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        q = rope(q, positions, **self._rope(rotation)).transpose(1, 2)  # (B, N, HI, DI)
+        weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
+        selected = torch.zeros(b, n, m, dtype=torch.bool, device=x.device)
+        for i in range(b):
+            scores = indexer_scores(q[i], keys[i], weights[i], scale=self.head_dim**-0.5)
+            if padding is not None:
+                scores = scores.masked_fill(padding[i], -math.inf)
+            picked = topk_indices(scores, self.topk)  # (N, topk), -1 past the visible
+            rows = torch.arange(n, device=x.device)[:, None].expand_as(picked)
+            valid = picked >= 0
+            selected[i, rows[valid], picked[valid]] = True
+        return selected
+
+    def _rope(self, rotation: dict[str, Any]) -> dict[str, Any]:
+        return {**rotation, "rotary_dim": self.rope_dim, "interleaved": self.rope_interleaved}

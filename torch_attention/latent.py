@@ -44,6 +44,7 @@ from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .grouped import _key_padding
+from .indexer import LightningIndexer, check_index_options
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import Linear, dropout_keep_mask
 from .module import Module
@@ -70,6 +71,10 @@ class MultiHeadLatentAttention(Module):
         backend: the attention backend, ``functional.attention``'s ``backend``.
     """
 
+    # Parameters no gradient of the output reaches, by design: DSA's indexer selects its keys
+    # under no_grad (it trains by ``indexer_kl_loss``); their .grad stays None.
+    NO_GRADIENT = ("indexer.",)
+
     def __init__(
         self,
         hidden_size: int,
@@ -93,6 +98,10 @@ class MultiHeadLatentAttention(Module):
         gate_bias: bool = False,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
+        index_n_heads: int | None = None,
+        index_head_dim: int | None = None,
+        index_topk: int | None = None,
+        index_rope_interleave: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -145,6 +154,18 @@ class MultiHeadLatentAttention(Module):
         if self.output_gate is not None:
             gates = gate_width(self.output_gate, h, self.v_head_dim)
             self.g_proj = Linear(c, gates, bias=gate_bias)
+        index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
+        self.index_topk = None if index is None else index[2]
+        if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
+            self.indexer = LightningIndexer(
+                c,
+                index[3],
+                index[0],
+                index[1],
+                index[2],
+                self.qk_rope_head_dim,
+                rope_interleaved=index_rope_interleave,
+            )
 
     def absorbs(self, n: int, m: int) -> bool:
         """What ``absorb=None`` picks for N queries over M cached keys (the NumPy twin's rule):
@@ -190,6 +211,7 @@ class MultiHeadLatentAttention(Module):
                 raise TypeError(
                     f"cache must be a LatentCache or a PagedLatentCache, got {type(cache).__name__}"
                 )
+            cache.check_index(None if self.index_topk is None else self.indexer.head_dim)
             cache.check_append(b, n, self.kv_lora_rank, self.qk_rope_head_dim, x.dtype, x.device)
             start = cache.length
         m = start + n
@@ -226,7 +248,8 @@ class MultiHeadLatentAttention(Module):
         if self.q_lora_rank is None:
             q = self.q_proj(x)  # (B, N, C) -> (B, N, H*(P+R))
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # C -> Lq -> H*(P+R)
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))  # C -> Lq, the query latent
+            q = self.q_b_proj(q_resid)  # Lq -> H*(P+R)
         q = split_heads(q, h)  # -> (B, H, N, P+R)
         q_nope, q_pe = q[..., :p], q[..., p:]
         latent = self.kv_a_proj_with_mqa(x)  # (B, N, C) -> (B, N, L+R)
@@ -254,6 +277,12 @@ class MultiHeadLatentAttention(Module):
             "dropout_mask": keep,
             "backend": self.backend,
         }
+        if self.index_topk is not None:  # DSA: each query reads only its top-k keys
+            keys = self.indexer.keys(x, positions, rotation)  # (B, N, DI)
+            if cache is not None:  # the cached keys first: (B, M, DI)
+                keys = cache.index_append(keys)
+            selected = self.indexer(x, q_resid, keys, positions, rotation, padding)  # (B, N, M)
+            options["attn_mask"] = selected[:, None]  # one mask for every head
         if absorb:
             weight = self.kv_b_proj.weight.view(h, p + self.v_head_dim, rank)
             w_uk, w_uv = weight[:, :p], weight[:, p:]  # (H, P, L), (H, Dv, L)

@@ -25,9 +25,12 @@ from typing import Any
 
 import torch
 
+# The indexer width's rules are pure Python: the NumPy twin's.
+from numpy_attention.latent_cache import check_index, index_width
+
 from . import validation
 from .decode.cache import attend_per_sequence
-from .decode.pages import PagePool
+from .decode.pages import PagePool, read_tokens
 from .functional import attention
 
 __all__ = ["LatentCache", "PagedLatentCache", "attend_latents"]
@@ -45,6 +48,8 @@ class LatentCache:
         qk_rope_head_dim: R.
         dtype: a floating torch dtype, that of the layer it serves.
         device: where the tensor lives (the layer's device); None for torch's default.
+        index_head_dim: DI, for a DSA layer: ``index_keys`` (B, max_len, DI) holds its
+            indexer's keys; None (no indexer) holds none.
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class LatentCache:
         qk_rope_head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
+        index_head_dim: int | None = None,
     ) -> None:
         batch = validation.positive_int("batch", batch)
         self.max_len = validation.positive_int("max_len", max_len)
@@ -64,6 +70,12 @@ class LatentCache:
             raise TypeError(f"LatentCache needs a floating torch dtype, got {dtype!r}")
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.latent = torch.zeros((batch, self.max_len, width), dtype=dtype, device=device)
+        self.index_head_dim = index_width(index_head_dim)
+        self.index_keys = (
+            None
+            if self.index_head_dim is None
+            else torch.zeros(batch, self.max_len, self.index_head_dim, dtype=dtype, device=device)
+        )
         self._length = 0
 
     @property
@@ -145,6 +157,25 @@ class LatentCache:
         rows = self.append(c_kv, k_rope)[:, None]  # (B, 1, M, L+R), views
         return attention(q, rows, rows, **options)[..., : self.kv_lora_rank]
 
+    def check_index(self, index_head_dim: int | None) -> None:
+        """Raise unless the cache holds indexer keys of this width (None: none)."""
+        check_index(self.index_head_dim, index_head_dim)
+
+    def index_append(self, keys: torch.Tensor) -> torch.Tensor:
+        """Write an indexer's keys (B, N, DI) at the positions the next ``append`` takes
+        (detached); return every one so far, (B, length + N, DI), a view. ``length`` is
+        unchanged (the NumPy twin's)."""
+        if self.index_keys is None:
+            raise ValueError("this cache holds no indexer keys (built without index_head_dim)")
+        keys = _index_keys(keys, self.index_head_dim, self.dtype)
+        batch, n = keys.shape[:2]
+        self.check_append(
+            batch, n, self.kv_lora_rank, self.qk_rope_head_dim, keys.dtype, keys.device
+        )
+        stop = self._length + n
+        self.index_keys[:, self._length : stop] = keys.detach()
+        return self.index_keys[:, :stop]
+
     def reset(self) -> None:
         """Forget every cached position (a new sequence); the tensor is kept."""
         self._length = 0
@@ -173,6 +204,7 @@ class PagedLatentCache(PagePool):
         qk_rope_head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        index_head_dim: int | None = None,
     ) -> None:
         super().__init__(num_blocks, page_size)
         self.kv_lora_rank = validation.positive_int("kv_lora_rank", kv_lora_rank)
@@ -181,6 +213,12 @@ class PagedLatentCache(PagePool):
             raise TypeError(f"PagedLatentCache needs a floating torch dtype, got {dtype!r}")
         shape = (len(self._owned), self.page_size, 1, self.kv_lora_rank + self.qk_rope_head_dim)
         self.latent = torch.zeros(shape, dtype=dtype, device=device)
+        self.index_head_dim = index_width(index_head_dim)
+        self.index_keys = (
+            None
+            if self.index_head_dim is None
+            else torch.zeros(shape[:-1] + (self.index_head_dim,), dtype=dtype, device=device)
+        )
 
     @property
     def c_kv(self) -> torch.Tensor:
@@ -255,6 +293,25 @@ class PagedLatentCache(PagePool):
 
         return attend_per_sequence(q, read, **options)[..., : self.kv_lora_rank]
 
+    def check_index(self, index_head_dim: int | None) -> None:
+        """Raise unless the cache holds indexer keys of this width (None: none)."""
+        check_index(self.index_head_dim, index_head_dim)
+
+    def index_append(self, keys: torch.Tensor) -> torch.Tensor:
+        """Write an indexer's keys (B, N, DI) into the pages the next ``append`` writes its
+        rows to (reserving them); return every one so far, (B, length + N, DI), gathered.
+        ``length`` is unchanged (the NumPy twin's)."""
+        if self.index_keys is None:
+            raise ValueError("this cache holds no indexer keys (built without index_head_dim)")
+        keys = _index_keys(keys, self.index_head_dim, self.dtype)
+        batch, n = keys.shape[:2]
+        self.reserve(batch, n)
+        self._write(self.index_keys, keys[:, :, None])
+        stop = self._length + n
+        return torch.stack(
+            [read_tokens(self.index_keys, table, 0, stop)[:, 0] for table in self._tables]
+        )
+
     def _append(self, c_kv: torch.Tensor, k_rope: torch.Tensor) -> None:
         """Check, reserve the pages, write, advance: ``append`` without reading back."""
         c_kv, k_rope = _latents(c_kv, k_rope)
@@ -285,6 +342,18 @@ def _latents(c_kv: Any, k_rope: Any) -> tuple[torch.Tensor, torch.Tensor]:
         )
     validation.same_dtype(c_kv=c_kv, k_rope=k_rope)
     return c_kv, k_rope
+
+
+def _index_keys(keys: Any, width: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """An indexer's keys (B, N, DI) as a float tensor of the cache's dtype, or a clear error."""
+    keys = validation.float_tensor("keys", keys)
+    if keys.ndim != 3 or keys.shape[-1] != width:
+        raise ValueError(
+            f"indexer keys must be (B, N, DI) = (B, N, {width}), got {tuple(keys.shape)}"
+        )
+    if keys.dtype != dtype:
+        raise TypeError(f"the cache holds {dtype}, got indexer keys of {keys.dtype}")
+    return keys
 
 
 def _check_fields(

@@ -75,6 +75,7 @@ SUPPORTED_MODEL_TYPES = (
     "bailing_hybrid",
     "deepseek_v2",
     "deepseek_v3",
+    "deepseek_v32",
     "glm4_moe_lite",
     "kimi_k25",
     "kimi_linear",
@@ -86,7 +87,6 @@ SUPPORTED_MODEL_TYPES = (
 # transformers 5.23 models with MLA weights whose attention computes something else.
 _SPARSE = "DeepSeek Sparse Attention: a top-k indexer hides keys per query"
 REFUSED = {
-    "deepseek_v32": _SPARSE,
     "glm_moe_dsa": _SPARSE + ", shared across layers",
     "glm5_next": _SPARSE + ", shared across layers",
     "mistral_large4": _SPARSE + ", with NoPE layers and KV sharing across layers",
@@ -102,7 +102,7 @@ _EXPECTED_FORM = (
     "'kv_a_proj_with_mqa.weight'"
 )
 _INTERLEAVED = ("axk1", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
-_QUERY_LORA_ALWAYS = ("axk1", "longcat_flash")
+_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "longcat_flash")
 _HYBRID = ("kimi_linear", "bailing_hybrid")  # MLA "full_attention" layers among linear ones
 
 
@@ -341,12 +341,15 @@ def _layer_options(
         options["query_temperature"] = (float(beta), float(length))
     if model_type == "bailing_hybrid":  # each head times sigmoid(g_proj(x)), no bias
         options["output_gate"] = "head"
+    if model_type == "deepseek_v32":  # DSA: the lightning indexer picks each query's keys
+        for key in ("index_n_heads", "index_head_dim", "index_topk"):
+            options[key] = int(_required(config, key, model_type))
     options["scaling"] = scaling
     return options, rope_config
 
 
 def _rope_interleave(config: Mapping[str, Any], model_type: str) -> bool:
-    if model_type in ("deepseek_v2", "longcat_flash", "bailing_hybrid"):  # always interleaved
+    if model_type in ("deepseek_v2", "deepseek_v32", "longcat_flash", "bailing_hybrid"):
         return True
     if model_type in ("minicpm3", "kimi_linear"):  # rotate_half; no RoPE at all
         return False
@@ -487,4 +490,14 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, .
         shapes["o_proj.bias"] = ((c,), "hidden_size")
     if options.get("output_gate") == "head":
         shapes["g_proj.weight"] = ((h, c), "num_attention_heads, hidden_size")
+    if options.get("index_topk") is not None:
+        heads, width = options["index_n_heads"], options["index_head_dim"]
+        shapes["indexer.wq_b.weight"] = (
+            (heads * width, q_rank),
+            "index_n_heads * index_head_dim, q_lora_rank",
+        )
+        shapes["indexer.wk.weight"] = ((width, c), "index_head_dim, hidden_size")
+        shapes["indexer.k_norm.weight"] = ((width,), "index_head_dim")
+        shapes["indexer.k_norm.bias"] = ((width,), "index_head_dim")
+        shapes["indexer.weights_proj.weight"] = ((heads, c), "index_n_heads, hidden_size")
     return shapes

@@ -394,6 +394,11 @@ def _latent_cases() -> list[LayerCase]:
             {"output_gate": "element", "gate_activation": "softplus", "gate_bias": True},
             {},
         ),
+        (  # DeepSeek-V3.2's DSA: 2 indexer heads keep 4 of up to 9 keys per query
+            "dsa-padded-N9",
+            {"q_lora_rank": 5, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 4},
+            {"n": 9, "padded": True},
+        ),
     ]
     return [
         LayerCase(

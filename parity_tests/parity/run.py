@@ -154,7 +154,9 @@ def case_tensors(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Run ``case`` on both sides: ``{name: (numpy, torch)}`` for the output (``out``), each
     input's gradient (``dx``, and ``dy`` for cross attention) and each parameter's gradient
-    (``d[<state-dict name>]``). A gradient torch did not produce comes back as NaN."""
+    (``d[<state-dict name>]``). A gradient torch did not produce comes back as NaN, except for
+    the parameters the torch layer names in ``NO_GRADIENT`` (DSA's indexer, which selects under
+    ``no_grad``): zero, as the NumPy twin reports it."""
     import torch
 
     np_layer, torch_layer = build_layers(case, dtype, device, backend)
@@ -179,8 +181,12 @@ def case_tensors(
     for name, grad, t in zip(("dx", "dy"), np_input_grads, torch_inputs, strict=False):
         tensors[name] = (grad, numpy(t.grad, grad))
     np_grads = np_layer.named_grads()
+    gradient_free = getattr(torch_layer, "NO_GRADIENT", ())  # by design: zero, not missing
     for name, param in torch_layer.named_parameters():
-        tensors[f"d[{name}]"] = (np_grads[name], numpy(param.grad, np_grads[name]))
+        theirs = param.grad
+        if theirs is None and name.startswith(gradient_free):
+            theirs = torch.zeros_like(param)
+        tensors[f"d[{name}]"] = (np_grads[name], numpy(theirs, np_grads[name]))
     return tensors
 
 

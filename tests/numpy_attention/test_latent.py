@@ -55,6 +55,8 @@ OPTIONS = {
     "rotate_half": {"rope_interleave": False, "q_lora_rank": 3},
     "gate_head": {"output_gate": "head"},  # Bailing-hybrid (Ling 3.0)
     "gate_element_bias": {"output_gate": "element", "gate_bias": True},
+    # DeepSeek-V3.2's DSA: 2 indexer heads of width 6 (R = 4 rotated) keep 3 of up to 5 keys
+    "dsa": {"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 3},
 }
 FORMS = {"expanded": False, "absorbed": True}
 
@@ -98,7 +100,7 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
         q = F.linear(x, params["q_proj.weight"])
     else:
         q = F.linear(x, params["q_a_proj.weight"], params.get("q_a_proj.bias"))
-        q = F.rms_norm(q, (args["q_lora_rank"],), params["q_a_layernorm.weight"], eps)
+        q = q_resid = F.rms_norm(q, (args["q_lora_rank"],), params["q_a_layernorm.weight"], eps)
         q = F.linear(q, params["q_b_proj.weight"])
     q = q.reshape(b, n, heads, p + r).transpose(1, 2)  # (B, H, N, P+R)
     latent = F.linear(x, params["kv_a_proj_with_mqa.weight"], params.get("kv_a_proj_with_mqa.bias"))
@@ -119,8 +121,11 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
     kv = F.linear(c, params["kv_b_proj.weight"]).reshape(b, n, heads, -1).transpose(1, 2)
     k = torch.cat([kv[..., :p], k_pe.expand(b, heads, n, r)], dim=-1)  # (B, H, N, P+R)
     scale = args["scaling"] if args["scaling"] is not None else (p + r) ** -0.5
+    allowed = None
+    if args["index_topk"] is not None:  # DSA: the keys the indexer keeps, (B, 1, N, N)
+        allowed = torch_selection(x, q_resid, params, args, pos, inv_freq, key_padding_mask)
     out, _ = oracle_attention(
-        q, k, kv[..., p:], causal=True, scale=scale,
+        q, k, kv[..., p:], causal=True, scale=scale, attn_mask=allowed,
         key_padding_mask=None if key_padding_mask is None else to_torch(key_padding_mask),
         dropout_p=args["dropout"],
         dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
@@ -135,13 +140,49 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
 
+@torch.no_grad()
+def torch_selection(x, q_resid, params, args, pos, inv_freq, key_padding_mask):
+    """DSA's selection in torch ops: the indexer's half-split RoPE on each head's first R dims,
+    relu scores summed with the per-token head weights, each row's top-k visible keys (ties to
+    the lower index, by a stable sort), as a bool mask (B, 1, N, N)."""
+    b, n, _ = x.shape
+    heads, width, r = args["index_n_heads"], args["index_head_dim"], args["qk_rope_head_dim"]
+    q = F.linear(q_resid, params["indexer.wq_b.weight"]).reshape(b, n, heads, width)
+    norm = params["indexer.k_norm.weight"], params["indexer.k_norm.bias"]
+    k = F.layer_norm(F.linear(x, params["indexer.wk.weight"]), (width,), *norm, 1e-6)
+    factor = args["rope_attention_factor"]
+    rot = {"interleaved": args["index_rope_interleave"], "factor": factor}
+    q = torch.cat(
+        [torch_rope(q.transpose(1, 2)[..., :r], pos, inv_freq, **rot), q.transpose(1, 2)[..., r:]],
+        dim=-1,
+    )  # (B, HI, N, DI); fmt: skip
+    k = torch.cat([torch_rope(k[:, None, :, :r], pos, inv_freq, **rot), k[:, None, :, r:]], -1)
+    weights = F.linear(x, params["indexer.weights_proj.weight"]) * heads**-0.5  # (B, N, HI)
+    relu = torch.relu((q @ k.transpose(-1, -2)) * width**-0.5)  # (B, HI, N, N)
+    scores = torch.einsum("bhts,bth->bts", relu, weights)
+    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if key_padding_mask is not None:
+        hidden = hidden | to_torch(key_padding_mask)[:, None, :]
+    scores = scores.masked_fill(hidden, -torch.inf)
+    order = torch.sort(-scores, dim=-1, stable=True).indices[..., : args["index_topk"]]
+    kept = torch.gather(scores, -1, order) > -torch.inf
+    allowed = torch.zeros(b, n, n, dtype=torch.bool)
+    allowed.scatter_(-1, order, kept)
+    return allowed[:, None]
+
+
 def torch_grads(layer, x, dout, **forward):
     """Output and gradients (dx and every parameter's, by name) of ``torch_layer``, as NumPy."""
     tx = to_torch(x, requires_grad=True)
     params = {name: to_torch(v, requires_grad=True) for name, v in layer.state_dict().items()}
     out = torch_layer(tx, params, layer.constructor_args(), **forward)
     out.backward(to_torch(dout))
-    grads = {name: tensor.grad.numpy() for name, tensor in params.items()}
+    grads = {  # DSA's indexer selects without a gradient: zero
+        name: np.zeros(tensor.shape)
+        if name.startswith("indexer.") and tensor.grad is None
+        else tensor.grad.numpy()
+        for name, tensor in params.items()
+    }
     return out.detach().numpy(), tx.grad.numpy(), grads
 
 
@@ -174,7 +215,7 @@ def test_matches_torch_autograd_on_every_parameter_by_name(rng, option, form):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias", "dsa"])
 def test_gradcheck_on_inputs_and_every_parameter(rng, option, form):
     layer = make_layer(rng, **OPTIONS[option])
     x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
@@ -244,14 +285,16 @@ def test_float32_follows_float64(rng, form):
 
 
 @pytest.mark.parametrize("absorb", [None, False, True])
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_head"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_head", "dsa"])
 def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
-    """Left padding (elements: 2 and 4 padding tokens); prefill 3 tokens, then one at a time."""
+    """Left padding (elements: 2 and 4 padding tokens); prefill 3 tokens, then one at a time
+    (DSA: the indexer's keys cached beside the latents)."""
     n, prefill = 7, 3
     layer = make_layer(rng, **OPTIONS[option]).eval()
     x = rng.standard_normal((B, n, C))
     padding, positions = left_padded(B, n, [2, 4])
-    cache = LatentCache(B, n + 1, L, R, np.float64)
+    index = OPTIONS[option].get("index_head_dim")
+    cache = LatentCache(B, n + 1, L, R, np.float64, index_head_dim=index)
 
     full = layer(x, key_padding_mask=padding, positions=positions)
     outs = [
@@ -269,16 +312,22 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
 
 
+@pytest.mark.parametrize("option", ["everything", "dsa"])
 @pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
-def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb):
+def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
     """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, so that their pages
     interleave in the pool and are gathered; steps of 3, 2, 1 and 2 tokens (s_q 1 and > 1).
-    Exactly the contiguous cache's numbers: per sequence, the same products on the same rows."""
+    Exactly the contiguous cache's numbers: per sequence, the same products on the same rows
+    (DSA: the indexer's keys in pages under the same block table)."""
     n, b = 8, 3
-    layer = make_layer(rng, **OPTIONS["everything"]).eval()
+    layer = make_layer(rng, **OPTIONS[option]).eval()
     x = rng.standard_normal((b, n, C))
     padding, positions = left_padded(b, n, [0, 2, 3])
-    caches = [LatentCache(b, n, L, R, np.float64), PagedLatentCache(4 * b, 2, L, R, np.float64)]
+    index = {"index_head_dim": OPTIONS[option].get("index_head_dim")}
+    caches = [
+        LatentCache(b, n, L, R, np.float64, **index),
+        PagedLatentCache(4 * b, 2, L, R, np.float64, **index),
+    ]
 
     outs = [
         np.concatenate([
@@ -415,6 +464,16 @@ def test_constructor_args_survive_json(rng):
         ({"gate_activation": "softplus"}, ValueError, "but output_gate is None"),
         ({"gate_bias": True}, ValueError, "but output_gate is None"),
         ({"output_gate": "head", "gate_bias": 1}, TypeError, "gate_bias must be a bool"),
+        ({"q_lora_rank": 3, "index_topk": 2}, ValueError,
+         "index_n_heads, index_head_dim missing: DSA's indexer needs"),
+        ({"index_n_heads": 2, "index_head_dim": 6, "index_topk": 2}, ValueError,
+         "reads the query latent .* needs q_lora_rank"),
+        ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 2, "index_topk": 2},
+         ValueError, r"index_head_dim \(2\) must be at least qk_rope_head_dim \(4\)"),
+        ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 0},
+         ValueError, "index_topk must be a positive int"),
+        ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 2,
+          "index_rope_interleave": 1}, TypeError, "index_rope_interleave must be a bool"),
     ],
 )  # fmt: skip
 def test_bad_construction_is_refused(kwargs, error, match):
@@ -444,6 +503,8 @@ def test_bad_construction_is_refused(kwargs, error, match):
         ({"cache": "3 sequences"}, ValueError, "3 sequences of .*; batch 2 does not fit its 3"),
         ({"cache": PagedLatentCache(3, 2, L, R, np.float64)}, ValueError,
          "cache is full: 2 sequences of 0 tokens need 4 more pages of 2 for 3 new tokens, 3"),
+        ({"cache": LatentCache(B, 8, L, R, np.float64, index_head_dim=6)}, ValueError,
+         r"holds indexer keys \(index_head_dim=6\), but the layer has no indexer"),
     ],
 )  # fmt: skip
 def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward, error, match):
@@ -471,3 +532,20 @@ def test_bad_forward_input_is_refused_before_any_work(rng, monkeypatch, forward,
     for c, (length, latent) in zip(caches, before, strict=True):
         assert c.length == length
         np.testing.assert_array_equal(c.latent, latent)
+
+
+@pytest.mark.parametrize(
+    ("index_head_dim", "match"),
+    [
+        (None, r"index_head_dim=6, but the cache holds none \(build it with index_head_dim=6\)"),
+        (5, "index_head_dim=6, but the cache holds 5"),
+    ],
+)
+def test_a_dsa_layer_needs_a_cache_of_its_indexer_keys(rng, index_head_dim, match):
+    """Refused before any work: nothing written, the cache still empty."""
+    layer = make_layer(rng, **OPTIONS["dsa"]).eval()
+    cache = LatentCache(B, 8, L, R, np.float64, index_head_dim=index_head_dim)
+
+    with pytest.raises(ValueError, match=match):
+        layer(rng.standard_normal((B, 2, C)), cache=cache)
+    assert cache.length == 0

@@ -160,3 +160,59 @@ def test_the_paged_cache_refuses_bad_construction():
     with pytest.raises(ValueError, match="qk_rope_head_dim must be a positive int"):
         PagedLatentCache(4, 2, L, 0)
     assert "sequences=0, length=0" in repr(PagedLatentCache(4, 2, L, R))
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_indexer_keys_are_written_where_the_latents_go_next(rng, paged):
+    """DSA's indexer keys: ``index_append`` writes at the positions the next ``append`` takes
+    and returns every key so far; the latents' append then advances ``length``. Pages of 2
+    under the latents' block table (two sequences: their pages interleave)."""
+    width = 5
+    cache = (
+        PagedLatentCache(8, 2, L, R, np.float64, index_head_dim=width)
+        if paged
+        else LatentCache(B, 6, L, R, np.float64, index_head_dim=width)
+    )
+    keys = rng.standard_normal((B, 5, width))
+    latents = rng.standard_normal((B, 5, L)), rng.standard_normal((B, 5, R))
+
+    first = cache.index_append(keys[:, :3])
+    assert cache.length == 0 and first.shape == (B, 3, width)
+    cache.append(latents[0][:, :3], latents[1][:, :3])
+    every = cache.index_append(keys[:, 3:])
+    cache.append(latents[0][:, 3:], latents[1][:, 3:])
+
+    assert cache.length == 5
+    np.testing.assert_array_equal(every, keys)
+    if paged:  # the keys sit in the latents' pages
+        assert cache.block_table.tolist() == [[0, 1, 4], [2, 3, 5]]
+        np.testing.assert_array_equal(cache.index_keys[[0, 1, 4], :, 0].reshape(6, width)[:5],
+                                      keys[0])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cache", "keys", "error", "match"),
+    [
+        (LatentCache(B, 6, L, R, np.float64), (B, 2, 5), ValueError, "holds no indexer keys"),
+        (PagedLatentCache(8, 2, L, R, np.float64), (B, 2, 5), ValueError, "holds no indexer"),
+        (LatentCache(B, 6, L, R, np.float64, index_head_dim=5), (B, 2, 4), ValueError,
+         r"\(B, N, DI\) = \(B, N, 5\), got \(2, 2, 4\)"),
+        (LatentCache(B, 6, L, R, np.float32, index_head_dim=5), (B, 2, 5), TypeError,
+         "holds float32, got indexer keys of float64"),
+        (LatentCache(B, 1, L, R, np.float64, index_head_dim=5), (B, 2, 5), ValueError,
+         "max_len = 1"),
+        (PagedLatentCache(1, 2, L, R, np.float64, index_head_dim=5), (B, 2, 5), ValueError,
+         "cache is full"),
+    ],
+)  # fmt: skip
+def test_bad_indexer_keys_are_refused_and_nothing_written(cache, keys, error, match):
+    with pytest.raises(error, match=match):
+        cache.index_append(np.ones(keys))
+    assert cache.length == 0
+    if cache.index_keys is not None:
+        assert not cache.index_keys.any()
+
+
+def test_a_bad_indexer_width_is_refused():
+    with pytest.raises(ValueError, match="index_head_dim must be a positive int"):
+        LatentCache(B, 6, L, R, np.float64, index_head_dim=0)

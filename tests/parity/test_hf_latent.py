@@ -46,7 +46,7 @@ import torch_attention
 from numpy_attention import convert
 from numpy_attention.hf import padding_from_hf
 from numpy_attention.hf.latent import REFUSED, SUPPORTED_MODEL_TYPES
-from numpy_attention.latent_cache import LatentCache
+from numpy_attention.latent_cache import LatentCache, PagedLatentCache
 from numpy_attention.rope import deinterleave
 
 from ..conftest import SEED, assert_close, to_numpy, to_torch
@@ -130,6 +130,10 @@ CASES = [
     LatentCase("bailing_hybrid-gate-bias", "BailingHybrid", SIZES | {
         "layer_types": ["full_attention"], "mlp_layer_types": ["dense"], "head_dim": 8,
         "attention_bias": True}),
+    # deepseek_v32 (DSA): 4 indexer heads of width 8 keep 4 of up to 9 keys per query
+    LatentCase("deepseek_v32-dsa-yarn", "DeepseekV32", SIZES | DENSE | {
+        "q_lora_rank": Q, "rope_parameters": YARN, "max_position_embeddings": 16,
+        "index_n_heads": 4, "index_head_dim": 8, "index_topk": 4}),
     LatentCase("bailing_hybrid-ling3-shaped", "BailingHybrid", SIZES | {
         "num_hidden_layers": 6, "layer_group_size": 6, "mlp_layer_types": ["dense"] * 6,
         "head_dim": 8, "rope_theta": 6e6}, 5),  # Ling 3.0's pattern: MLA closes each 6
@@ -272,17 +276,22 @@ def hf_forward(name: str) -> Expected:
     with float64_math():
         out = attention(hidden_states=x_t, **call)[0]
     out.backward(to_torch(dout))
-    grads = {key: to_numpy(param.grad) for key, param in attention.named_parameters()}
+    grads = {  # DSA's indexer selects under no_grad: no gradient reaches it, zero
+        key: np.zeros(tuple(param.shape))
+        if key.startswith("indexer.") and param.grad is None
+        else to_numpy(param.grad)
+        for key, param in attention.named_parameters()
+    }
     forward = {"positions": ours, "key_padding_mask": padding}
     return Expected(x, dout, forward, real, to_numpy(out), to_numpy(x_t.grad), grads)
 
 
 @functools.cache
-def hf_decode(name: str) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray, np.ndarray]:
+def hf_decode(name: str) -> tuple[Any, ...]:
     """The model decoding with its DynamicCache, prefill then one token at a time, once per
     case: per call (the attention's input, its output, the layer's keywords, the real rows), the
     real tokens (B, N), and the cache's keys and values at the end (DeepSeek-V2's k_pe gathered
-    into halves as the layer lays it out)."""
+    into halves as the layer lays it out), and a DSA layer's cached indexer keys (else None)."""
     case = next(case for case in CASES if case.name == name)
     _, model, _ = built(name)
     embeds, attention_mask, positions = inputs(np.random.default_rng(SEED))
@@ -304,7 +313,8 @@ def hf_decode(name: str) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray,
     c_kv, k_pe = to_numpy(hf_layer.keys), to_numpy(hf_layer.values)
     if case.model == "DeepseekV2":  # pairs in place -> gathered into halves
         k_pe = deinterleave(k_pe)
-    return steps, real, c_kv, k_pe
+    index_keys = getattr(hf_layer, "indexer_keys", None)  # DSA: (B, T, DI)
+    return steps, real, c_kv, k_pe, None if index_keys is None else to_numpy(index_keys)
 
 
 def run_layer(layer, x, *, dout=None, cache=None, **forward):
@@ -316,7 +326,12 @@ def run_layer(layer, x, *, dout=None, cache=None, **forward):
         if dout is None:
             return to_numpy(out)
         out.backward(to_torch(dout))
-        grads = {name: to_numpy(param.grad) for name, param in layer.named_parameters()}
+        grads = {  # DSA's indexer selects under no_grad: no gradient reaches it, zero
+            name: np.zeros(tuple(param.shape))
+            if name.startswith("indexer.") and param.grad is None
+            else to_numpy(param.grad)
+            for name, param in layer.named_parameters()
+        }
         return to_numpy(out), to_numpy(x_t.grad), grads
     out = layer(x, cache=cache, **forward)
     if dout is None:
@@ -324,10 +339,16 @@ def run_layer(layer, x, *, dout=None, cache=None, **forward):
     return out, layer.backward(dout), layer.named_grads()
 
 
-def new_cache(package):
+def new_cache(package, case, paged=False):
+    """A cache for the case's layer: contiguous, or pages of 4 tokens (DSA's indexer keys too)."""
+    index = case.config.get("index_head_dim")  # a DSA layer caches its indexer's keys too
     if package == "torch":
-        return torch_attention.LatentCache(B, N, L, R, torch.float64)
-    return LatentCache(B, N, L, R, np.float64)
+        if paged:
+            return torch_attention.PagedLatentCache(8, 4, L, R, torch.float64, index_head_dim=index)
+        return torch_attention.LatentCache(B, N, L, R, torch.float64, index_head_dim=index)
+    if paged:
+        return PagedLatentCache(8, 4, L, R, np.float64, index_head_dim=index)
+    return LatentCache(B, N, L, R, np.float64, index_head_dim=index)
 
 
 # NumPy's both forms; the torch twin's absorbed one (the registry holds it to NumPy's in both).
@@ -357,9 +378,9 @@ def test_forward_and_every_gradient_match_transformers(case, package, form):
 def test_decoding_matches_dynamic_cache_and_caches_what_it_caches(case, package):
     """A left-padded batch: prefill 6 tokens, then one at a time (``absorb=None``: the prefill
     expanded, the steps absorbed); then the caches themselves, on the real tokens."""
-    steps, real, c_kv, k_pe = hf_decode(case.name)
+    steps, real, c_kv, k_pe, index_keys = hf_decode(case.name)
     layer = convert_layer(case, package)
-    cache = new_cache(package)
+    cache = new_cache(package, case)
 
     outs = [run_layer(layer, x, cache=cache, **forward) for x, _, forward, _ in steps]
 
@@ -369,6 +390,29 @@ def test_decoding_matches_dynamic_cache_and_caches_what_it_caches(case, package)
     assert c_kv.shape == (B, 1, N, L) and k_pe.shape == (B, 1, N, R)
     assert_close(np.asarray(cache.c_kv)[real], c_kv[:, 0][real], name="c_kv")
     assert_close(np.asarray(cache.k_rope)[real], k_pe[:, 0][real], name="k_pe")
+    if index_keys is None:
+        assert cache.index_keys is None
+    else:  # DSA: the indexer's rotated keys, as transformers' update_indexer holds them
+        assert_close(np.asarray(cache.index_keys)[real], index_keys[real], name="indexer keys")
+
+
+DSA_CASES = [case for case in CASES if "index_topk" in case.config]
+
+
+@pytest.mark.parametrize("package", ["numpy", "torch"])
+@pytest.mark.parametrize("case", DSA_CASES, ids=[case.name for case in DSA_CASES])
+def test_dsa_decoding_over_pages_matches_dynamic_cache(case, package):
+    """The DSA layer decoding over pages of 4 tokens (its latents and indexer keys under one
+    block table), prefill then one token at a time, against transformers' DynamicCache."""
+    steps, _, _, _, _ = hf_decode(case.name)
+    layer = convert_layer(case, package)
+    cache = new_cache(package, case, paged=True)
+
+    outs = [run_layer(layer, x, cache=cache, **forward) for x, _, forward, _ in steps]
+
+    for out, (_, expected, _, rows) in zip(outs, steps, strict=True):
+        assert_close(out[rows], expected[rows], name=f"paged step of {out.shape[1]} tokens")
+    assert cache.length == N
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

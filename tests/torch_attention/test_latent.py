@@ -226,3 +226,49 @@ def test_repr_names_the_sizes_and_options():
     assert "output_gate='head' (sigmoid)" in repr(layer)
     assert "(g_proj): Linear(in_features=12, out_features=3" in repr(layer)
     assert "(q_a_layernorm): RMSNorm(dim=5" in repr(layer)
+
+
+DSA = {"q_lora_rank": 5, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 3}
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_dsa_decoding_caches_the_indexer_keys_and_equals_the_full_forward(rng, paged):
+    """DeepSeek-V3.2's DSA (3 of up to 7 keys per query): prefill 3 tokens of a left-padded
+    batch, then one at a time; the indexer's keys cached beside the latents (in pages under the
+    same block table), equal to the NumPy twin's cache."""
+    np_layer, layer = twins(rng, DSA)
+    x, padding, positions = left_padded(rng, n=7)
+    if paged:
+        cache = PagedLatentCache(8, 2, L, R, torch.float64, index_head_dim=6)
+    else:
+        cache = LatentCache(2, 7, L, R, torch.float64, index_head_dim=6)
+    np_cache = np_latent.LatentCache(2, 7, L, R, np.float64, index_head_dim=6)
+
+    with torch.no_grad():
+        expected = layer(to_torch(x), positions=to_torch(positions),
+                         key_padding_mask=to_torch(padding))  # fmt: skip
+    outs = []
+    for start, stop in [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)]:
+        step = {"positions": positions[:, start:stop], "key_padding_mask": padding[:, :stop]}
+        outs.append(layer(to_torch(x[:, start:stop]), cache=cache,
+                          **{key: to_torch(value) for key, value in step.items()}))  # fmt: skip
+        np_layer(x[:, start:stop], cache=np_cache, **step)
+
+    assert cache.length == 7
+    assert_close(torch.cat(outs, dim=1), expected, name="decoded")
+    if not paged:
+        assert_close(cache.index_keys, np_cache.index_keys, name="indexer keys")
+
+
+def test_no_gradient_reaches_the_dsa_indexer(rng):
+    """The selection is piecewise constant: the indexer's parameters get no .grad (what
+    transformers' no_grad indexer gives), every other parameter one."""
+    _, layer = twins(rng, DSA)
+    x, padding, positions = left_padded(rng, n=6)
+
+    layer(
+        to_torch(x), positions=to_torch(positions), key_padding_mask=to_torch(padding)
+    ).sum().backward()
+
+    for name, param in layer.named_parameters():
+        assert (param.grad is None) == name.startswith(layer.NO_GRADIENT), name
