@@ -44,7 +44,7 @@ from .grad_mode import is_grad_enabled, no_grad
 from .layers import Linear
 from .module import Module
 from .norms import LayerNorm
-from .rope import rope_forward
+from .rope import deinterleave, rope_forward
 
 # Query tokens per block: the block's (n, HI, S_kv) products stay near 2^23 numbers.
 _BLOCK_ENTRIES = 1 << 23
@@ -251,6 +251,41 @@ def check_index_options(
     )
 
 
+def check_shared_selection(shared: Any, index: tuple[int, int, int, int] | None) -> bool:
+    """``index_shared`` as a flag: a shared DSA layer (GLM-5's ``indexer_types`` "shared") has
+    no indexer of its own, so the indexer's options are refused with it."""
+    shared = validation.flag("index_shared", shared)
+    if shared and index is not None:
+        raise ValueError(
+            "index_shared reads the selection of the layer before it; index_n_heads, "
+            "index_head_dim and index_topk describe an indexer of its own: give one or the other"
+        )
+    return shared
+
+
+def check_selection_given(shared: bool, given: bool) -> None:
+    """``index_selection`` is given to a shared DSA layer, and only to one."""
+    if shared and not given:
+        raise ValueError(
+            "a shared DSA layer (index_shared) reads the keys the layer before it selected: pass "
+            "index_selection=<that layer>.selection"
+        )
+    if given and not shared:
+        raise ValueError(
+            "index_selection is for a shared DSA layer (index_shared=True); this layer "
+            "attends every key it sees or selects its own"
+        )
+
+
+def check_selection_shape(shape: tuple[int, ...], expected: tuple[int, int, int]) -> None:
+    """A given selection is (B, N, M): the call's batch, queries and keys."""
+    if tuple(shape) != expected:
+        raise ValueError(
+            f"index_selection must be (B, N, M) = {expected}, the call's batch, queries and keys, "
+            f"got {tuple(shape)}"
+        )
+
+
 class LightningIndexer(Module):
     """DeepSeek-V3.2's indexer inside an attention layer (module docstring): its parameters and
     the selection, per query, of the keys the main attention reads.
@@ -271,9 +306,10 @@ class LightningIndexer(Module):
         head_dim: DI.
         topk: how many keys each query keeps (all it sees when it sees fewer).
         rope_dim: R, the rotated width (the main attention's qk_rope_head_dim), at most DI.
-        rope_interleaved: False: half-split pairs (x_i, x_{i+R/2}), DeepSeek-V3.2's and
-            transformers' layout for the indexer (unlike the main attention's); True:
-            interleaved pairs (x_2i, x_2i+1), the layout that was a bug in several engines.
+        rope_interleaved: False: half-split pairs (x_i, x_{i+R/2}), DeepSeek-V3.2's layout for
+            the indexer (unlike its main attention's); True: interleaved pairs (x_2i, x_2i+1),
+            GLM-5's (``glm_moe_dsa``), gathered into halves and rotated as transformers does.
+            Taking one layout for the other was a bug in several engines.
         rng: generator or seed for the initial weights.
     """
 
@@ -309,7 +345,7 @@ class LightningIndexer(Module):
     def keys(self, x: np.ndarray, positions: np.ndarray, rope: dict[str, Any]) -> np.ndarray:
         """This call's indexer keys (B, N, DI), rotated (what a decoding cache holds)."""
         with no_grad():
-            k = self.k_norm(self.wk(x))[:, None]  # (B, 1, N, DI)
+            k = self._pairs(self.k_norm(self.wk(x))[:, None])  # (B, 1, N, DI)
             k, _ = rope_forward(k, positions, **self._rope(rope))
         return k[:, 0]
 
@@ -336,7 +372,7 @@ class LightningIndexer(Module):
         m = keys.shape[1]
         with no_grad():
             q = self.wq_b(q_resid).reshape(b, n, self.num_heads, self.head_dim)
-            q, _ = rope_forward(q.swapaxes(1, 2), positions, **self._rope(rope))
+            q, _ = rope_forward(self._pairs(q.swapaxes(1, 2)), positions, **self._rope(rope))
             weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
             selected = np.zeros((b, n, m), dtype=bool)
             for i in range(b):
@@ -351,8 +387,16 @@ class LightningIndexer(Module):
                 selected[i, rows[valid], picked[valid]] = True
         return selected
 
+    def _pairs(self, x: np.ndarray) -> np.ndarray:
+        """Interleaved pairs gathered into halves first, as transformers' interleaved RoPE
+        does (GLM-5's indexer), so that the rotated keys, and a cache of them, read like its."""
+        if not self.rope_interleaved:
+            return x
+        r = self.rope_dim
+        return np.concatenate([deinterleave(x[..., :r]), x[..., r:]], axis=-1)
+
     def _rope(self, rope: dict[str, Any]) -> dict[str, Any]:
-        return {**rope, "rotary_dim": self.rope_dim, "interleaved": self.rope_interleaved}
+        return {**rope, "rotary_dim": self.rope_dim}
 
 
 def _prepare(q_idx: Any, k_idx: Any, weights: Any, scale: Any, causal: Any) -> tuple:

@@ -66,7 +66,13 @@ from .functional import (
 from .gate import GateCtx, check_gate, gate_width, output_gate_backward, output_gate_forward
 from .grad_mode import no_grad
 from .grouped import _key_padding
-from .indexer import LightningIndexer, check_index_options
+from .indexer import (
+    LightningIndexer,
+    check_index_options,
+    check_selection_given,
+    check_selection_shape,
+    check_shared_selection,
+)
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import (
     HeadLinearCtx,
@@ -199,6 +205,7 @@ class MultiHeadLatentAttention(Module):
         index_head_dim: int | None = None,
         index_topk: int | None = None,
         index_rope_interleave: bool = False,
+        index_shared: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -253,6 +260,8 @@ class MultiHeadLatentAttention(Module):
             self.g_proj = Linear(c, gates, bias=gate_bias, rng=self.rng)
         index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
         self.index_topk = None if index is None else index[2]
+        self.index_shared = check_shared_selection(index_shared, index)
+        self.selection: Any = None  # the last forward's (B, N, M) selection, DSA layers only
         if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
             self.indexer = LightningIndexer(
                 c,
@@ -294,6 +303,7 @@ class MultiHeadLatentAttention(Module):
         cache: LatentCache | PagedLatentCache | None = None,
         absorb: bool | None = None,
         attn_dropout_mask: np.ndarray | None = None,
+        index_selection: Any = None,
     ) -> np.ndarray:
         """Causal self-attention of x's tokens over the cache's and their own.
 
@@ -311,6 +321,9 @@ class MultiHeadLatentAttention(Module):
                 choose: absorbed with a cache when it is cheaper (``absorbs``), else expanded.
                 Both give the same numbers up to rounding.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+            index_selection: bool (B, N, M), True where a query may read a key: a shared DSA
+                layer's (``index_shared``) keys, the ``selection`` of the layer before it
+                (GLM-5's ``prev_topk_indices``); only there.
 
         Returns:
             (B, N, C).
@@ -342,10 +355,15 @@ class MultiHeadLatentAttention(Module):
             attn_dropout_mask,
             self.rng,
         )
+        selection = None
+        check_selection_given(self.index_shared, index_selection is not None)
+        if index_selection is not None:
+            selection = validation.bool_array("index_selection", index_selection)
+            check_selection_shape(selection.shape, (b, n, m))
 
         # With a cache there is no backward: keep nothing.
         with no_grad() if cache is not None else contextlib.nullcontext():
-            out, ctx = self._chain(x, positions, padding, keep, cache, absorb)
+            out, ctx = self._chain(x, positions, padding, keep, cache, absorb, selection)
         self._save_ctx(_CachedForward() if cache is not None else ctx, out)
         return out
 
@@ -357,6 +375,7 @@ class MultiHeadLatentAttention(Module):
         keep: np.ndarray | None,
         cache: LatentCache | PagedLatentCache | None,
         absorb: bool,
+        selection: np.ndarray | None,
     ) -> tuple[np.ndarray, _LatentCtx]:
         """The forward chain (module docstring); inputs already checked."""
         p, rank = self.qk_nope_head_dim, self.kv_lora_rank
@@ -398,8 +417,10 @@ class MultiHeadLatentAttention(Module):
             keys = self.indexer.keys(x, positions, rope)  # (B, N, DI)
             if cache is not None:  # the cached keys first: (B, M, DI)
                 keys = cache.index_append(keys)
-            selected = self.indexer(x, q_resid, keys, positions, rope, padding)  # (B, N, M)
-            options["attn_mask"] = selected[:, None]  # one mask for every head
+            selection = self.indexer(x, q_resid, keys, positions, rope, padding)  # (B, N, M)
+        if selection is not None:  # this layer's top-k, or a shared layer's given one
+            options["attn_mask"] = selection[:, None]  # one mask for every head
+            self.selection = selection
         form: _ExpandedCtx | _AbsorbedCtx
         if absorb:
             w_uk, w_uv = self._up_projections()  # (H, P, L), (H, Dv, L)

@@ -17,18 +17,26 @@ from typing import Any
 import torch
 
 # The options are pure Python: the NumPy twin's rules.
-from numpy_attention.indexer import check_index_options
+from numpy_attention.indexer import (
+    check_index_options,
+    check_selection_given,
+    check_selection_shape,
+    check_shared_selection,
+)
 
 from . import validation
 from .layers import Linear
 from .module import Module
 from .norms import LayerNorm
-from .rope import rope
+from .rope import deinterleave, rope
 from .rules import compute_dtype
 
 __all__ = [
     "LightningIndexer",
     "check_index_options",
+    "check_selection_given",
+    "check_selection_shape",
+    "check_shared_selection",
     "indexer_kl_loss",
     "indexer_scores",
     "topk_indices",
@@ -159,7 +167,7 @@ class LightningIndexer(Module):
     @torch.no_grad()
     def keys(self, x: torch.Tensor, positions: Any, rotation: dict[str, Any]) -> torch.Tensor:
         """This call's indexer keys (B, N, DI), rotated."""
-        k = self.k_norm(self.wk(x))[:, None]  # (B, 1, N, DI)
+        k = self._pairs(self.k_norm(self.wk(x))[:, None])  # (B, 1, N, DI)
         return rope(k, positions, **self._rope(rotation))[:, 0]
 
     @torch.no_grad()
@@ -176,7 +184,7 @@ class LightningIndexer(Module):
         b, n, _ = x.shape
         m = keys.shape[1]
         q = self.wq_b(q_resid).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        q = rope(q, positions, **self._rope(rotation)).transpose(1, 2)  # (B, N, HI, DI)
+        q = rope(self._pairs(q), positions, **self._rope(rotation)).transpose(1, 2)  # (B,N,HI,DI)
         weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
         selected = torch.zeros(b, n, m, dtype=torch.bool, device=x.device)
         for i in range(b):
@@ -189,5 +197,12 @@ class LightningIndexer(Module):
             selected[i, rows[valid], picked[valid]] = True
         return selected
 
+    def _pairs(self, x: torch.Tensor) -> torch.Tensor:
+        """Interleaved pairs gathered into halves first (the NumPy twin's ``_pairs``)."""
+        if not self.rope_interleaved:
+            return x
+        r = self.rope_dim
+        return torch.cat([deinterleave(x[..., :r]), x[..., r:]], dim=-1)
+
     def _rope(self, rotation: dict[str, Any]) -> dict[str, Any]:
-        return {**rotation, "rotary_dim": self.rope_dim, "interleaved": self.rope_interleaved}
+        return {**rotation, "rotary_dim": self.rope_dim}

@@ -44,7 +44,13 @@ from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
 from .gate import check_gate, gate_width, output_gate
 from .grouped import _key_padding
-from .indexer import LightningIndexer, check_index_options
+from .indexer import (
+    LightningIndexer,
+    check_index_options,
+    check_selection_given,
+    check_selection_shape,
+    check_shared_selection,
+)
 from .latent_cache import LatentCache, PagedLatentCache, attend_latents
 from .layers import Linear, dropout_keep_mask
 from .module import Module
@@ -102,6 +108,7 @@ class MultiHeadLatentAttention(Module):
         index_head_dim: int | None = None,
         index_topk: int | None = None,
         index_rope_interleave: bool = False,
+        index_shared: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -156,6 +163,8 @@ class MultiHeadLatentAttention(Module):
             self.g_proj = Linear(c, gates, bias=gate_bias)
         index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
         self.index_topk = None if index is None else index[2]
+        self.index_shared = check_shared_selection(index_shared, index)
+        self.selection: Any = None  # the last forward's (B, N, M) selection, DSA layers only
         if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
             self.indexer = LightningIndexer(
                 c,
@@ -185,6 +194,7 @@ class MultiHeadLatentAttention(Module):
         cache: LatentCache | PagedLatentCache | None = None,
         absorb: bool | None = None,
         attn_dropout_mask: Any = None,
+        index_selection: Any = None,
     ) -> torch.Tensor:
         """Causal self-attention of x's tokens over the cache's and their own.
 
@@ -199,6 +209,9 @@ class MultiHeadLatentAttention(Module):
             absorb: True absorbed, False expanded, None: absorbed with a cache when cheaper
                 (``absorbs``), else expanded.
             attn_dropout_mask: bool (B, H, N, M), True = kept; train mode with dropout > 0.
+            index_selection: bool (B, N, M), True where a query may read a key: a shared DSA
+                layer's (``index_shared``) keys, the ``selection`` of the layer before it
+                (GLM-5's ``prev_topk_indices``); only there.
 
         Returns:
             (B, N, C).
@@ -231,8 +244,13 @@ class MultiHeadLatentAttention(Module):
             attn_dropout_mask,
             x.device,
         )
+        selection = None
+        check_selection_given(self.index_shared, index_selection is not None)
+        if index_selection is not None:
+            selection = validation.bool_tensor("index_selection", index_selection, x.device)
+            check_selection_shape(tuple(selection.shape), (b, n, m))
         with torch.no_grad() if cache is not None else contextlib.nullcontext():
-            return self._chain(x, positions, padding, keep, cache, absorb)
+            return self._chain(x, positions, padding, keep, cache, absorb, selection)
 
     def _chain(
         self,
@@ -242,6 +260,7 @@ class MultiHeadLatentAttention(Module):
         keep: torch.Tensor | None,
         cache: LatentCache | PagedLatentCache | None,
         absorb: bool,
+        selection: torch.Tensor | None,
     ) -> torch.Tensor:
         """The forward chain (module docstring); inputs already checked."""
         p, rank, h = self.qk_nope_head_dim, self.kv_lora_rank, self.num_heads
@@ -281,8 +300,10 @@ class MultiHeadLatentAttention(Module):
             keys = self.indexer.keys(x, positions, rotation)  # (B, N, DI)
             if cache is not None:  # the cached keys first: (B, M, DI)
                 keys = cache.index_append(keys)
-            selected = self.indexer(x, q_resid, keys, positions, rotation, padding)  # (B, N, M)
-            options["attn_mask"] = selected[:, None]  # one mask for every head
+            selection = self.indexer(x, q_resid, keys, positions, rotation, padding)  # (B, N, M)
+        if selection is not None:  # this layer's top-k, or a shared layer's given one
+            options["attn_mask"] = selection[:, None]  # one mask for every head
+            self.selection = selection
         if absorb:
             weight = self.kv_b_proj.weight.view(h, p + self.v_head_dim, rank)
             w_uk, w_uv = weight[:, :p], weight[:, p:]  # (H, P, L), (H, Dv, L)

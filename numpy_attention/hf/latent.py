@@ -77,6 +77,7 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v3",
     "deepseek_v32",
     "glm4_moe_lite",
+    "glm_moe_dsa",
     "kimi_k25",
     "kimi_linear",
     "longcat_flash",
@@ -87,7 +88,6 @@ SUPPORTED_MODEL_TYPES = (
 # transformers 5.23 models with MLA weights whose attention computes something else.
 _SPARSE = "DeepSeek Sparse Attention: a top-k indexer hides keys per query"
 REFUSED = {
-    "glm_moe_dsa": _SPARSE + ", shared across layers",
     "glm5_next": _SPARSE + ", shared across layers",
     "mistral_large4": _SPARSE + ", with NoPE layers and KV sharing across layers",
     "hy_v4": _SPARSE + ", with an output gate and attention sinks",
@@ -102,7 +102,8 @@ _EXPECTED_FORM = (
     "'kv_a_proj_with_mqa.weight'"
 )
 _INTERLEAVED = ("axk1", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
-_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "longcat_flash")
+_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "glm_moe_dsa", "longcat_flash")
+_DSA = ("deepseek_v32", "glm_moe_dsa")  # MLA with DeepSeek Sparse Attention's indexer
 _HYBRID = ("kimi_linear", "bailing_hybrid")  # MLA "full_attention" layers among linear ones
 
 
@@ -144,6 +145,7 @@ def latent_from_hf(
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
     _check_layer(config, model_type, layer_idx)
     options, rope_config = _layer_options(config, model_type)
+    options |= _index_options(config, model_type, layer_idx)
     prefix, attention = _latent_entries(fn, state_dict, layer_idx, model_type)
     expected = _expected_shapes(options)
     missing = [prefix + name for name in expected if name not in attention]
@@ -341,15 +343,59 @@ def _layer_options(
         options["query_temperature"] = (float(beta), float(length))
     if model_type == "bailing_hybrid":  # each head times sigmoid(g_proj(x)), no bias
         options["output_gate"] = "head"
-    if model_type == "deepseek_v32":  # DSA: the lightning indexer picks each query's keys
-        for key in ("index_n_heads", "index_head_dim", "index_topk"):
-            options[key] = int(_required(config, key, model_type))
     options["scaling"] = scaling
     return options, rope_config
 
 
+def _index_options(config: Mapping[str, Any], model_type: str, layer_idx: int) -> dict[str, Any]:
+    """DSA's indexer options of layer ``layer_idx``: DeepSeek-V3.2's indexer (half-split RoPE)
+    on every layer; GLM-5's (interleaved RoPE) on its ``indexer_types`` "full" layers, its
+    "shared" layers reading the selection of the layer before (``index_shared``)."""
+    if model_type not in _DSA:
+        return {}
+    if model_type == "glm_moe_dsa" and _glm_indexer_types(config)[layer_idx] == "shared":
+        return {"index_shared": True}
+    options: dict[str, Any] = {
+        key: int(_required(config, key, model_type))
+        for key in ("index_n_heads", "index_head_dim", "index_topk")
+    }
+    options["index_rope_interleave"] = model_type == "glm_moe_dsa"
+    return options
+
+
+def _glm_indexer_types(config: Mapping[str, Any]) -> list[str]:
+    """GLM-5's per-layer indexer kinds as its config computes them: ``indexer_types``, else
+    ``index_topk_pattern`` ("F"/"S"), else every ``index_topk_freq``-th layer from
+    ``index_skip_topk_offset`` - 1 on is "full"."""
+    layers = int(_required(config, "num_hidden_layers", "glm_moe_dsa"))
+    kinds = config.get("indexer_types")
+    if kinds is None and config.get("index_topk_pattern") is not None:
+        pattern = config["index_topk_pattern"]
+        kinds = (
+            [{"F": "full", "S": "shared"}[c] for c in pattern]
+            if isinstance(pattern, str)
+            else list(pattern)
+        )
+    if kinds is None:
+        freq = max(int(config.get("index_topk_freq", 1)), 1)
+        offset = int(config.get("index_skip_topk_offset", 2))
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    kinds = list(kinds)
+    if len(kinds) != layers or not set(kinds) <= {"full", "shared"}:
+        raise ValueError(
+            f"indexer_types must hold 'full' or 'shared' for each of the {layers} layers, got "
+            f"{kinds}"
+        )
+    if kinds and kinds[0] == "shared":
+        raise ValueError(
+            "indexer_types[0] is 'shared', but a shared layer reuses the selection of a full "
+            "layer before it, and layer 0 has none"
+        )
+    return kinds
+
+
 def _rope_interleave(config: Mapping[str, Any], model_type: str) -> bool:
-    if model_type in ("deepseek_v2", "deepseek_v32", "longcat_flash", "bailing_hybrid"):
+    if model_type in ("deepseek_v2", "longcat_flash", "bailing_hybrid", *_DSA):
         return True
     if model_type in ("minicpm3", "kimi_linear"):  # rotate_half; no RoPE at all
         return False

@@ -134,6 +134,11 @@ CASES = [
     LatentCase("deepseek_v32-dsa-yarn", "DeepseekV32", SIZES | DENSE | {
         "q_lora_rank": Q, "rope_parameters": YARN, "max_position_embeddings": 16,
         "index_n_heads": 4, "index_head_dim": 8, "index_topk": 4}),
+    # glm_moe_dsa (GLM-5): the indexer's RoPE interleaved; layer 1 "shared" reuses layer 0's keys
+    *(LatentCase(f"glm_moe_dsa-{kind}", "GlmMoeDsa", SIZES | DENSE | {
+        "num_hidden_layers": 2, "q_lora_rank": Q, "indexer_types": ["full", "shared"],
+        "index_n_heads": 4, "index_head_dim": 8, "index_topk": 4}, layer)
+      for kind, layer in (("full", 0), ("shared", 1))),
     LatentCase("bailing_hybrid-ling3-shaped", "BailingHybrid", SIZES | {
         "num_hidden_layers": 6, "layer_group_size": 6, "mlp_layer_types": ["dense"] * 6,
         "head_dim": 8, "rope_theta": 6e6}, 5),  # Ling 3.0's pattern: MLA closes each 6
@@ -224,6 +229,7 @@ def record_attention_call(model, attention, **model_kwargs):
 
     def after(module, args, kwargs, output):
         seen["out"] = output[0]
+        seen["topk"] = output[2] if len(output) > 2 else None  # GLM-5's DSA: its top-k keys
 
     hooks = [
         attention.register_forward_pre_hook(before, with_kwargs=True),
@@ -235,7 +241,7 @@ def record_attention_call(model, attention, **model_kwargs):
     finally:
         for hook in hooks:
             hook.remove()
-    return seen["kwargs"], seen["out"]
+    return seen["kwargs"], seen["out"], seen["topk"]
 
 
 @dataclass
@@ -250,6 +256,7 @@ class Expected:
     out: np.ndarray
     dx: np.ndarray
     grads: dict[str, np.ndarray]
+    selection: np.ndarray | None  # a DSA layer's top-k keys, where the model returns them
 
 
 @functools.cache
@@ -261,7 +268,7 @@ def hf_forward(name: str) -> Expected:
     rng = np.random.default_rng(SEED)
     embeds, attention_mask, positions = inputs(rng)
     attention = attention_of(case, model)
-    kwargs, _ = record_attention_call(
+    kwargs, _, _ = record_attention_call(
         model, attention, inputs_embeds=embeds, attention_mask=attention_mask,
         position_ids=positions, use_cache=False,
     )  # fmt: skip
@@ -270,12 +277,13 @@ def hf_forward(name: str) -> Expected:
     x = rng.standard_normal((B, N, C))
     dout = rng.standard_normal(x.shape) * real[..., None]  # nothing flows from padded rows
     x_t = to_torch(x, requires_grad=True)
-    call = {key: kwargs[key] for key in ("position_embeddings", "attention_mask", "position_ids")
-            if key in kwargs}  # fmt: skip
+    call = {key: kwargs[key] for key in ("position_embeddings", "attention_mask", "position_ids",
+                                         "prev_topk_indices") if key in kwargs}  # fmt: skip
     attention.zero_grad()
     with float64_math():
-        out = attention(hidden_states=x_t, **call)[0]
+        out, *rest = attention(hidden_states=x_t, **call)
     out.backward(to_torch(dout))
+    topk = rest[1] if len(rest) > 1 else None  # GLM-5's DSA layers return their top-k keys
     grads = {  # DSA's indexer selects under no_grad: no gradient reaches it, zero
         key: np.zeros(tuple(param.shape))
         if key.startswith("indexer.") and param.grad is None
@@ -283,7 +291,19 @@ def hf_forward(name: str) -> Expected:
         for key, param in attention.named_parameters()
     }
     forward = {"positions": ours, "key_padding_mask": padding}
-    return Expected(x, dout, forward, real, to_numpy(out), to_numpy(x_t.grad), grads)
+    if call.get("prev_topk_indices") is not None:  # a shared DSA layer: the keys given to it
+        forward["index_selection"] = selection_of(call["prev_topk_indices"], N)
+    selection = None if topk is None else selection_of(topk, N)
+    return Expected(x, dout, forward, real, to_numpy(out), to_numpy(x_t.grad), grads, selection)
+
+
+def selection_of(indices, m):
+    """transformers' top-k key indices (B, N, topk) as a (B, N, M) bool selection. Where a
+    query sees fewer keys than topk the model lists future keys too (its mask hides them)."""
+    indices = to_numpy(indices).astype(np.int64)
+    selection = np.zeros(indices.shape[:2] + (m,), dtype=bool)
+    np.put_along_axis(selection, indices, True, axis=-1)
+    return selection
 
 
 @functools.cache
@@ -300,13 +320,15 @@ def hf_decode(name: str) -> tuple[Any, ...]:
     real = attention_mask.numpy() == 1
     steps = []
     for start, stop in [(0, PREFILL)] + [(i, i + 1) for i in range(PREFILL, N)]:
-        kwargs, expected = record_attention_call(
+        kwargs, expected, _ = record_attention_call(
             model, attention, inputs_embeds=embeds[:, start:stop],
             attention_mask=attention_mask[:, :stop], position_ids=positions[:, start:stop],
             past_key_values=hf_cache, use_cache=True,
         )  # fmt: skip
         padding, ours = padding_from_hf(attention_mask[:, :stop], stop - start)
         forward = {"positions": ours, "key_padding_mask": padding}
+        if kwargs.get("prev_topk_indices") is not None:  # a shared DSA layer
+            forward["index_selection"] = selection_of(kwargs["prev_topk_indices"], stop)
         steps.append((to_numpy(kwargs["hidden_states"]), to_numpy(expected), forward,
                       real[:, start:stop]))  # fmt: skip
     hf_layer = hf_cache.layers[attention.layer_idx]
@@ -339,9 +361,9 @@ def run_layer(layer, x, *, dout=None, cache=None, **forward):
     return out, layer.backward(dout), layer.named_grads()
 
 
-def new_cache(package, case, paged=False):
-    """A cache for the case's layer: contiguous, or pages of 4 tokens (DSA's indexer keys too)."""
-    index = case.config.get("index_head_dim")  # a DSA layer caches its indexer's keys too
+def new_cache(package, layer, paged=False):
+    """A cache for the layer: contiguous, or pages of 4 tokens (DSA's indexer keys too)."""
+    index = layer.indexer.head_dim if layer.index_topk is not None else None
     if package == "torch":
         if paged:
             return torch_attention.PagedLatentCache(8, 4, L, R, torch.float64, index_head_dim=index)
@@ -368,6 +390,11 @@ def test_forward_and_every_gradient_match_transformers(case, package, form):
     real = expected.real
     assert_close(out[real], expected.out[real], name="out")
     assert_close(dx, expected.dx, name="dx")
+    if expected.selection is not None and not layer.index_shared:  # the same top-k keys
+        seen = np.tril(np.ones((N, N), bool)) & ~expected.forward["key_padding_mask"][:, None]
+        np.testing.assert_array_equal(
+            np.asarray(layer.selection)[real], (expected.selection & seen)[real]
+        )
     assert set(grads) == set(expected.grads)
     for name, grad in expected.grads.items():
         assert_close(grads[name], grad, name=name)
@@ -380,7 +407,7 @@ def test_decoding_matches_dynamic_cache_and_caches_what_it_caches(case, package)
     expanded, the steps absorbed); then the caches themselves, on the real tokens."""
     steps, real, c_kv, k_pe, index_keys = hf_decode(case.name)
     layer = convert_layer(case, package)
-    cache = new_cache(package, case)
+    cache = new_cache(package, layer)
 
     outs = [run_layer(layer, x, cache=cache, **forward) for x, _, forward, _ in steps]
 
@@ -406,7 +433,7 @@ def test_dsa_decoding_over_pages_matches_dynamic_cache(case, package):
     block table), prefill then one token at a time, against transformers' DynamicCache."""
     steps, _, _, _, _ = hf_decode(case.name)
     layer = convert_layer(case, package)
-    cache = new_cache(package, case, paged=True)
+    cache = new_cache(package, layer, paged=True)
 
     outs = [run_layer(layer, x, cache=cache, **forward) for x, _, forward, _ in steps]
 
