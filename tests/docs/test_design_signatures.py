@@ -63,6 +63,12 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "topk_indices": (f"{NA}.indexer.topk_indices", f"{TA}.indexer.topk_indices"),
     "indexer_kl_loss": (f"{NA}.indexer.indexer_kl_loss", f"{TA}.indexer.indexer_kl_loss"),
     "KLOutput": (f"{NA}.indexer.KLOutput",),
+    "cache.index_append": (
+        f"{NA}.latent_cache.LatentCache.index_append",
+        f"{NA}.latent_cache.PagedLatentCache.index_append",
+        f"{TA}.latent_cache.LatentCache.index_append",
+        f"{TA}.latent_cache.PagedLatentCache.index_append",
+    ),
     "torch_attention.functional.attention": (f"{TA}.functional.attention",),
     "torch_attention.distributed.ring_attention": (f"{TA}.distributed.ring_attention",),
     # the NumPy module base and tools

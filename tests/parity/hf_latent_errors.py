@@ -7,7 +7,7 @@ scale, ``parity_tests.tolerances.rel_error``) of the output on the real tokens, 
 parameter's gradient, for the NumPy layer and the torch twin in both forms, the decoding steps
 against ``DynamicCache`` with ``absorb=None`` and the caches' contents, and the absorbed form
 against the expanded one in NumPy: the same computations as the tests, measured instead of
-asserted. docs/hugging-face.md records a run.
+asserted (a DSA layer's cache: its indexer keys too). docs/hugging-face.md records a run.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def gradient_errors(name: str) -> tuple[dict, float]:
 def decode_errors(name: str, package: str) -> tuple[float, float]:
     """The worst decoding step and the worst of the two caches' contents, ``absorb=None``."""
     case = next(case for case in CASES if case.name == name)
-    steps, real, c_kv, k_pe = hf_decode(name)
+    steps, real, c_kv, k_pe, index_keys = hf_decode(name)
     layer = convert_layer(case, package)
-    cache = new_cache(package)
+    cache = new_cache(package, layer)
     worst = max(
         rel_error(run_layer(layer, x, cache=cache, **forward)[rows], expected[rows])
         for x, expected, forward, rows in steps
@@ -63,6 +63,9 @@ def decode_errors(name: str, package: str) -> tuple[float, float]:
     contents = max(
         rel_error(np.asarray(cache.c_kv)[real], c_kv[:, 0][real]),
         rel_error(np.asarray(cache.k_rope)[real], k_pe[:, 0][real]),
+        0.0
+        if index_keys is None
+        else rel_error(np.asarray(cache.index_keys)[real], index_keys[real]),
     )
     return worst, contents
 
