@@ -251,6 +251,14 @@ def check_index_options(
     )
 
 
+def check_rope_position(position: Any) -> str:
+    """Which R dims of each indexer head rotate: "first" (DeepSeek-V3.2, GLM-5) or "last"
+    (HY-V4's, "flipped")."""
+    if position not in ("first", "last"):
+        raise ValueError(f"index_rope_position must be 'first' or 'last', got {position!r}")
+    return str(position)
+
+
 def check_shared_selection(shared: Any, index: tuple[int, int, int, int] | None) -> bool:
     """``index_shared`` as a flag: a shared DSA layer (GLM-5's ``indexer_types`` "shared") has
     no indexer of its own, so the indexer's options are refused with it."""
@@ -323,6 +331,8 @@ class LightningIndexer(Module):
         rope_dim: int,
         *,
         rope_interleaved: bool = False,
+        rope_position: str = "first",
+        norm_eps: float = 1e-6,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -336,17 +346,20 @@ class LightningIndexer(Module):
                 "the indexer rotates the first qk_rope_head_dim dims of each head"
             )
         self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
+        self.rope_position = check_rope_position(rope_position)
+        norm_eps = validation.finite_real("index_norm_eps", norm_eps)
+        if norm_eps <= 0:
+            raise ValueError(f"index_norm_eps must be > 0, got {norm_eps}")
         rng = np.random.default_rng(rng)
         self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False, rng=rng)
         self.wk = Linear(hidden_size, self.head_dim, bias=False, rng=rng)
-        self.k_norm = LayerNorm(self.head_dim, 1e-6, bias=True)
+        self.k_norm = LayerNorm(self.head_dim, norm_eps, bias=True)
         self.weights_proj = Linear(hidden_size, self.num_heads, bias=False, rng=rng)
 
     def keys(self, x: np.ndarray, positions: np.ndarray, rope: dict[str, Any]) -> np.ndarray:
         """This call's indexer keys (B, N, DI), rotated (what a decoding cache holds)."""
         with no_grad():
-            k = self._pairs(self.k_norm(self.wk(x))[:, None])  # (B, 1, N, DI)
-            k, _ = rope_forward(k, positions, **self._rope(rope))
+            k = self._rotate(self.k_norm(self.wk(x))[:, None], positions, rope)  # (B, 1, N, DI)
         return k[:, 0]
 
     def forward(
@@ -372,7 +385,7 @@ class LightningIndexer(Module):
         m = keys.shape[1]
         with no_grad():
             q = self.wq_b(q_resid).reshape(b, n, self.num_heads, self.head_dim)
-            q, _ = rope_forward(self._pairs(q.swapaxes(1, 2)), positions, **self._rope(rope))
+            q = self._rotate(q.swapaxes(1, 2), positions, rope)  # (B, HI, N, DI)
             weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
             selected = np.zeros((b, n, m), dtype=bool)
             for i in range(b):
@@ -387,16 +400,18 @@ class LightningIndexer(Module):
                 selected[i, rows[valid], picked[valid]] = True
         return selected
 
-    def _pairs(self, x: np.ndarray) -> np.ndarray:
-        """Interleaved pairs gathered into halves first, as transformers' interleaved RoPE
-        does (GLM-5's indexer), so that the rotated keys, and a cache of them, read like its."""
-        if not self.rope_interleaved:
-            return x
-        r = self.rope_dim
-        return np.concatenate([deinterleave(x[..., :r]), x[..., r:]], axis=-1)
-
-    def _rope(self, rope: dict[str, Any]) -> dict[str, Any]:
-        return {**rope, "rotary_dim": self.rope_dim}
+    def _rotate(self, x: np.ndarray, positions: np.ndarray, rope: dict[str, Any]) -> np.ndarray:
+        """RoPE on the R rotated dims of each head, the first R or the last R
+        (``rope_position``); interleaved pairs gathered into halves first, as transformers'
+        interleaved RoPE does (GLM-5's indexer), so that the rotated keys, and a cache of
+        them, read like its."""
+        r, width = self.rope_dim, x.shape[-1]
+        lo = 0 if self.rope_position == "first" else width - r
+        part = x[..., lo : lo + r]
+        if self.rope_interleaved:
+            part = deinterleave(part)
+        part, _ = rope_forward(part, positions, **rope)
+        return np.concatenate([x[..., :lo], part, x[..., lo + r :]], axis=-1)
 
 
 def _prepare(q_idx: Any, k_idx: Any, weights: Any, scale: Any, causal: Any) -> tuple:

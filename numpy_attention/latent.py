@@ -175,6 +175,21 @@ class MultiHeadLatentAttention(Module):
         gate_bias: whether g_proj has a bias.
         norm_eps: the eps of q_a_layernorm and kv_a_layernorm.
         dropout: dropout probability on the attention weights, in [0, 1) (train mode only).
+        index_n_heads, index_head_dim, index_topk: DeepSeek Sparse Attention (DeepSeek-V3.2,
+            GLM-5, HY-V4): a child ``indexer`` (``indexer.LightningIndexer``) keeps each query's
+            ``index_topk`` best keys by its HI heads of width DI; all three or none, and
+            ``q_lora_rank`` (the indexer reads the query latent). No gradient reaches the
+            indexer (a selection is piecewise constant); decoding needs a cache built with
+            ``index_head_dim``. The last selection is kept as ``.selection`` (B, N, M).
+        index_rope_interleave: the indexer's RoPE pairs interleaved (GLM-5) or half-split.
+        index_shared: no indexer of its own: the forward's ``index_selection`` (the previous
+            layer's ``.selection``) says which keys each query reads (GLM-5's and HY-V4's
+            "shared" layers).
+        index_rope_position: ``"first"`` or ``"last"``: which R dims of each indexer head
+            rotate (HY-V4's: the last).
+        index_norm_eps: the eps of the indexer's k_norm (LayerNorm with bias).
+        sinks: one learned logit per head (``sinks``, (H,)) in every row's softmax, the core's
+            sinks, with its gradient (HY-V4).
         rng: generator or seed for the initial weights and the keep-masks drawn in train mode.
     """
 
@@ -206,6 +221,9 @@ class MultiHeadLatentAttention(Module):
         index_topk: int | None = None,
         index_rope_interleave: bool = False,
         index_shared: bool = False,
+        index_rope_position: str = "first",
+        index_norm_eps: float = 1e-6,
+        sinks: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -261,6 +279,9 @@ class MultiHeadLatentAttention(Module):
         index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
         self.index_topk = None if index is None else index[2]
         self.index_shared = check_shared_selection(index_shared, index)
+        self.has_sinks = validation.flag("sinks", sinks)
+        if self.has_sinks:  # one logit per head in every row's softmax (HY-V4's)
+            self.register_parameter("sinks", np.zeros(h, dtype=np.float32))
         self.selection: Any = None  # the last forward's (B, N, M) selection, DSA layers only
         if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
             self.indexer = LightningIndexer(
@@ -271,6 +292,8 @@ class MultiHeadLatentAttention(Module):
                 index[2],
                 self.qk_rope_head_dim,
                 rope_interleaved=index_rope_interleave,
+                rope_position=index_rope_position,
+                norm_eps=index_norm_eps,
                 rng=self.rng,
             )
 
@@ -412,6 +435,7 @@ class MultiHeadLatentAttention(Module):
             "scale": self.scale,  # the layer's, also absorbed (not (L + R)^-0.5)
             "dropout_p": self.dropout if keep is not None else 0.0,
             "dropout_mask": keep,
+            "sinks": self.sinks if self.has_sinks else None,
         }
         if self.index_topk is not None:  # DSA: each query reads only its top-k keys
             keys = self.indexer.keys(x, positions, rope)  # (B, N, DI)
@@ -496,6 +520,8 @@ class MultiHeadLatentAttention(Module):
         if isinstance(ctx.form, _AbsorbedCtx):
             do_lat, dw_uv = head_linear_backward(do, ctx.form.o_up)  # forward: o = W_UV o_lat
             grads = attention_backward(do_lat, ctx.attn)  # dk, dv (B, 1, M, .): sums over heads
+            if grads.dsinks is not None:
+                self._accumulate("sinks", grads.dsinks)
             dq_lat, dq_pe = grads.dq[..., :rank], grads.dq[..., rank:]
             dc = grads.dk[:, 0, :, :rank] + grads.dv[:, 0]  # c is both keys and values
             dk_pe = grads.dk[:, :, :, rank:]  # (B, 1, M, R)
@@ -504,6 +530,8 @@ class MultiHeadLatentAttention(Module):
             self.kv_b_proj._accumulate("weight", dweight.reshape(self.kv_b_proj.weight.shape))
         else:
             grads = attention_backward(do, ctx.attn)  # dq, dk (B, H, ., P+R), dv (B, H, M, Dv)
+            if grads.dsinks is not None:
+                self._accumulate("sinks", grads.dsinks)
             dq_nope, dq_pe = grads.dq[..., :p], grads.dq[..., p:]
             dk_pe = grads.dk[..., p:].sum(axis=1, keepdims=True)  # k_pe shared by every head
             dkv = np.concatenate([grads.dk[..., :p], grads.dv], axis=-1)  # (B, H, M, P+Dv)

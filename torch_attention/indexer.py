@@ -19,6 +19,7 @@ import torch
 # The options are pure Python: the NumPy twin's rules.
 from numpy_attention.indexer import (
     check_index_options,
+    check_rope_position,
     check_selection_given,
     check_selection_shape,
     check_shared_selection,
@@ -34,6 +35,7 @@ from .rules import compute_dtype
 __all__ = [
     "LightningIndexer",
     "check_index_options",
+    "check_rope_position",
     "check_selection_given",
     "check_selection_shape",
     "check_shared_selection",
@@ -147,6 +149,8 @@ class LightningIndexer(Module):
         rope_dim: int,
         *,
         rope_interleaved: bool = False,
+        rope_position: str = "first",
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         self.num_heads = validation.positive_int("index_n_heads", num_heads)
@@ -159,16 +163,20 @@ class LightningIndexer(Module):
                 "the indexer rotates the first qk_rope_head_dim dims of each head"
             )
         self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
+        self.rope_position = check_rope_position(rope_position)
+        norm_eps = validation.finite_real("index_norm_eps", norm_eps)
+        if norm_eps <= 0:
+            raise ValueError(f"index_norm_eps must be > 0, got {norm_eps}")
         self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False)
         self.wk = Linear(hidden_size, self.head_dim, bias=False)
-        self.k_norm = LayerNorm(self.head_dim, 1e-6, bias=True)
+        self.k_norm = LayerNorm(self.head_dim, norm_eps, bias=True)
         self.weights_proj = Linear(hidden_size, self.num_heads, bias=False)
 
     @torch.no_grad()
     def keys(self, x: torch.Tensor, positions: Any, rotation: dict[str, Any]) -> torch.Tensor:
         """This call's indexer keys (B, N, DI), rotated."""
-        k = self._pairs(self.k_norm(self.wk(x))[:, None])  # (B, 1, N, DI)
-        return rope(k, positions, **self._rope(rotation))[:, 0]
+        k = self.k_norm(self.wk(x))[:, None]  # (B, 1, N, DI)
+        return self._rotate(k, positions, rotation)[:, 0]
 
     @torch.no_grad()
     def forward(
@@ -184,7 +192,7 @@ class LightningIndexer(Module):
         b, n, _ = x.shape
         m = keys.shape[1]
         q = self.wq_b(q_resid).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        q = rope(self._pairs(q), positions, **self._rope(rotation)).transpose(1, 2)  # (B,N,HI,DI)
+        q = self._rotate(q, positions, rotation).transpose(1, 2)  # (B, N, HI, DI)
         weights = self.weights_proj(x) * self.num_heads**-0.5  # (B, N, HI)
         selected = torch.zeros(b, n, m, dtype=torch.bool, device=x.device)
         for i in range(b):
@@ -197,12 +205,12 @@ class LightningIndexer(Module):
             selected[i, rows[valid], picked[valid]] = True
         return selected
 
-    def _pairs(self, x: torch.Tensor) -> torch.Tensor:
-        """Interleaved pairs gathered into halves first (the NumPy twin's ``_pairs``)."""
-        if not self.rope_interleaved:
-            return x
-        r = self.rope_dim
-        return torch.cat([deinterleave(x[..., :r]), x[..., r:]], dim=-1)
-
-    def _rope(self, rotation: dict[str, Any]) -> dict[str, Any]:
-        return {**rotation, "rotary_dim": self.rope_dim}
+    def _rotate(self, x: torch.Tensor, positions: Any, rotation: dict[str, Any]) -> torch.Tensor:
+        """RoPE on the first or last R dims of each head (the NumPy twin's ``_rotate``)."""
+        r, width = self.rope_dim, x.shape[-1]
+        lo = 0 if self.rope_position == "first" else width - r
+        part = x[..., lo : lo + r]
+        if self.rope_interleaved:
+            part = deinterleave(part)
+        part = rope(part, positions, **rotation)
+        return torch.cat([x[..., :lo], part, x[..., lo + r :]], dim=-1)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from . import validation
 from .functional import attention, check_backend, merge_heads, split_heads
@@ -109,6 +110,9 @@ class MultiHeadLatentAttention(Module):
         index_topk: int | None = None,
         index_rope_interleave: bool = False,
         index_shared: bool = False,
+        index_rope_position: str = "first",
+        index_norm_eps: float = 1e-6,
+        sinks: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -164,6 +168,9 @@ class MultiHeadLatentAttention(Module):
         index = check_index_options(index_n_heads, index_head_dim, index_topk, self.q_lora_rank)
         self.index_topk = None if index is None else index[2]
         self.index_shared = check_shared_selection(index_shared, index)
+        self.has_sinks = validation.flag("sinks", sinks)
+        if self.has_sinks:  # one logit per head in every row's softmax (HY-V4's)
+            self.sinks = nn.Parameter(torch.zeros(h))
         self.selection: Any = None  # the last forward's (B, N, M) selection, DSA layers only
         if index is not None:  # DeepSeek-V3.2's DSA: the indexer picks the keys per query
             self.indexer = LightningIndexer(
@@ -174,6 +181,8 @@ class MultiHeadLatentAttention(Module):
                 index[2],
                 self.qk_rope_head_dim,
                 rope_interleaved=index_rope_interleave,
+                rope_position=index_rope_position,
+                norm_eps=index_norm_eps,
             )
 
     def absorbs(self, n: int, m: int) -> bool:
@@ -295,6 +304,7 @@ class MultiHeadLatentAttention(Module):
             "dropout_p": self.dropout if self.training else 0.0,
             "dropout_mask": keep,
             "backend": self.backend,
+            "sinks": self.sinks if self.has_sinks else None,
         }
         if self.index_topk is not None:  # DSA: each query reads only its top-k keys
             keys = self.indexer.keys(x, positions, rotation)  # (B, N, DI)

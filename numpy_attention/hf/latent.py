@@ -78,6 +78,7 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v32",
     "glm4_moe_lite",
     "glm_moe_dsa",
+    "hy_v4",
     "kimi_k25",
     "kimi_linear",
     "longcat_flash",
@@ -90,7 +91,6 @@ _SPARSE = "DeepSeek Sparse Attention: a top-k indexer hides keys per query"
 REFUSED = {
     "glm5_next": _SPARSE + ", shared across layers",
     "mistral_large4": _SPARSE + ", with NoPE layers and KV sharing across layers",
-    "hy_v4": _SPARSE + ", with an output gate and attention sinks",
     "axk2": _SPARSE + ", with an output gate and a fused query projection",
     "dots3_note": "an output gate, a normed rope key, sliding and indexed layers",
 }
@@ -102,8 +102,11 @@ _EXPECTED_FORM = (
     "'kv_a_proj_with_mqa.weight'"
 )
 _INTERLEAVED = ("axk1", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
-_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "glm_moe_dsa", "longcat_flash")
-_DSA = ("deepseek_v32", "glm_moe_dsa")  # MLA with DeepSeek Sparse Attention's indexer
+_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "glm_moe_dsa", "hy_v4", "longcat_flash")
+_DSA = ("deepseek_v32", "glm_moe_dsa", "hy_v4")  # MLA with DeepSeek Sparse Attention's indexer
+_SHARED_TOP_K = ("glm_moe_dsa", "hy_v4")  # "shared" layers reuse the previous layer's top-k
+# transformers' names that the layer calls otherwise
+_RENAMED = {"hy_v4": {"gate_proj.weight": "g_proj.weight"}}
 _HYBRID = ("kimi_linear", "bailing_hybrid")  # MLA "full_attention" layers among linear ones
 
 
@@ -147,6 +150,8 @@ def latent_from_hf(
     options, rope_config = _layer_options(config, model_type)
     options |= _index_options(config, model_type, layer_idx)
     prefix, attention = _latent_entries(fn, state_dict, layer_idx, model_type)
+    renamed = _RENAMED.get(model_type, {})
+    attention = {renamed.get(name, name): value for name, value in attention.items()}
     expected = _expected_shapes(options)
     missing = [prefix + name for name in expected if name not in attention]
     unexpected = sorted(prefix + name for name in attention if name not in expected)
@@ -353,22 +358,30 @@ def _index_options(config: Mapping[str, Any], model_type: str, layer_idx: int) -
     "shared" layers reading the selection of the layer before (``index_shared``)."""
     if model_type not in _DSA:
         return {}
-    if model_type == "glm_moe_dsa" and _glm_indexer_types(config)[layer_idx] == "shared":
-        return {"index_shared": True}
-    options: dict[str, Any] = {
+    options: dict[str, Any] = {}
+    if model_type == "hy_v4":  # every layer: sinks, a sigmoid gate per element from x
+        options |= {"sinks": True, "output_gate": "element"}
+    if model_type in _SHARED_TOP_K and _indexer_types(config, model_type)[layer_idx] == "shared":
+        return options | {"index_shared": True}
+    options |= {
         key: int(_required(config, key, model_type))
         for key in ("index_n_heads", "index_head_dim", "index_topk")
     }
     options["index_rope_interleave"] = model_type == "glm_moe_dsa"
+    if model_type == "hy_v4":  # its indexer rotates the last R dims; its k_norm eps
+        options["index_rope_position"] = "last"
+        options["index_norm_eps"] = float(config.get("rms_norm_eps", 1e-5))
     return options
 
 
-def _glm_indexer_types(config: Mapping[str, Any]) -> list[str]:
-    """GLM-5's per-layer indexer kinds as its config computes them: ``indexer_types``, else
+def _indexer_types(config: Mapping[str, Any], model_type: str) -> list[str]:
+    """The per-layer indexer kinds as the config computes them: ``indexer_types``; else GLM-5's
     ``index_topk_pattern`` ("F"/"S"), else every ``index_topk_freq``-th layer from
-    ``index_skip_topk_offset`` - 1 on is "full"."""
-    layers = int(_required(config, "num_hidden_layers", "glm_moe_dsa"))
+    ``index_skip_topk_offset`` - 1 on "full"; HY-V4's layer 0 and every 4th from 1 "full"."""
+    layers = int(_required(config, "num_hidden_layers", model_type))
     kinds = config.get("indexer_types")
+    if kinds is None and model_type == "hy_v4":
+        kinds = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(layers)]
     if kinds is None and config.get("index_topk_pattern") is not None:
         pattern = config["index_topk_pattern"]
         kinds = (
@@ -395,6 +408,8 @@ def _glm_indexer_types(config: Mapping[str, Any]) -> list[str]:
 
 
 def _rope_interleave(config: Mapping[str, Any], model_type: str) -> bool:
+    if model_type == "hy_v4":  # rotate_half on the main attention, always
+        return False
     if model_type in ("deepseek_v2", "longcat_flash", "bailing_hybrid", *_DSA):
         return True
     if model_type in ("minicpm3", "kimi_linear"):  # rotate_half; no RoPE at all
@@ -536,6 +551,10 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, .
         shapes["o_proj.bias"] = ((c,), "hidden_size")
     if options.get("output_gate") == "head":
         shapes["g_proj.weight"] = ((h, c), "num_attention_heads, hidden_size")
+    if options.get("output_gate") == "element":  # HY-V4's gate_proj
+        shapes["g_proj.weight"] = ((h * dv, c), "num_attention_heads * v_head_dim, hidden_size")
+    if options.get("sinks"):
+        shapes["sinks"] = ((h,), "num_attention_heads")
     if options.get("index_topk") is not None:
         heads, width = options["index_n_heads"], options["index_head_dim"]
         shapes["indexer.wq_b.weight"] = (

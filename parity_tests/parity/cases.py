@@ -66,7 +66,7 @@ LAYERS = {
         causal=True,
         padding_keyword="key_padding_mask",
         left_padding=True,
-        random_parameters=("q_a_layernorm.weight", "kv_a_layernorm.weight"),
+        random_parameters=("q_a_layernorm.weight", "kv_a_layernorm.weight", "sinks"),
     ),
 }
 
@@ -397,6 +397,20 @@ def _latent_cases() -> list[LayerCase]:
         (  # DeepSeek-V3.2's DSA: 2 indexer heads keep 4 of up to 9 keys per query
             "dsa-padded-N9",
             {"q_lora_rank": 5, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 4},
+            {"n": 9, "padded": True},
+        ),
+        (  # HY-V4's: sinks, a gate per element, the indexer's RoPE on its heads' last R dims
+            "dsa_hy-sinks-gate-padded-N9",
+            {
+                "q_lora_rank": 5,
+                "index_n_heads": 4,
+                "index_head_dim": 6,
+                "index_topk": 4,
+                "index_rope_position": "last",
+                "sinks": True,
+                "output_gate": "element",
+                "rope_interleave": False,
+            },
             {"n": 9, "padded": True},
         ),
     ]

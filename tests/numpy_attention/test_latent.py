@@ -57,6 +57,18 @@ OPTIONS = {
     "gate_element_bias": {"output_gate": "element", "gate_bias": True},
     # DeepSeek-V3.2's DSA: 2 indexer heads of width 6 (R = 4 rotated) keep 3 of up to 5 keys
     "dsa": {"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 3},
+    # HY-V4's: the indexer rotates its heads' last R dims, its own norm eps; sinks, a gate
+    "dsa_hy": {
+        "q_lora_rank": 3,
+        "index_n_heads": 2,
+        "index_head_dim": 6,
+        "index_topk": 3,
+        "index_rope_position": "last",
+        "index_norm_eps": 1e-5,
+        "sinks": True,
+        "rope_interleave": False,
+        "output_gate": "element",
+    },
 }
 FORMS = {"expanded": False, "absorbed": True}
 
@@ -70,6 +82,8 @@ def make_layer(rng, **options):
     for name in state:
         if "layernorm" in name:
             state[name] = 1.0 + 0.5 * rng.standard_normal(state[name].shape)
+        if name == "sinks":  # zeros at first: a wrong gradient would hide there too
+            state[name] = rng.standard_normal(state[name].shape)
     layer.load_state_dict(state)
     return layer
 
@@ -125,7 +139,7 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
     if args["index_topk"] is not None:  # DSA: the keys the indexer keeps, (B, 1, N, N)
         allowed = torch_selection(x, q_resid, params, args, pos, inv_freq, key_padding_mask)
     out, _ = oracle_attention(
-        q, k, kv[..., p:], causal=True, scale=scale, attn_mask=allowed,
+        q, k, kv[..., p:], causal=True, scale=scale, attn_mask=allowed, sinks=params.get("sinks"),
         key_padding_mask=None if key_padding_mask is None else to_torch(key_padding_mask),
         dropout_p=args["dropout"],
         dropout_mask=None if attn_dropout_mask is None else to_torch(attn_dropout_mask),
@@ -142,21 +156,24 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
 
 @torch.no_grad()
 def torch_selection(x, q_resid, params, args, pos, inv_freq, key_padding_mask):
-    """DSA's selection in torch ops: the indexer's half-split RoPE on each head's first R dims,
+    """DSA's selection in torch ops: the indexer's RoPE on each head's first (or last) R dims,
     relu scores summed with the per-token head weights, each row's top-k visible keys (ties to
     the lower index, by a stable sort), as a bool mask (B, 1, N, N)."""
     b, n, _ = x.shape
     heads, width, r = args["index_n_heads"], args["index_head_dim"], args["qk_rope_head_dim"]
     q = F.linear(q_resid, params["indexer.wq_b.weight"]).reshape(b, n, heads, width)
     norm = params["indexer.k_norm.weight"], params["indexer.k_norm.bias"]
-    k = F.layer_norm(F.linear(x, params["indexer.wk.weight"]), (width,), *norm, 1e-6)
-    factor = args["rope_attention_factor"]
-    rot = {"interleaved": args["index_rope_interleave"], "factor": factor}
-    q = torch.cat(
-        [torch_rope(q.transpose(1, 2)[..., :r], pos, inv_freq, **rot), q.transpose(1, 2)[..., r:]],
-        dim=-1,
-    )  # (B, HI, N, DI); fmt: skip
-    k = torch.cat([torch_rope(k[:, None, :, :r], pos, inv_freq, **rot), k[:, None, :, r:]], -1)
+    k = F.layer_norm(
+        F.linear(x, params["indexer.wk.weight"]), (width,), *norm, args["index_norm_eps"]
+    )[:, None]  # (B, 1, N, DI); fmt: skip
+    rot = {"interleaved": args["index_rope_interleave"], "factor": args["rope_attention_factor"]}
+    lo = 0 if args["index_rope_position"] == "first" else width - r  # the rotated dims
+
+    def rotate(t):
+        turned = torch_rope(t[..., lo : lo + r], pos, inv_freq, **rot)
+        return torch.cat([t[..., :lo], turned, t[..., lo + r :]], dim=-1)
+
+    q, k = rotate(q.transpose(1, 2)), rotate(k)  # (B, HI, N, DI), (B, 1, N, DI)
     weights = F.linear(x, params["indexer.weights_proj.weight"]) * heads**-0.5  # (B, N, HI)
     relu = torch.relu((q @ k.transpose(-1, -2)) * width**-0.5)  # (B, HI, N, N)
     scores = torch.einsum("bhts,bth->bts", relu, weights)
@@ -215,7 +232,7 @@ def test_matches_torch_autograd_on_every_parameter_by_name(rng, option, form):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias", "dsa"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias", "dsa", "dsa_hy"])
 def test_gradcheck_on_inputs_and_every_parameter(rng, option, form):
     layer = make_layer(rng, **OPTIONS[option])
     x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
@@ -285,7 +302,7 @@ def test_float32_follows_float64(rng, form):
 
 
 @pytest.mark.parametrize("absorb", [None, False, True])
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_head", "dsa"])
+@pytest.mark.parametrize("option", ["plain", "everything", "gate_head", "dsa", "dsa_hy"])
 def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     """Left padding (elements: 2 and 4 padding tokens); prefill 3 tokens, then one at a time
     (DSA: the indexer's keys cached beside the latents)."""
@@ -312,7 +329,7 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
 
 
-@pytest.mark.parametrize("option", ["everything", "dsa"])
+@pytest.mark.parametrize("option", ["everything", "dsa", "dsa_hy"])
 @pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
 def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
     """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, so that their pages
@@ -474,6 +491,14 @@ def test_constructor_args_survive_json(rng):
          ValueError, "index_topk must be a positive int"),
         ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 2,
           "index_rope_interleave": 1}, TypeError, "index_rope_interleave must be a bool"),
+        ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 2,
+          "index_rope_position": "middle"}, ValueError,
+         "index_rope_position must be 'first' or 'last', got 'middle'"),
+        ({"q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6, "index_topk": 2,
+          "index_norm_eps": 0.0}, ValueError, "index_norm_eps must be > 0"),
+        ({"index_shared": True, "q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6,
+          "index_topk": 2}, ValueError, "index_shared reads the selection of the layer before"),
+        ({"sinks": 1}, TypeError, "sinks must be a bool"),
     ],
 )  # fmt: skip
 def test_bad_construction_is_refused(kwargs, error, match):
@@ -549,3 +574,28 @@ def test_a_dsa_layer_needs_a_cache_of_its_indexer_keys(rng, index_head_dim, matc
     with pytest.raises(ValueError, match=match):
         layer(rng.standard_normal((B, 2, C)), cache=cache)
     assert cache.length == 0
+
+
+def test_a_shared_dsa_layer_reads_the_selection_it_is_given_and_only_it(rng):
+    """GLM-5's and HY-V4's "shared" layers: the previous layer's ``.selection`` is required,
+    checked for shape, and attended exactly (a full layer handed the same mask as
+    ``index_selection`` would refuse it: it selects its own)."""
+    full = make_layer(rng, **OPTIONS["dsa"]).eval()
+    shared = make_layer(rng, q_lora_rank=3, index_shared=True).eval()
+    x, forward = forward_inputs(rng, full, padded=True)
+    full(x, **forward)
+
+    out = shared(x, index_selection=full.selection, **forward)
+
+    assert np.array_equal(shared.selection, full.selection)
+    with pytest.raises(ValueError, match="reads the keys the layer before it selected"):
+        shared(x, **forward)
+    with pytest.raises(ValueError, match=r"must be \(B, N, M\) = \(2, 5, 5\).*got \(2, 5, 4\)"):
+        shared(x, index_selection=full.selection[..., :4], **forward)
+    with pytest.raises(ValueError, match="is for a shared DSA layer"):
+        full(x, index_selection=full.selection, **forward)
+    everything = shared.selection | True  # every key given: the layer is plain causal MLA
+    plain = make_layer(rng, q_lora_rank=3).eval()
+    plain.load_state_dict(shared.state_dict())
+    assert_close(shared(x, index_selection=everything, **forward), plain(x, **forward))
+    assert not np.allclose(out, plain(x, **forward))  # the given selection did hide keys

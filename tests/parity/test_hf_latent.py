@@ -139,11 +139,21 @@ CASES = [
         "num_hidden_layers": 2, "q_lora_rank": Q, "indexer_types": ["full", "shared"],
         "index_n_heads": 4, "index_head_dim": 8, "index_topk": 4}, layer)
       for kind, layer in (("full", 0), ("shared", 1))),
+    # hy_v4: sinks, a sigmoid gate per element (gate_proj), rotate_half; its indexer rotates
+    # the last R dims of each head; layer 1 "shared". 8 indexer heads: with 4, a decode step's
+    # scores tied at 0 (every head's relu 0) across the top-k boundary, where torch.topk's
+    # pick is unspecified and the layer's is the lower index (docs/derivations/indexer.md)
+    *(LatentCase(f"hy_v4-{kind}", "HYV4", SIZES | {
+        "num_hidden_layers": 2, "q_lora_rank": Q, "indexer_types": ["full", "shared"],
+        "mlp_layer_types": ["dense", "dense"], "index_n_heads": 8, "index_head_dim": 8,
+        "index_topk": 4, "rms_norm_eps": 1e-5}, layer)
+      for kind, layer in (("full", 0), ("shared", 1))),
     LatentCase("bailing_hybrid-ling3-shaped", "BailingHybrid", SIZES | {
         "num_hidden_layers": 6, "layer_group_size": 6, "mlp_layer_types": ["dense"] * 6,
         "head_dim": 8, "rope_theta": 6e6}, 5),  # Ling 3.0's pattern: MLA closes each 6
 ]  # fmt: skip
 IDS = [case.name for case in CASES]
+RENAMED = {"gate_proj.weight": "g_proj.weight"}  # HY-V4's gate, the layer's g_proj
 FORMS = {"expanded": False, "absorbed": True}
 
 
@@ -285,7 +295,7 @@ def hf_forward(name: str) -> Expected:
     out.backward(to_torch(dout))
     topk = rest[1] if len(rest) > 1 else None  # GLM-5's DSA layers return their top-k keys
     grads = {  # DSA's indexer selects under no_grad: no gradient reaches it, zero
-        key: np.zeros(tuple(param.shape))
+        RENAMED.get(key, key): np.zeros(tuple(param.shape))
         if key.startswith("indexer.") and param.grad is None
         else to_numpy(param.grad)
         for key, param in attention.named_parameters()
