@@ -259,6 +259,19 @@ def check_rope_position(position: Any) -> str:
     return str(position)
 
 
+def check_query_gate(query_gate: Any, q_lora_rank: int | None, output_gate: str | None) -> bool:
+    """AXK2's fused query-and-gate projection reads the query latent and is the layer's gate."""
+    query_gate = validation.flag("query_gate", query_gate)
+    if query_gate and q_lora_rank is None:
+        raise ValueError("query_gate projects [q_resid, q_a_proj(x)]: it needs q_lora_rank")
+    if query_gate and output_gate is not None:
+        raise ValueError(
+            f"query_gate is the layer's output gate (from the query projection); output_gate="
+            f"{output_gate!r} would be a second one, which no model has"
+        )
+    return query_gate
+
+
 def check_shared_selection(shared: Any, index: tuple[int, int, int, int] | None) -> bool:
     """``index_shared`` as a flag: a shared DSA layer (GLM-5's ``indexer_types`` "shared") has
     no indexer of its own, so the indexer's options are refused with it."""

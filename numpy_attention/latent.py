@@ -69,6 +69,7 @@ from .grouped import _key_padding
 from .indexer import (
     LightningIndexer,
     check_index_options,
+    check_query_gate,
     check_selection_given,
     check_selection_shape,
     check_shared_selection,
@@ -190,6 +191,10 @@ class MultiHeadLatentAttention(Module):
         index_norm_eps: the eps of the indexer's k_norm (LayerNorm with bias).
         sinks: one learned logit per head (``sinks``, (H,)) in every row's softmax, the core's
             sinks, with its gradient (HY-V4).
+        query_gate: AXK2's fused query projection: ``q_gate_proj`` = Linear(2 Lq, H*(P+R+Dv), no
+            bias) of [q_a_layernorm(q_a), q_a] (q_a = q_a_proj(x)) gives each head's query and
+            Dv gate pre-activations; the merged heads are times their sigmoid before o_proj.
+            Replaces ``q_b_proj``; needs ``q_lora_rank``; not with ``output_gate``.
         rng: generator or seed for the initial weights and the keep-masks drawn in train mode.
     """
 
@@ -224,6 +229,7 @@ class MultiHeadLatentAttention(Module):
         index_rope_position: str = "first",
         index_norm_eps: float = 1e-6,
         sinks: bool = False,
+        query_gate: bool = False,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
@@ -257,6 +263,7 @@ class MultiHeadLatentAttention(Module):
         if norm_eps <= 0:
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
         self.dropout = validation.dropout_p(dropout, "dropout")
+        self.query_gate = check_query_gate(query_gate, self.q_lora_rank, self.output_gate)
         self.rng = np.random.default_rng(rng)
 
         bias = validation.flag("bias", bias)
@@ -266,6 +273,12 @@ class MultiHeadLatentAttention(Module):
         else:
             self.q_a_proj = Linear(c, self.q_lora_rank, bias=bias, rng=self.rng)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, norm_eps)
+        if (
+            self.query_gate and self.q_lora_rank is not None
+        ):  # AXK2: q and a gate from [q_resid, q_a]
+            fused = h * (head + self.v_head_dim)
+            self.q_gate_proj = Linear(2 * self.q_lora_rank, fused, bias=False, rng=self.rng)
+        elif self.q_lora_rank is not None:
             self.q_b_proj = Linear(self.q_lora_rank, h * head, bias=False, rng=self.rng)
         latent = self.kv_lora_rank + self.qk_rope_head_dim
         self.kv_a_proj_with_mqa = Linear(c, latent, bias=bias, rng=self.rng)
@@ -402,8 +415,17 @@ class MultiHeadLatentAttention(Module):
     ) -> tuple[np.ndarray, _LatentCtx]:
         """The forward chain (module docstring); inputs already checked."""
         p, rank = self.qk_nope_head_dim, self.kv_lora_rank
+        gate_pre = None
         if self.q_lora_rank is None:
             q = self.q_proj(x)  # (B, N, C) -> (B, N, H*(P+R))
+        elif self.query_gate:  # one projection of [q_resid, q_a] gives q and the gate per head
+            q_a = self.q_a_proj(x)  # C -> Lq
+            q_resid = self.q_a_layernorm(q_a)  # the query latent
+            fused = self.q_gate_proj(np.concatenate([q_resid, q_a], axis=-1))  # 2Lq -> H*(P+R+Dv)
+            fused = fused.reshape(fused.shape[:2] + (self.num_heads, -1))  # (B, N, H, P+R+Dv)
+            head = p + self.qk_rope_head_dim
+            q = fused[..., :head].reshape(fused.shape[:2] + (-1,))  # (B, N, H*(P+R))
+            gate_pre = fused[..., head:].reshape(fused.shape[:2] + (-1,))  # (B, N, H*Dv)
         else:
             q_resid = self.q_a_layernorm(self.q_a_proj(x))  # C -> Lq, the query latent
             q = self.q_b_proj(q_resid)  # Lq -> H*(P+R)
@@ -471,6 +493,8 @@ class MultiHeadLatentAttention(Module):
         gate = None
         if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
+        elif gate_pre is not None:  # AXK2: sigmoid of the query projection's gate part
+            merged, gate = output_gate_forward(merged, gate_pre, "sigmoid")
         out = self.o_proj(merged)  # -> (B, N, C)
         ctx = _LatentCtx(q_heads, q_rope, k_rope, temperature, form, attn.ctx, out_heads, gate)
         return out, ctx
@@ -512,10 +536,11 @@ class MultiHeadLatentAttention(Module):
         dout, ctx = self._pop_ctx(dout)
         p, rank = self.qk_nope_head_dim, self.kv_lora_rank
         dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
-        dxg = None
-        if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
+        dxg, dpre = None, None
+        if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x) or the query's gate)
             dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
-            dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
+            if not self.query_gate:
+                dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
         do = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
         if isinstance(ctx.form, _AbsorbedCtx):
             do_lat, dw_uv = head_linear_backward(do, ctx.form.o_up)  # forward: o = W_UV o_lat
@@ -549,6 +574,15 @@ class MultiHeadLatentAttention(Module):
         dq = split_heads_backward(np.concatenate([dq_nope, dq_pe], axis=-1), ctx.q_heads)
         if self.q_lora_rank is None:
             dx_q = self.q_proj.backward(dq)  # (B, N, H*(P+R)) -> (B, N, C)
+        elif self.query_gate and dpre is not None:  # forward: [q | gate] = q_gate_proj(...)
+            lead, h = dq.shape[:2], self.num_heads
+            dfused = np.concatenate(
+                [dq.reshape(lead + (h, -1)), dpre.reshape(lead + (h, -1))], axis=-1
+            ).reshape(lead + (-1,))  # (B, N, H*(P+R+Dv))
+            dcat = self.q_gate_proj.backward(dfused)  # -> (B, N, 2Lq)
+            lq = self.q_lora_rank
+            dq_a = dcat[..., lq:] + self.q_a_layernorm.backward(dcat[..., :lq])  # q_a feeds both
+            dx_q = self.q_a_proj.backward(dq_a)
         else:
             dx_q = self.q_a_proj.backward(self.q_a_layernorm.backward(self.q_b_proj.backward(dq)))
         dx = dx_q + dx_kv  # x feeds the query path and the latent path (and the gate's)

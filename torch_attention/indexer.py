@@ -19,6 +19,7 @@ import torch
 # The options are pure Python: the NumPy twin's rules.
 from numpy_attention.indexer import (
     check_index_options,
+    check_query_gate,
     check_rope_position,
     check_selection_given,
     check_selection_shape,
@@ -35,6 +36,7 @@ from .rules import compute_dtype
 __all__ = [
     "LightningIndexer",
     "check_index_options",
+    "check_query_gate",
     "check_rope_position",
     "check_selection_given",
     "check_selection_shape",

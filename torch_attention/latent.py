@@ -48,6 +48,7 @@ from .grouped import _key_padding
 from .indexer import (
     LightningIndexer,
     check_index_options,
+    check_query_gate,
     check_selection_given,
     check_selection_shape,
     check_shared_selection,
@@ -113,6 +114,7 @@ class MultiHeadLatentAttention(Module):
         index_rope_position: str = "first",
         index_norm_eps: float = 1e-6,
         sinks: bool = False,
+        query_gate: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -155,6 +157,11 @@ class MultiHeadLatentAttention(Module):
         else:
             self.q_a_proj = Linear(c, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, self.norm_eps)
+        self.query_gate = check_query_gate(query_gate, self.q_lora_rank, self.output_gate)
+        if self.query_gate and self.q_lora_rank is not None:  # AXK2: q and a gate, one proj
+            fused = h * (head + self.v_head_dim)
+            self.q_gate_proj = Linear(2 * self.q_lora_rank, fused, bias=False)
+        elif self.q_lora_rank is not None:
             self.q_b_proj = Linear(self.q_lora_rank, h * head, bias=False)
         self.kv_a_proj_with_mqa = Linear(c, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, self.norm_eps)
@@ -275,6 +282,14 @@ class MultiHeadLatentAttention(Module):
         p, rank, h = self.qk_nope_head_dim, self.kv_lora_rank, self.num_heads
         if self.q_lora_rank is None:
             q = self.q_proj(x)  # (B, N, C) -> (B, N, H*(P+R))
+        elif self.query_gate:  # the NumPy twin's: [q | gate] per head from [q_resid, q_a]
+            q_a = self.q_a_proj(x)
+            q_resid = self.q_a_layernorm(q_a)
+            fused = self.q_gate_proj(torch.cat([q_resid, q_a], dim=-1))
+            fused = fused.view(*fused.shape[:2], h, -1)  # (B, N, H, P+R+Dv)
+            head = p + self.qk_rope_head_dim
+            q = fused[..., :head].reshape(*fused.shape[:2], -1)  # (B, N, H*(P+R))
+            gate_pre = fused[..., head:].reshape(*fused.shape[:2], -1)  # (B, N, H*Dv)
         else:
             q_resid = self.q_a_layernorm(self.q_a_proj(x))  # C -> Lq, the query latent
             q = self.q_b_proj(q_resid)  # Lq -> H*(P+R)
@@ -336,6 +351,8 @@ class MultiHeadLatentAttention(Module):
         merged = merge_heads(o)  # (B, H, N, Dv) -> (B, N, H*Dv)
         if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
             merged = output_gate(merged, self.g_proj(x), self.gate_activation)
+        elif self.query_gate:  # AXK2: sigmoid of the query projection's gate part
+            merged = output_gate(merged, gate_pre, "sigmoid")
         return self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
 
     def extra_repr(self) -> str:

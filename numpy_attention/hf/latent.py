@@ -72,6 +72,7 @@ from .rope import hf_inv_freq, hf_rope_attention_factor, rope_parameters
 
 SUPPORTED_MODEL_TYPES = (
     "axk1",
+    "axk2",
     "bailing_hybrid",
     "deepseek_v2",
     "deepseek_v3",
@@ -89,9 +90,11 @@ SUPPORTED_MODEL_TYPES = (
 # transformers 5.23 models with MLA weights whose attention computes something else.
 _SPARSE = "DeepSeek Sparse Attention: a top-k indexer hides keys per query"
 REFUSED = {
-    "glm5_next": _SPARSE + ", shared across layers",
+    "glm5_next": _SPARSE + " over k-pools: its indexer scores gated, position-embedded pools "
+    "of index_kpool keys (index_kpool_compress_gate, _ape), keeps whole pools and the "
+    "unfinished tail pool, beside linear-attention layers; the layer's indexer scores keys "
+    "one by one",
     "mistral_large4": _SPARSE + ", with NoPE layers and KV sharing across layers",
-    "axk2": _SPARSE + ", with an output gate and a fused query projection",
     "dots3_note": "an output gate, a normed rope key, sliding and indexed layers",
 }
 # their language models' configs, passed alone (config.text_config), for the same reasons
@@ -102,8 +105,13 @@ _EXPECTED_FORM = (
     "'kv_a_proj_with_mqa.weight'"
 )
 _INTERLEAVED = ("axk1", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu")
-_QUERY_LORA_ALWAYS = ("axk1", "deepseek_v32", "glm_moe_dsa", "hy_v4", "longcat_flash")
-_DSA = ("deepseek_v32", "glm_moe_dsa", "hy_v4")  # MLA with DeepSeek Sparse Attention's indexer
+_QUERY_LORA_ALWAYS = ("axk1", "axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4", "longcat_flash")
+_DSA = (
+    "axk2",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "hy_v4",
+)  # MLA with DeepSeek Sparse Attention's indexer
 _SHARED_TOP_K = ("glm_moe_dsa", "hy_v4")  # "shared" layers reuse the previous layer's top-k
 # transformers' names that the layer calls otherwise
 _RENAMED = {"hy_v4": {"gate_proj.weight": "g_proj.weight"}}
@@ -361,6 +369,8 @@ def _index_options(config: Mapping[str, Any], model_type: str, layer_idx: int) -
     options: dict[str, Any] = {}
     if model_type == "hy_v4":  # every layer: sinks, a sigmoid gate per element from x
         options |= {"sinks": True, "output_gate": "element"}
+    if model_type == "axk2":  # q_gate_proj: the queries and a gate per element, one projection
+        options["query_gate"] = True
     if model_type in _SHARED_TOP_K and _indexer_types(config, model_type)[layer_idx] == "shared":
         return options | {"index_shared": True}
     options |= {
@@ -536,7 +546,14 @@ def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, .
         if options["bias"]:
             shapes["q_a_proj.bias"] = ((q_rank,), "q_lora_rank")
         shapes["q_a_layernorm.weight"] = ((q_rank,), "q_lora_rank")
-        shapes["q_b_proj.weight"] = ((h * (p + rope), q_rank), f"{query}, q_lora_rank")
+        if options.get("query_gate"):  # AXK2's fused query-and-gate projection
+            shapes["q_gate_proj.weight"] = (
+                (h * (p + rope + dv), 2 * q_rank),
+                "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim), "
+                "2 * q_lora_rank",
+            )
+        else:
+            shapes["q_b_proj.weight"] = ((h * (p + rope), q_rank), f"{query}, q_lora_rank")
     latent = "kv_lora_rank + qk_rope_head_dim"
     shapes[_LATENT_KEY] = ((rank + rope, c), f"{latent}, hidden_size")
     if options["bias"]:

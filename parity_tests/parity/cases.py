@@ -413,6 +413,18 @@ def _latent_cases() -> list[LayerCase]:
             },
             {"n": 9, "padded": True},
         ),
+        (  # AXK2's: the queries and a gate per element from one projection of [q_resid, q_a]
+            "dsa_axk2-query_gate-padded-N9",
+            {
+                "q_lora_rank": 5,
+                "index_n_heads": 4,
+                "index_head_dim": 6,
+                "index_topk": 4,
+                "query_gate": True,
+                "bias": True,
+            },
+            {"n": 9, "padded": True},
+        ),
     ]
     return [
         LayerCase(

@@ -69,6 +69,15 @@ OPTIONS = {
         "rope_interleave": False,
         "output_gate": "element",
     },
+    # AXK2's: one projection of [q_resid, q_a] gives the queries and a gate per element
+    "dsa_axk2": {
+        "q_lora_rank": 3,
+        "index_n_heads": 2,
+        "index_head_dim": 6,
+        "index_topk": 3,
+        "query_gate": True,
+        "bias": True,
+    },
 }
 FORMS = {"expanded": False, "absorbed": True}
 
@@ -113,9 +122,14 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
     if args["q_lora_rank"] is None:
         q = F.linear(x, params["q_proj.weight"])
     else:
-        q = F.linear(x, params["q_a_proj.weight"], params.get("q_a_proj.bias"))
-        q = q_resid = F.rms_norm(q, (args["q_lora_rank"],), params["q_a_layernorm.weight"], eps)
-        q = F.linear(q, params["q_b_proj.weight"])
+        q_a = F.linear(x, params["q_a_proj.weight"], params.get("q_a_proj.bias"))
+        q_resid = F.rms_norm(q_a, (args["q_lora_rank"],), params["q_a_layernorm.weight"], eps)
+        if args["query_gate"]:  # AXK2: [q | gate] per head from [q_resid, q_a]
+            fused = F.linear(torch.cat([q_resid, q_a], -1), params["q_gate_proj.weight"])
+            fused = fused.reshape(b, n, heads, -1)
+            q, gate_pre = fused[..., : p + r], fused[..., p + r :].reshape(b, n, -1)
+        else:
+            q = F.linear(q_resid, params["q_b_proj.weight"])
     q = q.reshape(b, n, heads, p + r).transpose(1, 2)  # (B, H, N, P+R)
     latent = F.linear(x, params["kv_a_proj_with_mqa.weight"], params.get("kv_a_proj_with_mqa.bias"))
     c = F.rms_norm(latent[..., :rank], (rank,), params["kv_a_layernorm.weight"], eps)
@@ -151,6 +165,8 @@ def torch_layer(x, params, args, *, positions=None, key_padding_mask=None,
         if args["output_gate"] == "head":
             gate = gate.repeat_interleave(args["v_head_dim"], dim=-1)  # one per head's Dv
         out = out * gate
+    if args["query_gate"]:
+        out = out * torch.sigmoid(gate_pre)
     return F.linear(out, params["o_proj.weight"], params.get("o_proj.bias"))
 
 
@@ -232,7 +248,9 @@ def test_matches_torch_autograd_on_every_parameter_by_name(rng, option, form):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_element_bias", "dsa", "dsa_hy"])
+@pytest.mark.parametrize(
+    "option", ["plain", "everything", "gate_element_bias", "dsa", "dsa_hy", "dsa_axk2"]
+)
 def test_gradcheck_on_inputs_and_every_parameter(rng, option, form):
     layer = make_layer(rng, **OPTIONS[option])
     x, forward = forward_inputs(rng, layer, padded=option == "everything", n=4)
@@ -302,7 +320,9 @@ def test_float32_follows_float64(rng, form):
 
 
 @pytest.mark.parametrize("absorb", [None, False, True])
-@pytest.mark.parametrize("option", ["plain", "everything", "gate_head", "dsa", "dsa_hy"])
+@pytest.mark.parametrize(
+    "option", ["plain", "everything", "gate_head", "dsa", "dsa_hy", "dsa_axk2"]
+)
 def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     """Left padding (elements: 2 and 4 padding tokens); prefill 3 tokens, then one at a time
     (DSA: the indexer's keys cached beside the latents)."""
@@ -329,7 +349,7 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
     assert_close(np.concatenate(outs, axis=1), full, name="decoded rows")
 
 
-@pytest.mark.parametrize("option", ["everything", "dsa", "dsa_hy"])
+@pytest.mark.parametrize("option", ["everything", "dsa", "dsa_hy", "dsa_axk2"])
 @pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
 def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
     """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, so that their pages
@@ -499,6 +519,9 @@ def test_constructor_args_survive_json(rng):
         ({"index_shared": True, "q_lora_rank": 3, "index_n_heads": 2, "index_head_dim": 6,
           "index_topk": 2}, ValueError, "index_shared reads the selection of the layer before"),
         ({"sinks": 1}, TypeError, "sinks must be a bool"),
+        ({"query_gate": True}, ValueError, "query_gate projects .* it needs q_lora_rank"),
+        ({"query_gate": True, "q_lora_rank": 3, "output_gate": "head"}, ValueError,
+         "query_gate is the layer's output gate"),
     ],
 )  # fmt: skip
 def test_bad_construction_is_refused(kwargs, error, match):

@@ -148,6 +148,10 @@ CASES = [
         "mlp_layer_types": ["dense", "dense"], "index_n_heads": 8, "index_head_dim": 8,
         "index_topk": 4, "rms_norm_eps": 1e-5}, layer)
       for kind, layer in (("full", 0), ("shared", 1))),
+    # axk2: q_gate_proj of [q_resid, q_a] gives the queries and a sigmoid gate per element
+    LatentCase("axk2-query-gate", "AXK2", SIZES | {
+        "q_lora_rank": Q, "mlp_layer_types": ["dense"], "n_group": 1, "topk_group": 1,
+        "index_n_heads": 8, "index_head_dim": 8, "index_topk": 4}),
     LatentCase("bailing_hybrid-ling3-shaped", "BailingHybrid", SIZES | {
         "num_hidden_layers": 6, "layer_group_size": 6, "mlp_layer_types": ["dense"] * 6,
         "head_dim": 8, "rope_theta": 6e6}, 5),  # Ling 3.0's pattern: MLA closes each 6
