@@ -94,7 +94,10 @@ REFUSED = {
     "of index_kpool keys (index_kpool_compress_gate, _ape), keeps whole pools and the "
     "unfinished tail pool, beside linear-attention layers; the layer's indexer scores keys "
     "one by one",
-    "mistral_large4": _SPARSE + ", with NoPE layers and KV sharing across layers",
+    "mistral_large4": _SPARSE + " with a learned query scale per head and position "
+    "(scale_h log(position + 1) + bias_h, on the queries and the indexer's), no query LoRA (its "
+    "indexer reads LayerNorm(x)), NoPE layers that widen the nope part, and KV sharing across "
+    "layers (kv_sharing_modes store / reuse)",
     "dots3_note": "an output gate, a normed rope key, sliding and indexed layers",
 }
 # their language models' configs, passed alone (config.text_config), for the same reasons
