@@ -251,6 +251,50 @@ def check_index_options(
     )
 
 
+class IndexerOptions(NamedTuple):
+    """``LightningIndexer``'s options, checked once for both twins (pure Python)."""
+
+    num_heads: int
+    head_dim: int
+    topk: int
+    rope_dim: int
+    rope_interleaved: bool
+    rope_position: str
+    norm_eps: float
+
+    @classmethod
+    def check(
+        cls,
+        num_heads: Any,
+        head_dim: Any,
+        topk: Any,
+        rope_dim: Any,
+        rope_interleaved: Any,
+        rope_position: Any,
+        norm_eps: Any,
+    ) -> IndexerOptions:
+        heads = validation.positive_int("index_n_heads", num_heads)
+        width = validation.positive_int("index_head_dim", head_dim)
+        rotated = validation.non_negative_int("qk_rope_head_dim", rope_dim)
+        if rotated > width:
+            raise ValueError(
+                f"index_head_dim ({head_dim}) must be at least qk_rope_head_dim ({rope_dim}): "
+                "the indexer rotates qk_rope_head_dim dims of each head"
+            )
+        eps = validation.finite_real("index_norm_eps", norm_eps)
+        if eps <= 0:
+            raise ValueError(f"index_norm_eps must be > 0, got {norm_eps}")
+        return cls(
+            heads,
+            width,
+            validation.positive_int("index_topk", topk),
+            rotated,
+            validation.flag("index_rope_interleave", rope_interleaved),
+            check_rope_position(rope_position),
+            eps,
+        )
+
+
 def check_rope_position(position: Any) -> str:
     """Which R dims of each indexer head rotate: "first" (DeepSeek-V3.2, GLM-5) or "last"
     (HY-V4's, "flipped")."""
@@ -349,20 +393,11 @@ class LightningIndexer(Module):
         rng: np.random.Generator | int | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = validation.positive_int("index_n_heads", num_heads)
-        self.head_dim = validation.positive_int("index_head_dim", head_dim)
-        self.topk = validation.positive_int("index_topk", topk)
-        self.rope_dim = validation.non_negative_int("qk_rope_head_dim", rope_dim)
-        if self.rope_dim > self.head_dim:
-            raise ValueError(
-                f"index_head_dim ({head_dim}) must be at least qk_rope_head_dim ({rope_dim}): "
-                "the indexer rotates the first qk_rope_head_dim dims of each head"
-            )
-        self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
-        self.rope_position = check_rope_position(rope_position)
-        norm_eps = validation.finite_real("index_norm_eps", norm_eps)
-        if norm_eps <= 0:
-            raise ValueError(f"index_norm_eps must be > 0, got {norm_eps}")
+        options = IndexerOptions.check(
+            num_heads, head_dim, topk, rope_dim, rope_interleaved, rope_position, norm_eps
+        )
+        self.num_heads, self.head_dim, self.topk, self.rope_dim = options[:4]
+        self.rope_interleaved, self.rope_position, norm_eps = options[4:]
         rng = np.random.default_rng(rng)
         self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False, rng=rng)
         self.wk = Linear(hidden_size, self.head_dim, bias=False, rng=rng)

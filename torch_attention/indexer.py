@@ -18,6 +18,7 @@ import torch
 
 # The options are pure Python: the NumPy twin's rules.
 from numpy_attention.indexer import (
+    IndexerOptions,
     check_index_options,
     check_query_gate,
     check_rope_position,
@@ -155,20 +156,11 @@ class LightningIndexer(Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        self.num_heads = validation.positive_int("index_n_heads", num_heads)
-        self.head_dim = validation.positive_int("index_head_dim", head_dim)
-        self.topk = validation.positive_int("index_topk", topk)
-        self.rope_dim = validation.non_negative_int("qk_rope_head_dim", rope_dim)
-        if self.rope_dim > self.head_dim:
-            raise ValueError(
-                f"index_head_dim ({head_dim}) must be at least qk_rope_head_dim ({rope_dim}): "
-                "the indexer rotates the first qk_rope_head_dim dims of each head"
-            )
-        self.rope_interleaved = validation.flag("index_rope_interleave", rope_interleaved)
-        self.rope_position = check_rope_position(rope_position)
-        norm_eps = validation.finite_real("index_norm_eps", norm_eps)
-        if norm_eps <= 0:
-            raise ValueError(f"index_norm_eps must be > 0, got {norm_eps}")
+        options = IndexerOptions.check(
+            num_heads, head_dim, topk, rope_dim, rope_interleaved, rope_position, norm_eps
+        )
+        self.num_heads, self.head_dim, self.topk, self.rope_dim = options[:4]
+        self.rope_interleaved, self.rope_position, norm_eps = options[4:]
         self.wq_b = Linear(q_lora_rank, self.num_heads * self.head_dim, bias=False)
         self.wk = Linear(hidden_size, self.head_dim, bias=False)
         self.k_norm = LayerNorm(self.head_dim, norm_eps, bias=True)
