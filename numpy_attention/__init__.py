@@ -31,7 +31,9 @@ from . import (
     latent_cache,
     masks,
     merge,
+    moba,
     norms,
+    nsa,
     rope,
     rules,
     scores,
@@ -60,8 +62,10 @@ from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention_backward, merge_attention_forward
+from .moba import moba_backward, moba_forward
 from .module import Module, ModuleList
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
+from .nsa import nsa_backward, nsa_forward
 from .rope import rope_backward, rope_forward, rope_inv_freq
 from .scores import AttentionGrads, AttentionOutput
 from .sparse import sparse_attention_backward, sparse_attention_forward
@@ -79,6 +83,12 @@ __all__ = [
     "sparse",
     "sparse_attention_backward",
     "sparse_attention_forward",
+    "moba",
+    "moba_backward",
+    "moba_forward",
+    "nsa",
+    "nsa_backward",
+    "nsa_forward",
     "threads",
     "varlen",
     "varlen_attention_backward",

@@ -39,7 +39,9 @@ from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
 from .merge import merge_attention
+from .moba import moba
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
+from .nsa import nsa
 from .rope import rope, rope_inv_freq
 from .sparse import sparse_attention
 from .transfer import from_numpy, to_numpy
@@ -78,6 +80,8 @@ __all__ = [
     "rope_inv_freq",
     "to_numpy",
     "sparse_attention",
+    "moba",
+    "nsa",
     "varlen",
     "varlen_attention",
     "decode",
