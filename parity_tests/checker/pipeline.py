@@ -98,7 +98,9 @@ def check_kernel(
             fewer KV heads). Dropout must draw from torch's default generator (the checker reads
             the keep-mask back).
         spec: a spec's name (``checker.specs.SPECS``): "sdpa", "flash", "flash_varlen", "flex",
-            "ring", or a decode spec, "flash_kvcache" or "flash_mla" (forward only by nature).
+            "ring", a decode spec, "flash_kvcache" or "flash_mla" (forward only by nature), or
+            a sparse spec, "sparse" (the torch twin's ``sparse_attention``, gradients judged)
+            or "flash_mla_sparse" (FlashMLA's ``flash_mla_sparse_fwd``, forward only).
         features: the options the kernel claims (``specs.FEATURES``); None is the spec's
             default set. A case needing an undeclared feature is "not run"; "lse" asks the
             kernel for lse and judges it; "deterministic" (an attention spec's, never claimed

@@ -54,6 +54,8 @@ def case_facts(values: Mapping[str, str], shape: Mapping[str, int]) -> list[str]
     """The facts of a case: each factor's value (``factor_values``), then the size predicates
     of its ``shape``."""
     facts = [f"{factor} = {value}" for factor, value in values.items()]
+    if "topk" in shape:
+        return facts + _sparse_sizes(shape)
     return facts + (_decode_sizes(shape) if "P" in shape else _attention_sizes(shape))
 
 
@@ -77,6 +79,14 @@ def _decode_sizes(shape: Mapping[str, int]) -> list[str]:
     page = f"P = {shape['P']}" if shape["P"] else "P = none (a contiguous cache)"
     sizes = [f"{name} = {shape[key]}" for name, key in _DECODE_SIZES.items() if key in shape]
     return [page, *sizes]
+
+
+def _sparse_sizes(shape: Mapping[str, int]) -> list[str]:
+    """A sparse case's sizes: the widths and heads, and the list length against 64-entry
+    tiles."""
+    topk = shape["topk"]
+    sizes = [f"{name} = {shape[name]}" for name in ("D", "Dv", "H", "H_kv")]
+    return [*sizes, f"topk = {topk}", f"topk % 64 {'=' if topk % 64 == 0 else '!='} 0"]
 
 
 # The sizes a decode case's facts name, by the key of its shape holding each (N: s_q).

@@ -12,7 +12,10 @@ from parity_tests.checker.battery.fuzz import fuzz_case, fuzz_cases
 from parity_tests.checker.battery.limits import KernelLimits
 from parity_tests.checker.specs import get
 
-FUZZED = ("sdpa", "flash", "flash_varlen", "flex", "flash_kvcache", "flash_mla")
+FUZZED = (
+    "sdpa", "flash", "flash_varlen", "flex", "flash_kvcache", "flash_mla", "sparse",
+    "flash_mla_sparse",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("spec", FUZZED)

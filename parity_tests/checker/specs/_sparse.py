@@ -1,0 +1,126 @@
+"""The sparse specs' common part: kernels of attention by indices (the torch twin's
+``sparse_attention``, FlashMLA's ``flash_mla_sparse_fwd``), judged on the cases of
+``battery.sparse`` against ``golden.sparse``.
+
+A subclass says what its signature is (``factors``, ``feature_factors``, ``values_of``), how a
+row of its covering array becomes a case (``case_of``), how a case becomes its call (``call``)
+and how the call's results map onto the golden's names with their shapes (``results``); the
+battery builder, the call's protection and the verdict are the sparse family's
+(``battery.sparse``, ``running.sparse``, ``judge.sparse``).
+
+Shape legend: S_q query tokens, S_kv key tokens, H query heads, H_kv key heads, D head width,
+Dv value width, topk entries per list.
+
+Tests: tests/checker/specs/test_sparse.py
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..battery import pairs
+from ..battery.sparse import Requirement, SparseCase, default_battery
+from ..spec import Spec
+
+FUZZ_QUERIES = (1, 2, 5, 8, 24)  # query tokens of a fuzzed case
+
+if TYPE_CHECKING:
+    from ..report.rows import KernelError, KernelRow
+    from ..running.request import Outcome, Request
+
+
+class SparseSpec(Spec):
+    """A kernel of attention by indices (see the module docstring)."""
+
+    # The head widths of the battery: each is a requirement, the first the width of any row
+    # that meets none.
+    widths: ClassVar[tuple[int, ...]]
+    # The list lengths a fuzzed case draws among.
+    fuzz_topks: ClassVar[tuple[int, ...]] = (64, 128, 192, 256)
+    batteries = ("default", "quick")
+
+    def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[SparseCase, ...]:
+        # A sparse case is small: the default battery is the quick one too.
+        return self.claimed_battery(lambda key: default_battery(self, key), claimed)
+
+    def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[SparseCase, ...]:
+        """The battery built for ``claimed`` (None: every feature)."""
+        return default_battery(self, self.claim_key(claimed))
+
+    def lookup(self, name: str, claimed: frozenset[str] | None) -> SparseCase:
+        for key in (self.claim_key(claimed), None):
+            for case in default_battery(self, key):
+                if case.name == name:
+                    return case
+        raise ValueError(f"unknown {self.name} case {name!r}; --list-cases --spec {self.name} "
+                         "names them")  # fmt: skip
+
+    def cannot_express(self, case: Any) -> str | None:
+        if not isinstance(case, SparseCase) or case.spec != self.name:
+            what = getattr(case, "spec", type(case).__name__)
+            return f"the {self.name} spec runs its own sparse cases, not those of {what}"
+        return None
+
+    def requirements(self, claimed: frozenset[str] | None) -> tuple[Requirement, ...]:
+        """Every head width of ``widths``."""
+        return tuple(Requirement(f"D = {d}", "width", d) for d in self.widths)
+
+    def row_for(self, requirement: Requirement, claimed: frozenset[str] | None) -> pairs.Row:
+        """A row with every option off."""
+        return {factor: values[0] for factor, values in pairs.space(self, claimed).items()}
+
+    def fuzz_case(self, index, seed, claimed, limits) -> SparseCase:
+        import random
+
+        claim = None if claimed is None else sorted(claimed)
+        rng = random.Random(f"fuzz {self.name} {seed} {index} {claim}")
+        domains = pairs.space(self, claimed)
+        row: pairs.Row = {}
+        for factor, values in domains.items():
+            held = [v for v in values if pairs.extendable(self, domains, {**row, factor: v})]
+            row[factor] = rng.choice(held)
+        case = self.case_of(row, rng.choice(self.widths))
+        s_q, topk = rng.choice(FUZZ_QUERIES), rng.choice(self.fuzz_topks)
+        s_kv = s_q + topk + rng.randrange(200)
+        name = f"fuzz{index}-{case.name}-q{s_q}-k{s_kv}-topk{topk}"
+        return dataclasses.replace(case, name=name, s_q=s_q, s_kv=s_kv, topk=topk)
+
+    @abc.abstractmethod
+    def case_of(self, row: Mapping[str, str], d: int) -> SparseCase:
+        """The case of ``row`` at head width ``d``, named by what it holds."""
+
+    # -- the call ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def call(self, kernel: Callable[..., Any], case: SparseCase, given: dict[str, torch.Tensor],
+             want_lse: bool) -> Any:  # fmt: skip
+        """Call ``kernel`` as the spec's library is called, on the tensors ``given`` (copies;
+        q, k, v and sinks are leaves requiring grad when the backward runs)."""
+
+    @abc.abstractmethod
+    def results(
+        self, case: SparseCase, result: Any, want_lse: bool
+    ) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        """The call's results by the golden's names, each with the shape it must have ("out"
+        first); a ``running.calls.BadResult`` for a result of the wrong kind."""
+
+    def run(self, kernel: Callable[..., Any], request: Request) -> Outcome:
+        from ..running.sparse import run_sparse
+
+        return run_sparse(self, kernel, request)
+
+    def judge(
+        self, request: Request, outcome: Outcome, errors: list[KernelError]
+    ) -> list[KernelRow]:
+        from ..judge.sparse import judge_sparse
+
+        return judge_sparse(self, request, outcome, errors)
+
+
+def on(value: str) -> bool:
+    return value == "on"
