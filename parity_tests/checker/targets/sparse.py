@@ -74,7 +74,7 @@ def _max_logits(q, kv, indices, scale, topk_length):
         valid &= torch.arange(topk, device=q.device) < topk_length[:, None]
     rows = torch.where(valid, indices[:, 0], 0).long()
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = torch.einsum("thd,tjd->thj", q.to(compute), kv[rows, 0].to(compute)) * scale
+    scores = (q.to(compute) @ kv[rows, 0].to(compute).transpose(1, 2)) * scale  # (S_q, H, topk)
     scores = scores.masked_fill(~valid[:, None, :], -math.inf)
     return scores.amax(dim=-1)
 
