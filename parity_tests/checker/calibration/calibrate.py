@@ -13,8 +13,9 @@ its spec), and prints, as Markdown tables for docs/kernel-verification.md:
   rows) ``error / bound`` or ``rms_error / rms_bound``. Above 1 on every seed means the pitfall is
   always caught.
 
-The tables cover out, dq, dk, dv, and the decode specs' lse and caches (``TRACKED``). Rows of
-known failures (``targets.expected.EXPECTED_FAILURES``), skipped and not-run cases are left out.
+The tables cover out, dq, dk, dv, the decode specs' lse and caches, and the sparse specs' dsinks,
+lse_mla and max_logits (``TRACKED``). Rows of known failures
+(``targets.expected.EXPECTED_FAILURES``), skipped and not-run cases are left out.
 
 Tests: tests/checker/calibration/test_calibrate.py
 """
@@ -34,8 +35,9 @@ from ..running.calls import TENSORS
 from ..targets.builtin import builtin_targets
 from ..targets.expected import expected_failure
 
-# The tensors whose ratios the tables show: the attention specs' and the decode specs'.
-TRACKED = TENSORS + ("lse", *CACHES)
+# The tensors whose ratios the tables show: the attention specs', the decode specs' and the
+# sparse specs' (the sinks' gradient, FlashMLA's lse and max_logits).
+TRACKED = TENSORS + ("lse", *CACHES, "dsinks", "lse_mla", "max_logits")
 
 
 @dataclass
