@@ -30,6 +30,7 @@ from ..spec import Spec
 FUZZ_QUERIES = (1, 2, 5, 8, 24)  # query tokens of a fuzzed case
 
 if TYPE_CHECKING:
+    from ..battery.limits import KernelLimits
     from ..report.rows import KernelError, KernelRow
     from ..running.request import Outcome, Request
 
@@ -89,6 +90,42 @@ class SparseSpec(Spec):
         s_kv = s_q + topk + rng.randrange(200)
         name = f"fuzz{index}-{case.name}-q{s_q}-k{s_kv}-topk{topk}"
         return dataclasses.replace(case, name=name, s_q=s_q, s_kv=s_kv, topk=topk)
+
+    # -- limits --------------------------------------------------------------------------------
+
+    def check_limits(self, limits: KernelLimits) -> None:
+        """head_dims is honoured (a case at another width is judged at the nearest allowed one);
+        the limits of sequences and pages mean nothing to lists of indices, and are refused."""
+        given = {
+            "seqlen_multiple": limits.seqlen_multiple != 1,
+            "equal_lengths": limits.equal_lengths,
+            "page_sizes": limits.page_sizes is not None,
+        }
+        foreign = [name for name, held in given.items() if held]
+        if foreign:
+            raise ValueError(
+                f"the {self.name} spec takes no {', '.join(foreign)}: its cases are lists of "
+                "indices over one sequence of keys"
+            )
+        if limits.head_dims is not None and len(self.widths) == 1:
+            if self.widths[0] not in limits.head_dims:
+                raise ValueError(
+                    f"the {self.name} spec's cases have head width {self.widths[0]}, outside "
+                    f"head_dims {list(limits.head_dims)}"
+                )
+
+    def outside(self, limits: KernelLimits, case: Any) -> str | None:
+        if limits.head_dims is not None and case.d not in limits.head_dims:
+            return f"D = {case.d} not in head_dims"
+        return None
+
+    def nearest(self, limits: KernelLimits, case: Any) -> SparseCase:
+        """The case with every option of ``case`` at the nearest allowed head width (ties: the
+        larger)."""
+        d = case.d
+        if limits.head_dims is not None and d not in limits.head_dims:
+            d = min(limits.head_dims, key=lambda w: (abs(w - d), -w))
+        return self.case_of(self.values_of(case), d)
 
     @abc.abstractmethod
     def case_of(self, row: Mapping[str, str], d: int) -> SparseCase:

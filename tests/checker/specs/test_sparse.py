@@ -201,3 +201,20 @@ def test_fla_s_naive_dsa_fails_where_its_contract_differs_and_passes_elsewhere()
                         "dead": {"pass", "nonfinite"}}  # fmt: skip
     errors = [row.detail for row in report.rows if row.verdict == "error"]
     assert all("2147483647 is out of bounds" in detail for detail in errors)
+
+
+def test_head_dims_limits_judge_each_case_at_the_nearest_width_and_other_limits_are_refused():
+    from parity_tests.checker.battery.limits import KernelLimits
+
+    report = check_kernel(sparse_attention, spec="sparse", dtypes=["float32"],
+                          limits=KernelLimits(head_dims=(64, 128)))  # fmt: skip
+
+    assert report.passed
+    judged = {row.case for row in report.rows if row.verdict == "pass"}
+    assert {report.cases[name].d for name in judged} == {64, 128}
+    assert all(why.startswith("D = ") for why, _ in report.excluded.values())
+    with pytest.raises(ValueError, match="takes no page_sizes"):
+        check_kernel(sparse_attention, spec="sparse", limits=KernelLimits(page_sizes=(16,)))
+    with pytest.raises(ValueError, match="head width 576, outside head_dims"):
+        check_kernel(flash_mla_sparse_fwd, spec="flash_mla_sparse",
+                     limits=KernelLimits(head_dims=(64,)))  # fmt: skip
