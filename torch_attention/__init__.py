@@ -38,6 +38,7 @@ from .grouped import GroupedQueryAttention
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
+from .linear_attention import LinearOutput, gated_delta_rule, kda, simple_gla
 from .merge import merge_attention
 from .moba import moba
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
@@ -82,6 +83,10 @@ __all__ = [
     "sparse_attention",
     "moba",
     "nsa",
+    "gated_delta_rule",
+    "kda",
+    "simple_gla",
+    "LinearOutput",
     "varlen",
     "varlen_attention",
     "decode",
