@@ -63,27 +63,33 @@ def plain_sparse(q, k, v, indices, *, softmax_scale=None, sinks=None, topk_lengt
     if topk_length is not None:
         valid &= torch.arange(topk, device=q.device) < topk_length.long()[:, None, None]
     rows = torch.where(valid, indices, 0)
-    per_head = torch.arange(heads, device=q.device)
-    lists = per_head // group if head_map == "group" else per_head % kv_heads
-    rows, valid = rows[:, lists], valid[:, lists]  # (S_q, H, topk) per query head
-    key_head = (per_head // group)[None, :, None]
+    if head_map == "group":  # the lists of key head h serve its group: X = H_kv, G = H / H_kv
+        lanes, width_q = kv_heads, group
+        key_head = torch.arange(kv_heads, device=q.device)[None, :, None]
+    else:  # query head h (X = H, G = 1) reads key head h // G's keys by list h % H_kv
+        per_head = torch.arange(heads, device=q.device)
+        rows, valid = rows[:, per_head % kv_heads], valid[:, per_head % kv_heads]
+        lanes, width_q = heads, 1
+        key_head = (per_head // group)[None, :, None]
     gather = _OverwritingGather.apply if overwrite else (lambda t, r, h: t[r, h])
     kc = k.to(compute)
-    k_sel = gather(kc, rows, key_head)  # (S_q, H, topk, D)
+    k_sel = gather(kc, rows, key_head)  # (S_q, X, topk, D)
     values = kc[..., :d_v] if v is None else v.to(compute)
     v_sel = gather(values, rows, key_head)
     scale = 1.0 / math.sqrt(width) if softmax_scale is None else softmax_scale
-    scores = torch.einsum("thd,thjd->thj", q.to(compute), k_sel) * scale
-    scores = scores.masked_fill(~valid, -math.inf)
+    q_lanes = q.to(compute).reshape(s_q, lanes, width_q, width)
+    scores = (q_lanes @ k_sel.transpose(-1, -2)) * scale  # (S_q, X, G, topk)
+    scores = scores.masked_fill(~valid[:, :, None, :], -math.inf)
     if sinks is not None:
-        scores = torch.cat([scores, sinks.to(compute)[None, :, None].expand(s_q, heads, 1)], -1)
+        sink = sinks.to(compute).reshape(1, lanes, width_q, 1).expand(s_q, -1, -1, 1)
+        scores = torch.cat([scores, sink], -1)
     top = scores.detach().amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     e = torch.exp(scores - top)
     total = e.sum(dim=-1, keepdim=True)
     p = e / torch.where(total > 0, total, torch.ones_like(total))
-    out = torch.einsum("thj,thjd->thd", p[..., :topk], v_sel).to(dtype)
-    lse = (top + torch.log(total)).squeeze(-1)
+    out = (p[..., :topk] @ v_sel).reshape(s_q, heads, -1).to(dtype)
+    lse = (top + torch.log(total)).reshape(s_q, heads)
     return (out, lse) if return_lse else out
 
 
