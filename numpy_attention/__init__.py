@@ -29,6 +29,7 @@ from . import (
     indexer,
     latent,
     latent_cache,
+    linear_attention,
     masks,
     merge,
     moba,
@@ -61,6 +62,16 @@ from .grouped import GroupedQueryAttention
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
+from .linear_attention import (
+    LinearGrads,
+    LinearOutput,
+    gated_delta_rule_backward,
+    gated_delta_rule_forward,
+    kda_backward,
+    kda_forward,
+    simple_gla_backward,
+    simple_gla_forward,
+)
 from .merge import merge_attention_backward, merge_attention_forward
 from .moba import moba_backward, moba_forward
 from .module import Module, ModuleList
@@ -83,6 +94,15 @@ __all__ = [
     "sparse",
     "sparse_attention_backward",
     "sparse_attention_forward",
+    "linear_attention",
+    "LinearGrads",
+    "LinearOutput",
+    "gated_delta_rule_backward",
+    "gated_delta_rule_forward",
+    "kda_backward",
+    "kda_forward",
+    "simple_gla_backward",
+    "simple_gla_forward",
     "moba",
     "moba_backward",
     "moba_forward",

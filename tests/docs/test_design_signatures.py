@@ -56,6 +56,8 @@ KNOWN: dict[str, tuple[str, ...]] = {
     "sparse_attention_forward": (f"{NA}.sparse.sparse_attention_forward",),
     "sparse_attention_backward": (f"{NA}.sparse.sparse_attention_backward",),
     "SparseGrads": (f"{NA}.sparse.SparseGrads",),
+    "LinearOutput": (f"{NA}.linear_attention.LinearOutput",),
+    "LinearGrads": (f"{NA}.linear_attention.LinearGrads",),
     "torch_attention.sparse_attention": (f"{TA}.sparse.sparse_attention",),
     "indexer_forward": (f"{NA}.indexer.indexer_forward", f"{TA}.indexer.indexer_scores"),
     "IndexerOutput": (f"{NA}.indexer.IndexerOutput",),
