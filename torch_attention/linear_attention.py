@@ -62,6 +62,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from numpy_attention.linear_attention import check_shapes  # pure Python, shared
+
 from . import validation
 from .rules import compute_dtype
 from .varlen import _offsets
@@ -196,23 +198,16 @@ def _linear(
     """Check the inputs once, then run each sequence (or the batch) through one form."""
     q, k, v = (validation.float_tensor(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
     dtype = validation.same_dtype(q=q, k=k, v=v)
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(
-            f"q, k (B, T, H, K) and v (B, T, H, V) must have 4 axes, got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+    g = validation.float_tensor("g", g)
+    shapes = {"q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape), "g": tuple(g.shape)}
+    if beta is not None:
+        beta = validation.float_tensor("beta", beta)
+        shapes["beta"] = tuple(beta.shape)
+    variant = "kda" if per_channel else "gated_delta_rule" if beta is not None else "simple_gla"
+    check_shapes(variant, **shapes)  # the NumPy twin's rules, pure Python
     batch, length, heads, width = q.shape
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"q and k must share (B, T, H, K) and v (B, T, H), got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
     if width == 0:
         raise ValueError(f"q and k have key width K = 0 (q {tuple(q.shape)}): no state to keep")
-    gate_shape = (batch, length, heads) + ((width,) if per_channel else ())
-    g = _shaped("g", g, gate_shape, q.shape)
-    if beta is not None:
-        beta = _shaped("beta", beta, (batch, length, heads), q.shape)
     scale = 1.0 / math.sqrt(width) if scale is None else validation.finite_real("scale", scale)
     keep_final = validation.flag("output_final_state", output_final_state)
     if form not in FORMS:
@@ -259,16 +254,6 @@ def _linear(
         finals.append(final)
     out = torch.cat(outs, dim=1).to(dtype)
     return LinearOutput(out, torch.cat(finals) if keep_final else None)
-
-
-def _shaped(name: str, tensor: Any, shape: tuple[int, ...], q_shape: Any) -> torch.Tensor:
-    """``tensor`` checked as a float tensor of exactly ``shape`` (read from q's shape)."""
-    tensor = validation.float_tensor(name, tensor)
-    if tuple(tensor.shape) != shape:
-        raise ValueError(
-            f"{name} must have shape {shape} for q {tuple(q_shape)}, got {tuple(tensor.shape)}"
-        )
-    return tensor
 
 
 def _recurrent(

@@ -313,10 +313,10 @@ def test_no_final_state_unless_asked(rng):
 
 
 BAD = {  # id: (variant, change to the inputs and options, error, message)
-    "q 3-D": ("gated_delta_rule", lambda a: {"q": a["q"][0]}, ValueError, "4 axes"),
+    "q 3-D": ("gated_delta_rule", lambda a: {"q": a["q"][0]}, ValueError, r"q must be \(B, T, H"),
     "k shorter": ("gated_delta_rule", lambda a: {"k": a["k"][:, 1:]}, ValueError, "q and k"),
     "k narrower": ("gated_delta_rule", lambda a: {"k": a["k"][..., 1:]}, ValueError, "q and k"),
-    "v heads": ("gated_delta_rule", lambda a: {"v": a["v"][:, :, 1:]}, ValueError, "q and k"),
+    "v heads": ("gated_delta_rule", lambda a: {"v": a["v"][:, :, 1:]}, ValueError, "v must be"),
     "K = 0": (
         "gated_delta_rule",
         lambda a: {"q": a["q"][..., :0], "k": a["k"][..., :0], "initial_state": None},
@@ -327,15 +327,15 @@ BAD = {  # id: (variant, change to the inputs and options, error, message)
         "gated_delta_rule",
         lambda a: {"g": a["g"][..., None].expand(-1, -1, -1, K)},
         ValueError,
-        "g must have shape",
+        "g must be",
     ),
-    "kda g per head": ("kda", lambda a: {"g": a["g"][..., 0]}, ValueError, "g must have shape"),
-    "g batch": ("simple_gla", lambda a: {"g": a["g"][:1]}, ValueError, "g must have shape"),
+    "kda g per head": ("kda", lambda a: {"g": a["g"][..., 0]}, ValueError, "g must be"),
+    "g batch": ("simple_gla", lambda a: {"g": a["g"][:1]}, ValueError, "g must be"),
     "beta length": (
         "gated_delta_rule",
         lambda a: {"beta": a["beta"][:, 1:]},
         ValueError,
-        "beta must have shape",
+        "beta must be",
     ),
     "v float32": ("gated_delta_rule", lambda a: {"v": a["v"].float()}, TypeError, "one dtype"),
     "g integer": ("gated_delta_rule", lambda a: {"g": a["g"].long()}, TypeError, "g must be"),
