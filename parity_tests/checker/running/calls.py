@@ -248,7 +248,7 @@ def _forward(
         torch.manual_seed(seed)
         result = spec.invoke(kernel, case, *leaves, given, want_lse,
                              deterministic=request.deterministic)  # fmt: skip
-    changed += _changed(case.name, dtype, given, originals, "forward", changed)
+    changed += changed_inputs(case.name, dtype, given, originals, "forward", changed)
     try:
         out, lse = spec.split_result(result, want_lse)
     except TypeError as exc:
@@ -267,7 +267,7 @@ def _forward(
         try:
             grads = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
         finally:
-            changed.extend(_changed(case.name, dtype, given, originals, "backward", changed))
+            changed.extend(changed_inputs(case.name, dtype, given, originals, "backward", changed))
         found, types = {}, {}
         for name, leaf, grad in zip(TENSORS[1:], leaves, grads, strict=True):
             grad = torch.zeros_like(leaf) if grad is None else grad
@@ -294,7 +294,9 @@ def _check_tensor(name: str, value: Any, shape: tuple[int, ...]) -> None:
         raise BadResult(f"kernel returned {name} {got}, expected a tensor of shape {shape}")
 
 
-def _changed(case, dtype, given, originals, when: str, known: list[KernelRow]) -> list[KernelRow]:
+def changed_inputs(
+    case, dtype, given, originals, when: str, known: list[KernelRow]
+) -> list[KernelRow]:
     """An "inplace" row for each input whose copy no longer equals its original (and has no row
     in ``known`` yet): error = max|after - before| (inf where NaN or inf appeared; the count of
     changed entries for a bool or integer tensor), bound 0."""

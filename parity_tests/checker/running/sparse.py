@@ -14,7 +14,6 @@ Tests: tests/checker/specs/test_sparse.py
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ import torch
 from ..golden import to64
 from ..golden.sparse import GRADIENTS, sparse_inputs
 from ..report.rows import KernelRow
-from .calls import BadResult, Kernel, Outcome, Request, repeated, run_protected
+from .calls import BadResult, Kernel, Outcome, Request, changed_inputs, repeated, run_protected
 
 
 def run_sparse(spec: Any, kernel: Kernel, request: Request) -> Outcome:
@@ -63,7 +62,8 @@ def _forward(
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape:
             got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise BadResult(f"kernel returned {name} {got}, expected a tensor of shape {shape}")
-    changed += _changed(case.name, dtype, given, inputs, changed)
+    originals = {name: inputs[name] for name in given}
+    changed += changed_inputs(case.name, dtype, given, originals, "forward", changed)
     found.update(given=given, inputs=inputs, out=results["out"][0])
     arrays = {name: to64(tensor) for name, (tensor, _) in results.items()}
     dtypes = {name: str(tensor.dtype).removeprefix("torch.") for name, (tensor, _) in
@@ -79,30 +79,12 @@ def _backward(request: Request, changed: list[KernelRow], found: dict) -> tuple[
         grads = torch.autograd.grad(out, [given[name] for name in leaves], upstream,
                                     allow_unused=True)  # fmt: skip
     finally:
-        changed.extend(_changed(request.case.name, request.dtype, given, inputs, changed))
+        originals = {name: inputs[name] for name in given}
+        case, dtype = request.case.name, request.dtype
+        changed.extend(changed_inputs(case, dtype, given, originals, "backward", changed))
     arrays, dtypes = {}, {}
     for name, grad in zip(leaves, grads, strict=True):
         grad = torch.zeros_like(given[name]) if grad is None else grad
         arrays[GRADIENTS[name]] = to64(grad)
         dtypes[GRADIENTS[name]] = str(grad.dtype).removeprefix("torch.")
     return arrays, dtypes
-
-
-def _changed(case: str, dtype: str, given: dict, inputs: dict, known: list) -> list[KernelRow]:
-    """An "inplace" row for each argument whose copy no longer equals the original."""
-    rows = []
-    seen = {row.tensor for row in known}
-    for name, after in given.items():
-        before = inputs[name]
-        after = after.detach()
-        if name in seen or torch.equal(after, before):
-            continue
-        if not before.is_floating_point():
-            error = float((after != before).sum())
-        else:
-            error = (after.double() - before.double()).abs().max().item()
-            error = error if math.isfinite(error) else math.inf
-        nan = math.nan
-        detail = f"{name} changed in place by the kernel"
-        rows.append(KernelRow(case, dtype, name, error, nan, nan, 0.0, "inplace", detail))
-    return rows
