@@ -76,15 +76,14 @@ def judge_exact_nonfinite(
     be the kernel's exactly, and the finite ones are within the max bound (no RMS bound: these
     are per-row statistics, not a field of numbers)."""
     odd = ~np.isfinite(gold)
-    if np.any(result[odd] != gold[odd]):
+    row = judge_tensor(case, dtype, tensor, result, gold, np.where(odd, gold, base))
+    row = dataclasses.replace(row, rms_error=math.nan, rms_bound=math.nan, rms_baseline=math.nan)
+    if np.any(result[odd] != gold[odd]):  # the bound stays: error / bound is inf, a clear flag
         where = np.argwhere(odd & (result != gold))[0]
         got, want = result[tuple(where)], gold[tuple(where)]
         detail = (f"{tensor} is {got} where a query with no valid entry has {want} by "
                   "FlashMLA's convention")  # fmt: skip
-        nan = math.nan
-        return KernelRow(case, dtype, tensor, math.inf, nan, nan, nan, "fail", detail)
-    row = judge_tensor(case, dtype, tensor, result, gold, np.where(odd, gold, base))
-    row = dataclasses.replace(row, rms_error=math.nan, rms_bound=math.nan, rms_baseline=math.nan)
+        return dataclasses.replace(row, error=math.inf, verdict="fail", detail=detail)
     return dataclasses.replace(row, verdict="pass", detail="") if row.verdict == "bias" else row
 
 

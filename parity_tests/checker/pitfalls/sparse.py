@@ -1,7 +1,7 @@
 """Broken kernels with the "sparse" spec's signature (the torch twin's ``sparse_attention``), one
-mistake each, the mistakes of 2025-2026's sparse kernels: ``plain_sparse`` is the attention by
-indices computed plainly (gather, softmax with the sink, product; float32 for half inputs),
-differentiable by autograd, correct but for the mistake it is given.
+mistake each, the mistakes of 2025-2026's sparse kernels: each is
+``golden.sparse_baseline.plain_sparse`` (the attention by indices computed plainly,
+differentiable by autograd) correct but for the mistake it is given.
 
 A backward-only mistake keeps the correct forward: the kernel returns
 ``correct.detach() + (wrong - wrong.detach())``, whose value is the correct output exactly and
@@ -15,82 +15,13 @@ Tests: tests/checker/pitfalls/test_init.py, tests/checker/specs/test_sparse.py
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
+from ..golden.sparse_baseline import plain_sparse
 from ..specs.sparse import SPEC
 from . import Pitfall
-
-
-class _OverwritingGather(torch.autograd.Function):
-    """``source[rows, heads]`` whose backward writes each entry's gradient to its row instead
-    of adding it: a row named by several entries keeps one of them (cudnn-frontend #385)."""
-
-    @staticmethod
-    def forward(ctx: Any, source: torch.Tensor, rows: torch.Tensor, heads: torch.Tensor):
-        ctx.save_for_backward(rows, heads)
-        ctx.shape = source.shape
-        return source[rows, heads]
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
-        rows, heads = ctx.saved_tensors
-        found = grad.new_zeros(ctx.shape)
-        rows, heads = torch.broadcast_tensors(rows, heads)
-        found.index_put_((rows, heads), grad, accumulate=False)
-        return found, None, None
-
-
-def plain_sparse(q, k, v, indices, *, softmax_scale=None, sinks=None, topk_length=None,
-                 d_v=None, return_lse=False, overwrite=False, wrap_minus_one=False,
-                 head_map="group"):  # fmt: skip
-    """Attention by indices, plainly: ``overwrite`` scatters the key gradients by writing (the
-    gather's backward, ``_OverwritingGather``); ``wrap_minus_one`` reads a -1 entry as row -1,
-    the last key row (Python's and a pointer's wrap), as valid; ``head_map`` "modulo" gives
-    query head h the list of key head h % H_kv instead of h // (H / H_kv)."""
-    dtype = q.dtype
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    s_q, heads, width = q.shape
-    s_kv, kv_heads = k.shape[:2]
-    topk = indices.shape[-1]
-    group = heads // kv_heads
-    indices = indices.long()
-    if wrap_minus_one:
-        indices = torch.where(indices == -1, s_kv - 1, indices)
-    valid = (indices >= 0) & (indices < s_kv)
-    if topk_length is not None:
-        valid &= torch.arange(topk, device=q.device) < topk_length.long()[:, None, None]
-    rows = torch.where(valid, indices, 0)
-    if head_map == "group":  # the lists of key head h serve its group: X = H_kv, G = H / H_kv
-        lanes, width_q = kv_heads, group
-        key_head = torch.arange(kv_heads, device=q.device)[None, :, None]
-    else:  # query head h (X = H, G = 1) reads key head h // G's keys by list h % H_kv
-        per_head = torch.arange(heads, device=q.device)
-        rows, valid = rows[:, per_head % kv_heads], valid[:, per_head % kv_heads]
-        lanes, width_q = heads, 1
-        key_head = (per_head // group)[None, :, None]
-    gather = _OverwritingGather.apply if overwrite else (lambda t, r, h: t[r, h])
-    kc = k.to(compute)
-    k_sel = gather(kc, rows, key_head)  # (S_q, X, topk, D)
-    values = kc[..., :d_v] if v is None else v.to(compute)
-    v_sel = gather(values, rows, key_head)
-    scale = 1.0 / math.sqrt(width) if softmax_scale is None else softmax_scale
-    q_lanes = q.to(compute).reshape(s_q, lanes, width_q, width)
-    scores = (q_lanes @ k_sel.transpose(-1, -2)) * scale  # (S_q, X, G, topk)
-    scores = scores.masked_fill(~valid[:, :, None, :], -math.inf)
-    if sinks is not None:
-        sink = sinks.to(compute).reshape(1, lanes, width_q, 1).expand(s_q, -1, -1, 1)
-        scores = torch.cat([scores, sink], -1)
-    top = scores.detach().amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    e = torch.exp(scores - top)
-    total = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(total > 0, total, torch.ones_like(total))
-    out = (p[..., :topk] @ v_sel).reshape(s_q, heads, -1).to(dtype)
-    lse = (top + torch.log(total)).reshape(s_q, heads)
-    return (out, lse) if return_lse else out
 
 
 def _backward_of(correct: Any, wrong: Any) -> Any:

@@ -96,9 +96,12 @@ class FlashMlaSparseSpec(SparseSpec):
 
     def targets(self, device: Any, dtypes: tuple[str, ...]) -> list[Any]:
         from ..targets.builtin import Target
-        from ..targets.sparse import flash_mla_sparse_fwd
+        from ..targets.sparse import flash_mla_sparse_fwd, plain_flash_mla_sparse_fwd
 
-        return [Target("flash_mla_sparse_fwd", flash_mla_sparse_fwd, dtypes, self.name)]
+        return [
+            Target("flash_mla_sparse_fwd", flash_mla_sparse_fwd, dtypes, self.name),
+            Target("plain_flash_mla_sparse_fwd", plain_flash_mla_sparse_fwd, dtypes, self.name),
+        ]
 
 
 SPEC = FlashMlaSparseSpec()

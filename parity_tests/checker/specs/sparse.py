@@ -92,9 +92,13 @@ class SparseTwinSpec(SparseSpec):
     def targets(self, device: Any, dtypes: tuple[str, ...]) -> list[Any]:
         from torch_attention.sparse import sparse_attention
 
+        from ..golden.sparse_baseline import plain_sparse
         from ..targets.builtin import Target
 
-        return [Target("torch_attention.sparse", sparse_attention, dtypes, self.name)]
+        return [
+            Target("torch_attention.sparse", sparse_attention, dtypes, self.name),
+            Target("plain_sparse", plain_sparse, dtypes, self.name),
+        ]
 
 
 SPEC = SparseTwinSpec()

@@ -1,5 +1,5 @@
-"""A correct kernel behind FlashMLA's sparse signature: the built-in target of the
-"flash_mla_sparse" spec.
+"""Correct kernels behind the sparse specs' signatures: their built-in targets, and the adapter of
+a real one.
 
 - ``flash_mla_sparse_fwd``: FlashMLA's ``flash_mla_sparse_fwd(q, kv, indices, sm_scale,
   d_v=512, attn_sink=None, topk_length=None) -> (out, max_logits, lse)`` computed by
@@ -7,9 +7,14 @@
   head, the sink (float32, one per query head) scaling the output and no part of lse; lse and
   max_logits float32 (float64 for float64 inputs), a lonely query's lse +inf and max_logits
   -inf, as FlashMLA's tests/ref.py defines them.
+- ``plain_flash_mla_sparse_fwd``: the same signature over the plain gather of
+  ``golden.sparse_baseline`` instead of the twin, which is the bounds' baseline: a correct kernel
+  whose rounding is its own (the "sparse" spec's twin of it is ``plain_sparse`` itself).
+- ``fla_naive_dsa``: flash-linear-attention's pure-torch DSA reference behind the "sparse" spec's
+  signature (what it showed: docs/kernel-verification.md, "Sparse kernels").
 
-Shape legend: S_q query tokens, S_kv key tokens, H query heads, D head width (576), topk
-entries per list.
+Shape legend: S_q query tokens, S_kv key tokens, H query heads, H_kv key heads, D head width,
+Dv value width, topk entries per list.
 
 Tests: tests/checker/specs/test_sparse.py
 """
@@ -21,6 +26,8 @@ import math
 import torch
 
 from torch_attention.sparse import sparse_attention
+
+from ..golden.sparse_baseline import max_logits, plain_flash_mla_sparse
 
 
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
@@ -63,20 +70,14 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     )
     lse = alone.lse.to(stats)
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
-    return out, _max_logits(q, kv, indices, sm_scale, topk_length).to(stats), lse
+    return out, max_logits(q, kv, indices, sm_scale, topk_length).to(stats), lse
 
 
-def _max_logits(q, kv, indices, scale, topk_length):
-    """(S_q, H) the largest scaled score over each query's valid entries, -inf where none."""
-    s_kv, topk = kv.shape[0], indices.shape[-1]
-    valid = (indices[:, 0] >= 0) & (indices[:, 0] < s_kv)
-    if topk_length is not None:
-        valid &= torch.arange(topk, device=q.device) < topk_length[:, None]
-    rows = torch.where(valid, indices[:, 0], 0).long()
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = (q.to(compute) @ kv[rows, 0].to(compute).transpose(1, 2)) * scale  # (S_q, H, topk)
-    scores = scores.masked_fill(~valid[:, None, :], -math.inf)
-    return scores.amax(dim=-1)
+def plain_flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None,
+                               topk_length=None):  # fmt: skip
+    """FlashMLA's sparse prefill over the plain gather (``golden.sparse_baseline``), not the
+    twin the bounds scale: a correct kernel whose rounding is its own."""
+    return plain_flash_mla_sparse(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
 
 
 def fla_naive_dsa(q, k, v, indices, *, softmax_scale=None, sinks=None, topk_length=None,

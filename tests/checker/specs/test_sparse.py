@@ -15,9 +15,9 @@ import torch
 from parity_tests import check_kernel
 from parity_tests.checker import specs
 from parity_tests.checker.battery.sparse import INT32_MAX, TILE, make_sparse_inputs
+from parity_tests.checker.golden.sparse_baseline import plain_sparse
 from parity_tests.checker.judge.sparse import judge_exact_nonfinite
-from parity_tests.checker.pitfalls.sparse import plain_sparse
-from parity_tests.checker.targets.sparse import flash_mla_sparse_fwd
+from parity_tests.checker.targets.sparse import flash_mla_sparse_fwd, plain_flash_mla_sparse_fwd
 from torch_attention.sparse import sparse_attention
 
 ALL_DTYPES = ["float64", "float32", "float16", "bfloat16"]
@@ -91,19 +91,26 @@ def test_the_torch_twin_passes_the_sparse_battery_with_its_gradients(dtype):
     assert {"out", "lse", "dq", "dk", "dv", "dsinks"} <= judged
 
 
+@pytest.mark.parametrize("kernel", [flash_mla_sparse_fwd, plain_flash_mla_sparse_fwd])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_flash_mla_sparse_s_target_passes_with_its_conventions(dtype):
-    report = check_kernel(flash_mla_sparse_fwd, spec="flash_mla_sparse", dtypes=[dtype])
+def test_flash_mla_sparse_s_targets_pass_with_its_conventions(dtype, kernel):
+    report = check_kernel(kernel, spec="flash_mla_sparse", dtypes=[dtype])
 
     assert report.passed, report.failures
     judged = {row.tensor for row in report.rows if row.verdict == "pass"}
     assert {"out", "lse_mla", "max_logits"} <= judged
 
 
-def test_the_plain_kernel_of_the_pitfalls_is_correct_without_its_mistake():
-    report = check_kernel(plain_sparse, spec="sparse", dtypes=["float64"])
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_plain_kernel_of_the_pitfalls_is_correct_without_its_mistake(dtype):
+    report = check_kernel(plain_sparse, spec="sparse", dtypes=[dtype])
 
     assert report.passed, report.failures
+    base = {(r.case, r.tensor): r for r in check_kernel(sparse_attention, spec="sparse",
+                                                          dtypes=[dtype]).rows}  # fmt: skip
+    # not the baseline itself: its rounding is its own somewhere
+    assert any(row.error != base[row.case, row.tensor].error for row in report.rows
+               if row.verdict == "pass")  # fmt: skip
 
 
 def test_a_lonely_query_s_lse_must_be_plus_inf_exactly():
@@ -119,6 +126,7 @@ def test_a_lonely_query_s_lse_must_be_plus_inf_exactly():
 
     assert right.verdict == "pass"
     assert minus.verdict == "fail" and "FlashMLA's convention" in minus.detail
+    assert minus.error / minus.bound == math.inf  # the calibration reads an infinite flag
     assert finite.verdict == "fail"
 
 
