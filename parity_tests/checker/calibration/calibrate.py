@@ -13,8 +13,9 @@ its spec), and prints, as Markdown tables for docs/kernel-verification.md:
   rows) ``error / bound`` or ``rms_error / rms_bound``. Above 1 on every seed means the pitfall is
   always caught.
 
-The tables cover out, dq, dk, dv, the decode specs' lse and caches, and the sparse specs' dsinks,
-lse_mla and max_logits (``TRACKED``). Rows of known failures
+The tables cover out, dq, dk, dv, the decode specs' lse and caches, the sparse specs' dsinks,
+lse_mla and max_logits, and the linear specs' final_state, dg, dbeta and dinitial_state
+(``TRACKED``). Rows of known failures
 (``targets.expected.EXPECTED_FAILURES``), skipped and not-run cases are left out.
 
 Tests: tests/checker/calibration/test_calibrate.py
@@ -36,8 +37,10 @@ from ..targets.builtin import builtin_targets
 from ..targets.expected import expected_failure
 
 # The tensors whose ratios the tables show: the attention specs', the decode specs' and the
-# sparse specs' (the sinks' gradient, FlashMLA's lse and max_logits).
-TRACKED = TENSORS + ("lse", *CACHES, "dsinks", "lse_mla", "max_logits")
+# sparse specs' (the sinks' gradient, FlashMLA's lse and max_logits) and the linear specs' (the
+# final state, the gates', betas' and initial state's gradients).
+LINEAR = ("final_state", "dg", "dbeta", "dinitial_state")
+TRACKED = TENSORS + ("lse", *CACHES, "dsinks", "lse_mla", "max_logits", *LINEAR)
 
 
 @dataclass

@@ -56,6 +56,8 @@ def case_facts(values: Mapping[str, str], shape: Mapping[str, int]) -> list[str]
     facts = [f"{factor} = {value}" for factor, value in values.items()]
     if "topk" in shape:
         return facts + _sparse_sizes(shape)
+    if "T" in shape:
+        return facts + _linear_sizes(shape)
     return facts + (_decode_sizes(shape) if "P" in shape else _attention_sizes(shape))
 
 
@@ -87,6 +89,14 @@ def _sparse_sizes(shape: Mapping[str, int]) -> list[str]:
     topk = shape["topk"]
     sizes = [f"{name} = {shape[name]}" for name in ("D", "Dv", "H", "H_kv")]
     return [*sizes, f"topk = {topk}", f"topk % 64 {'=' if topk % 64 == 0 else '!='} 0"]
+
+
+def _linear_sizes(shape: Mapping[str, int]) -> list[str]:
+    """A linear case's sizes: T against 64-token chunks, the widths, the states."""
+    t = shape["T"]
+    facts = [f"T % 64 {'=' if t % 64 == 0 else '!='} 0", "T = 1" if t == 1 else "T > 1"]
+    facts += [f"{name} = {shape[name]}" for name in ("K", "V", "H", "B", "N")]
+    return facts + ["K = V" if shape["K"] == shape["V"] else "K != V"]
 
 
 # The sizes a decode case's facts name, by the key of its shape holding each (N: s_q).

@@ -1,9 +1,9 @@
 """The specs: one module per kernel API, each a ``Spec`` plugin (``checker.spec``) named ``SPEC``
 in its module, found here by walking this package: a module whose name starts with "_" holds
 what several specs share (``_attention``: kernels over whole sequences; ``_decode``: kernels
-over a cache; ``_sparse``: kernels by indices) and is no spec. Adding a kernel API adds its
-module here, its broken kernels under ``checker.pitfalls`` and its tests; nothing else changes
-(docs/checker-map.md).
+over a cache; ``_sparse``: kernels by indices; ``_linear``: linear attention as a recurrence)
+and is no spec. Adding a kernel API adds its module here, its broken kernels under
+``checker.pitfalls`` and its tests; nothing else changes (docs/checker-map.md).
 
 - "sdpa": ``F.scaled_dot_product_attention``'s signature, (B, H, N, D), causal top-left.
 - "flash", "flash_varlen": flash-attn's ``flash_attn_func`` and ``flash_attn_varlen_func``.
@@ -13,6 +13,8 @@ module here, its broken kernels under ``checker.pitfalls`` and its tests; nothin
   ``flash_mla_with_kvcache``, decode kernels over a cache.
 - "sparse", "flash_mla_sparse": attention by indices (DeepSeek-V3.2's DSA): the torch twin's
   differentiable ``sparse_attention`` and FlashMLA's ``flash_mla_sparse_fwd``.
+- "fla_gdn": flash-linear-attention's ``chunk_gated_delta_rule`` (gated DeltaNet), linear
+  attention as a recurrence, judged on o, the final state and every gradient.
 
 ``SPECS`` names them in that order, ``FEATURES`` every feature any of them can express (a
 spec's ``opt_in`` features too; ``SPEC_FEATURES``: each spec's default claim); ``get``
@@ -33,7 +35,7 @@ from ..spec import Spec
 # The order specs are listed in (help, docs, reports); a spec not named here comes after them.
 _ORDER = (
     "sdpa", "flash", "flash_varlen", "flex", "ring", "flash_kvcache", "flash_mla", "sparse",
-    "flash_mla_sparse",
+    "flash_mla_sparse", "fla_gdn",
 )  # fmt: skip
 
 
