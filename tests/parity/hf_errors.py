@@ -136,4 +136,7 @@ def main(prefixes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from .conftest import transformers_torch_paths
+
+    with transformers_torch_paths():
+        main(sys.argv[1:])

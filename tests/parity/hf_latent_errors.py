@@ -92,4 +92,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from .conftest import transformers_torch_paths
+
+    with transformers_torch_paths():
+        main()
