@@ -28,19 +28,15 @@ Tests: tests/checker/specs/test_sparse.py
 
 from __future__ import annotations
 
-import functools
 import math
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from . import pairs
-from .names import unique_by_name
-
 if TYPE_CHECKING:
-    from ..spec import Spec
+    pass
 
 SPARSE_SPECS = ("sparse", "flash_mla_sparse")
 PATTERNS = ("overlap", "duplicates", "sentinels", "dead")
@@ -176,29 +172,3 @@ class Requirement(NamedTuple):
         if self.kind == "width":
             return case.d == self.value
         return case.s_q * case.heads > self.value
-
-
-@functools.cache
-def default_battery(spec: Spec, key: frozenset[str] | None) -> tuple[SparseCase, ...]:
-    """The default battery of ``spec`` for a kernel claiming ``key`` (the claimed features that
-    have a factor; None: every feature)."""
-    seeds = () if key is None else tuple(c for c in default_battery(spec, None) if c.needs <= key)
-    unmet = [r for r in spec.requirements(key) if not any(r.met(c) for c in seeds)]
-    known = [spec.values_of(c) for c in seeds]
-    rows = pairs.covering_rows(spec, key, known)
-    cases = [_build(spec, row, unmet) for row in rows]
-    while unmet:
-        wanted = unmet[0]
-        cases.append(_build(spec, spec.row_for(wanted, key), unmet))
-        if wanted in unmet:
-            raise ValueError(f"the {spec.name} battery cannot meet {wanted.label!r}")
-    return unique_by_name([*seeds, *cases])
-
-
-def _build(spec: Any, row: pairs.Row, unmet: list[Requirement]) -> SparseCase:
-    """The case of ``row`` at the first head width still wanted (else the spec's first)."""
-    wanted = [r.value for r in unmet if r.kind == "width"]
-    d = wanted[0] if wanted else spec.widths[0]
-    case = spec.case_of(row, d)
-    unmet[:] = [r for r in unmet if not r.met(case)]
-    return case

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..battery import pairs
-from ..battery.linear import LinearCase, Requirement, default_battery, seqlens_of
+from ..battery.linear import LinearCase, Requirement, seqlens_of
+from ..battery.widths import default_battery
 from ..spec import Spec
 
 FUZZ_LENGTHS = (1, 2, 31, 63, 64, 65, 100, 128, 129, 200)  # tokens of a fuzzed sequence

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..battery import pairs
-from ..battery.sparse import Requirement, SparseCase, default_battery
+from ..battery.sparse import Requirement, SparseCase
+from ..battery.widths import default_battery
 from ..spec import Spec
 
 FUZZ_QUERIES = (1, 2, 5, 8, 24)  # query tokens of a fuzzed case
