@@ -1,15 +1,17 @@
 """The output gate: the attention's merged heads scaled by a gate computed from the layer's input,
 before the output projection (Qwen3-Next and Qwen3.5 per element with a sigmoid, LFM3 per head
-with a sigmoid, Laguna per head or per element with a softplus).
+with a sigmoid, Laguna per head or per element with a softplus); and the gate of a gated RMSNorm
+(Qwen3-Next's linear-attention layers: a SiLU per element after the norm, Kimi Linear's: a sigmoid).
 
     element:  y = a * act(z)                  a, z (..., H*D): one gate per coordinate
     head:     y_h = a_h * act(z_h)            a (..., H*D) seen as (..., H, D), z (..., H)
 
 with z = x W_g (+ b_g) the gate's pre-activation (``GroupedQueryAttention``'s ``g_proj``) and
-act a sigmoid or a softplus, both computed without overflow:
+act a sigmoid, a softplus or a SiLU, each computed without overflow:
 
     softplus(z) = log(1 + exp(z)) = logaddexp(0, z)
     sigmoid(z)  = exp(-softplus(-z))
+    silu(z)     = z sigmoid(z)
 
 Shape legend: "..." leading axes (B, N), H heads, D head width.
 
@@ -34,6 +36,8 @@ __all__ = [
 ]
 
 GATE_KINDS = ("element", "head")
+# A layer's output gate takes a sigmoid or a softplus (the models that have one); the pair below
+# also takes "silu", the gate of the gated RMSNorm in the linear-attention layers.
 GATE_ACTIVATIONS = ("sigmoid", "softplus")
 
 
@@ -83,12 +87,12 @@ def output_gate_forward(
     Args:
         attn: (..., H*D), the merged heads.
         pre: (..., H*D) or (..., H), the gate's pre-activation x W_g (+ b_g).
-        activation: ``"sigmoid"`` or ``"softplus"``.
+        activation: ``"sigmoid"``, ``"softplus"`` or ``"silu"``.
 
     Returns:
         y (..., H*D) and the backward's ctx.
     """
-    gate = _sigmoid(pre) if activation == "sigmoid" else _softplus(pre)
+    gate = _activation(pre, activation)
     width, heads = attn.shape[-1], pre.shape[-1]
     per_head = attn.reshape(*attn.shape[:-1], heads, width // heads)  # (..., H, D) or (..., H*D, 1)
     out = (per_head * gate[..., None]).reshape(attn.shape)  # -> (..., H*D)
@@ -98,7 +102,7 @@ def output_gate_forward(
 def output_gate_backward(dout: np.ndarray, ctx: GateCtx) -> tuple[np.ndarray, np.ndarray]:
     """dattn = dy * g (g repeated over each head's D coordinates when per head);
     dg = dy * attn (summed over each head's D coordinates when per head);
-    dz = dg * act'(z), sigmoid' = s (1 - s), softplus' = sigmoid(z).
+    dz = dg * act'(z), sigmoid' = s (1 - s), softplus' = sigmoid(z), silu' = s (1 + z (1 - s)).
 
     Derivation: docs/derivations/output-gate.md.
 
@@ -117,6 +121,17 @@ def output_gate_backward(dout: np.ndarray, ctx: GateCtx) -> tuple[np.ndarray, np
     dgate = (dout_heads * attn.reshape(split)).sum(axis=-1)  # (..., H, D) -> (..., H)
     if activation == "sigmoid":
         dpre = dgate * gate * (1 - gate)  # sigmoid' = s (1 - s)
+    elif activation == "silu":
+        s = _sigmoid(pre)
+        dpre = dgate * s * (1 + pre * (1 - s))  # (z s)' = s + z s (1 - s)
     else:
         dpre = dgate * _sigmoid(pre)  # softplus' = sigmoid
     return dattn, dpre
+
+
+def _activation(pre: np.ndarray, activation: str) -> np.ndarray:
+    if activation == "sigmoid":
+        return _sigmoid(pre)
+    if activation == "silu":
+        return pre * _sigmoid(pre)
+    return _softplus(pre)

@@ -4,7 +4,7 @@ scaled by a gate computed from the layer's input, before the output projection.
     element:  y = a * act(z)                  a, z (..., H*D): one gate per coordinate
     head:     y_h = a_h * act(z_h)            a (..., H*D) seen as (..., H, D), z (..., H)
 
-act is ``torch.sigmoid`` or ``F.softplus`` (which returns z itself past z = 20, where
+act is ``torch.sigmoid``, ``F.silu`` or ``F.softplus`` (which returns z itself past z = 20, where
 log(1 + exp(z)) differs from z by less than 2e-9: the NumPy twin's logaddexp keeps that term).
 
 Shape legend: "..." leading axes (B, N), H heads, D head width.
@@ -31,12 +31,15 @@ def output_gate(attn: torch.Tensor, pre: torch.Tensor, activation: str) -> torch
     Args:
         attn: (..., H*D), the merged heads.
         pre: (..., H*D) or (..., H), the gate's pre-activation x W_g (+ b_g).
-        activation: ``"sigmoid"`` or ``"softplus"``.
+        activation: ``"sigmoid"``, ``"softplus"`` or ``"silu"``.
 
     Returns:
         (..., H*D).
     """
-    gate = torch.sigmoid(pre) if activation == "sigmoid" else F.softplus(pre)
+    if activation == "sigmoid":
+        gate = torch.sigmoid(pre)
+    else:
+        gate = F.silu(pre) if activation == "silu" else F.softplus(pre)
     width, heads = attn.shape[-1], pre.shape[-1]
     per_head = attn.reshape(*attn.shape[:-1], heads, width // heads)  # (..., H, D) or (..., H*D, 1)
     return (per_head * gate[..., None]).reshape(attn.shape)  # -> (..., H*D)

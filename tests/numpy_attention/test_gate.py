@@ -21,7 +21,7 @@ WIDTHS = {"element": H * D, "head": H}  # the gate's pre-activation width per ki
 
 
 @pytest.mark.parametrize("kind", list(WIDTHS))
-@pytest.mark.parametrize("activation", ["sigmoid", "softplus"])
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "silu"])
 def test_gradcheck(rng, kind, activation):
     attn = rng.standard_normal((B, N, H * D))
     pre = 2 * rng.standard_normal((B, N, WIDTHS[kind]))
@@ -34,13 +34,13 @@ def test_gradcheck(rng, kind, activation):
 
 
 @pytest.mark.parametrize("kind", list(WIDTHS))
-@pytest.mark.parametrize("activation", ["sigmoid", "softplus"])
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "silu"])
 def test_matches_torch_autograd(rng, kind, activation):
     attn = rng.standard_normal((B, N, H * D))
     pre = 2 * rng.standard_normal((B, N, WIDTHS[kind]))
     dout = rng.standard_normal((B, N, H * D))
     attn_t, pre_t = to_torch(attn, requires_grad=True), to_torch(pre, requires_grad=True)
-    gate = torch.sigmoid(pre_t) if activation == "sigmoid" else F.softplus(pre_t)
+    gate = {"sigmoid": torch.sigmoid, "softplus": F.softplus, "silu": F.silu}[activation](pre_t)
     per_head = attn_t.reshape(B, N, WIDTHS[kind], -1)  # (B, N, H, D) or (B, N, H*D, 1)
     expected = (per_head * gate[..., None]).reshape(B, N, H * D)
     expected.backward(to_torch(dout))
@@ -53,7 +53,7 @@ def test_matches_torch_autograd(rng, kind, activation):
     assert_close(dpre, pre_t.grad, name="dpre")
 
 
-@pytest.mark.parametrize("activation", ["sigmoid", "softplus"])
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "silu"])
 def test_extreme_pre_activations_neither_overflow_nor_lose_the_gradient(activation):
     """At z = +-800, exp(|z|) overflows float64: the gate is 0, 1 or z, the gradient finite."""
     attn = np.ones((1, 1, 4))
@@ -66,6 +66,7 @@ def test_extreme_pre_activations_neither_overflow_nor_lose_the_gradient(activati
     expected = {
         "sigmoid": [0.0, np.exp(-30.0), 1.0, 1.0],
         "softplus": [0.0, np.exp(-30.0), 30.0, 800.0],
+        "silu": [0.0, -30.0 * np.exp(-30.0) / (1 + np.exp(-30.0)), 30.0 / (1 + np.exp(-30.0)), 800.0],
     }
     np.testing.assert_allclose(out[0, 0], expected[activation], rtol=1e-12, atol=0)
     assert np.all(np.isfinite(dpre)) and np.all(np.isfinite(dattn))

@@ -20,7 +20,7 @@ WIDTHS = {"element": H * D, "head": H}  # the gate's pre-activation width per ki
 
 
 @pytest.mark.parametrize("kind", list(WIDTHS))
-@pytest.mark.parametrize("activation", ["sigmoid", "softplus"])
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "silu"])
 def test_forward_and_gradients_match_the_numpy_pair(rng, kind, activation):
     attn = rng.standard_normal((B, N, H * D))
     pre = 4 * rng.standard_normal((B, N, WIDTHS[kind]))  # past +-10: both tails of each act
