@@ -277,7 +277,7 @@ def _backward(variant: str, dout: Any, ctx: Any, dfinal_state: Any) -> LinearGra
     batch, heads, tokens, width = x.q.shape
     compute = x.q.dtype
     dout = validation.grad_output(dout, (batch, tokens, heads, x.v.shape[-1]), compute)
-    dout = dout.transpose(0, 2, 1, 3)  # (B, T, H, V) -> (B, H, T, V)
+    dout = np.ascontiguousarray(dout.transpose(0, 2, 1, 3))  # (B, T, H, V) -> (B, H, T, V)
     state_shape = (len(ctx.spans) if ctx.varlen else batch, heads, width, x.v.shape[-1])
     if dfinal_state is None:
         dfinal_state = np.zeros(state_shape, compute)
@@ -429,15 +429,43 @@ def _chunk(x: Heads, c0: int, c1: int) -> Chunk:
         beta = x.beta[:, :, c0:c1]
         decay_kk = _decay(gam, strict=True)
         akk = _pairwise(k, k, decay_kk)
-        tri = np.eye(c1 - c0) + beta[..., None] * akk
+        tri = np.eye(c1 - c0, dtype=akk.dtype) + beta[..., None] * akk
         # the UT transform: one triangular solve for W and U together, independent of the state
-        wu = np.linalg.solve(tri, beta[..., None] * np.concatenate([e_q * k, v], axis=-1))
+        wu = _solve_unit_lower(tri, beta[..., None] * np.concatenate([e_q * k, v], axis=-1))
         width = k.shape[-1]
-        delta = Delta(beta, decay_kk, akk, tri, wu[..., :width], wu[..., width:])
+        w, u0 = np.ascontiguousarray(wu[..., :width]), np.ascontiguousarray(wu[..., width:])
+        delta = Delta(beta, decay_kk, akk, tri, w, u0)
     return Chunk(
         q, k, v, gam, e_q, np.exp(gam[:, :, -1:] - gam), np.exp(gam[:, :, -1])[..., None],
         decay_qk, _pairwise(q, k, decay_qk), delta,
     )  # fmt: skip
+
+
+def _t(x: np.ndarray) -> np.ndarray:
+    """x transposed in its last two axes, as a contiguous array: NumPy's stacked matmul takes
+    its slow loop, not BLAS, for a transposed view (measured 100x slower at (16, 64, 128))."""
+    return np.ascontiguousarray(np.swapaxes(x, -1, -2))
+
+
+def _solve_unit_lower(tri: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """X with tri X = rhs, tri (..., L, L) unit lower triangular: forward substitution, row i
+    from the rows before it. No pivoting, so no LU factorization's row swaps: the diagonal is
+    exactly 1 whatever the keys, and a general solve's pivots can vanish in float32 where this
+    never divides (and costs L^2 R, not L^3)."""
+    out = np.empty(np.broadcast_shapes(tri.shape[:-1], rhs.shape[:-1]) + rhs.shape[-1:], rhs.dtype)
+    for i in range(tri.shape[-1]):
+        out[..., i, :] = rhs[..., i, :] - (tri[..., i : i + 1, :i] @ out[..., :i, :])[..., 0, :]
+    return out
+
+
+def _solve_unit_upper(tri: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """X with tri X = rhs, tri (..., L, L) unit upper triangular: back substitution."""
+    out = np.empty(np.broadcast_shapes(tri.shape[:-1], rhs.shape[:-1]) + rhs.shape[-1:], rhs.dtype)
+    size = tri.shape[-1]
+    for i in reversed(range(size)):
+        later = (tri[..., i : i + 1, i + 1 :] @ out[..., i + 1 :, :])[..., 0, :]
+        out[..., i, :] = rhs[..., i, :] - later
+    return out
 
 
 def _decay(gam: np.ndarray, *, strict: bool) -> np.ndarray:
@@ -451,7 +479,7 @@ def _pairwise(x: np.ndarray, y: np.ndarray, decay: np.ndarray) -> np.ndarray:
     """A_ts = sum_c x_tc y_sc decay_tsc: (B, H, L, K), (B, H, L, K), (B, H, L, L, Kg) ->
     (B, H, L, L)."""
     if decay.shape[-1] == 1:
-        return (x @ y.swapaxes(-1, -2)) * decay[..., 0]
+        return (x @ _t(y)) * decay[..., 0]
     return np.einsum("bhtsc,bhsc->bhts", x[:, :, :, None, :] * decay, y)
 
 
@@ -467,9 +495,9 @@ def _pairwise_backward(
     strict = np.tri(da.shape[-1], k=-1, dtype=bool)
     if decay.shape[-1] == 1:
         w = da * decay[..., 0]
-        p = np.where(strict, w * (x @ y.swapaxes(-1, -2)), 0.0)
+        p = np.where(strict, w * (x @ _t(y)), 0.0)
         dgam = (np.sum(p, axis=-1) - np.sum(p, axis=-2))[..., None]
-        return w @ y, w.swapaxes(-1, -2) @ x, dgam
+        return w @ y, _t(w) @ x, dgam
     w = da[..., None] * decay  # (B, H, L, L, K)
     p = np.where(strict[..., None], w * x[:, :, :, None, :] * y[:, :, None, :, :], 0.0)
     dx = np.einsum("bhtsc,bhsc->bhtc", w, y)
@@ -488,7 +516,7 @@ def _chunk_forward(x: Heads, c0: int, c1: int, s: np.ndarray) -> tuple[np.ndarra
     c = _chunk(x, c0, c1)
     u = _writes(c, s)  # (B, H, L, V): the writes u_t of the recurrence
     out = (c.e_q * c.q) @ s + c.aqk @ u
-    return out, c.e_end * s + (c.e_k * c.k).swapaxes(-1, -2) @ u
+    return out, c.e_end * s + _t(c.e_k * c.k) @ u
 
 
 def _writes(c: Chunk, s: np.ndarray) -> np.ndarray:
@@ -515,14 +543,14 @@ def _chunk_backward(
     kd = c.e_k * c.k  # (B, H, L, K)
     # forward: S_L = e_end * S + kd^T U
     du = kd @ ds
-    dkd = u @ ds.swapaxes(-1, -2)
+    dkd = u @ _t(ds)
     ds_in = c.e_end * ds
     dgam_end = _fold(np.sum(ds * s, axis=-1), gate_width) * c.e_end[..., 0]  # (B, H, Kg)
     # forward: O = (e_q * Q) S + Aqk U
-    du = du + c.aqk.swapaxes(-1, -2) @ do
-    dqg = do @ s.swapaxes(-1, -2)
-    ds_in = ds_in + (c.e_q * c.q).swapaxes(-1, -2) @ do
-    dq, dk, dgam = _pairwise_backward(do @ u.swapaxes(-1, -2), c.q, c.k, c.decay_qk)
+    du = du + _t(c.aqk) @ do
+    dqg = do @ _t(s)
+    ds_in = ds_in + _t(c.e_q * c.q) @ do
+    dq, dk, dgam = _pairwise_backward(do @ _t(u), c.q, c.k, c.decay_qk)
     dq = dq + c.e_q * dqg  # forward: e_q = exp(Gamma), e_k = exp(Gamma_L - Gamma)
     dgam = dgam + _fold(c.e_q * c.q * dqg, gate_width)
     dk = dk + c.e_k * dkd
@@ -537,13 +565,13 @@ def _chunk_backward(
     else:
         d = c.delta
         # forward: U = W0 - W S
-        ds_in = ds_in - d.w.swapaxes(-1, -2) @ du
-        dw = -du @ s.swapaxes(-1, -2)
+        ds_in = ds_in - _t(d.w) @ du
+        dw = -du @ _t(s)
         # forward: T (W, W0) = diag(beta) (e_q * K, V), T = I + diag(beta) Akk
         width = c.k.shape[-1]
-        drhs = np.linalg.solve(d.tri.swapaxes(-1, -2), np.concatenate([dw, du], axis=-1))
+        drhs = _solve_unit_upper(_t(d.tri), np.concatenate([dw, du], axis=-1))
         dwr, dvr = drhs[..., :width], drhs[..., width:]
-        dtri = -(dwr @ d.w.swapaxes(-1, -2) + dvr @ d.u0.swapaxes(-1, -2))
+        dtri = -(dwr @ _t(d.w) + dvr @ _t(d.u0))
         kg = c.e_q * c.k
         grads["beta"][:, :, c0:c1] = (
             np.sum(dwr * kg, axis=-1) + np.sum(dvr * c.v, axis=-1) + np.sum(dtri * d.akk, axis=-1)
@@ -628,12 +656,14 @@ def _prepare(
         states = states.astype(compute)
 
     def head_major(name: str) -> np.ndarray:
-        return np.swapaxes(arrays[name], 1, 2).astype(compute)  # (B, T, H, ...) -> (B, H, T, ...)
+        # (B, T, H, ...) -> (B, H, T, ...), contiguous: a chunk's rows are then a plain matrix
+        # for BLAS (a strided view of the token-major array sends matmul down its slow loop)
+        return np.ascontiguousarray(np.swapaxes(arrays[name], 1, 2), dtype=compute)
 
     gate = arrays["g"] if variant == _KDA else arrays["g"][..., None]  # (B, T, H, Kg)
     x = Heads(
         head_major("q"), head_major("k"), head_major("v"),
-        np.swapaxes(gate, 1, 2).astype(compute),
+        np.ascontiguousarray(np.swapaxes(gate, 1, 2), dtype=compute),
         None if variant == _GLA else head_major("beta"),
         compute.type(scale),
     )  # fmt: skip
