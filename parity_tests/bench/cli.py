@@ -13,7 +13,9 @@ dense/tiled crossover, block sizes and products alone against the whole (``tunin
 ``gpt2``, the GPT-2 layer (``gpt2.py``); ``options`` and ``window``, the cost of today's options
 on the tiled path (``options.py``); ``decode``, a Llama-8B-shaped layer's decode step and prefill
 (``decode.py``); ``latent``, a DeepSeek-V2-Lite-shaped MLA layer's decode step (``latent.py``);
-``sparse``, sparse attention by indices against dense attention at growing lengths (``sparse.py``).
+``sparse``, sparse attention by indices against dense attention at growing lengths (``sparse.py``);
+``linear``, the gated delta rule's chunk and recurrent forms at growing lengths and a
+GatedDeltaNet layer's decode step after growing contexts (``linear.py``).
 The issues' targets are reported where the parts they need ran (``report.py``).
 
 The report goes to stdout. Only ``--write-docs`` (with the whole benchmark) rewrites the
@@ -30,6 +32,7 @@ import argparse
 from . import attention, gpt2, measure, report, tuning
 from . import decode as decode_bench
 from . import latent as latent_bench
+from . import linear as linear_bench
 from . import options as options_bench
 from . import sparse as sparse_bench
 
@@ -44,6 +47,7 @@ PARTS = (
     "decode",
     "latent",
     "sparse",
+    "linear",
 )
 
 
@@ -135,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     decode = decode_bench.decode_rows(repeats, measure.traced_peak) if "decode" in parts else None
     latent = latent_bench.latent_rows(repeats, measure.traced_peak) if "latent" in parts else None
     sparse = sparse_bench.sparse_rows(repeats) if "sparse" in parts else None
+    linear = linear_bench.linear_rows(repeats) if "linear" in parts else None
     text = report.report(
         rate,
         repeats,
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         decode,
         latent,
         sparse,
+        linear,
     )
     print(text)
     if args.write_docs:

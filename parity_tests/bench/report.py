@@ -17,6 +17,7 @@ import torch
 from . import attention, gpt2, tuning
 from . import decode as decode_bench
 from . import latent as latent_bench
+from . import linear as linear_bench
 from . import options as options_bench
 from . import sparse as sparse_bench
 from .measure import mib, seconds
@@ -33,6 +34,7 @@ def targets(
     decode: dict | None = None,
     latent: dict | None = None,
     sparse: dict | None = None,
+    linear: dict | None = None,
 ) -> list[str]:
     """The issues' targets, as ratios from this run: those whose measurements ran."""
     checks = []
@@ -96,6 +98,7 @@ def targets(
         + decode_bench.targets(decode)
         + latent_bench.targets(latent)
         + sparse_bench.targets(sparse)
+        + linear_bench.targets(linear)
     )
     if not lines:
         return []
@@ -115,6 +118,7 @@ def report(
     decode: dict | None = None,
     latent: dict | None = None,
     sparse: dict | None = None,
+    linear: dict | None = None,
 ) -> str:
     """The Markdown report of the parts that ran (None: the part did not run)."""
     lines = [
@@ -123,7 +127,7 @@ def report(
         f"NumPy float32 matmul (2048^3) in this run: {rate:.0f} GFLOP/s. "
         f"Times: the best of {repeats} runs after one warm-up (one run from N = 16384 on).",
         "",
-        *targets(rows or {}, layer, options, window, decode, latent, sparse),
+        *targets(rows or {}, layer, options, window, decode, latent, sparse, linear),
     ]
     if rows:
         lines += attention.shape_tables(rows, rate)
@@ -145,6 +149,8 @@ def report(
         lines += latent_bench.latent_lines(latent, seconds, mib)
     if sparse is not None:
         lines += sparse_bench.sparse_lines(sparse, seconds)
+    if linear is not None:
+        lines += linear_bench.linear_lines(linear, seconds)
     return "\n".join(lines).rstrip("\n")
 
 
