@@ -56,12 +56,15 @@ from .decode.cache import KVCache, PagedKVCache
 from .decode.paged import KVCacheOutput, kvcache_attention_forward
 from .functional import attention_backward, attention_forward
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
+from .gated_deltanet import GatedDeltaNet
 from .grad_mode import is_grad_enabled, no_grad
 from .gradcheck import GradcheckReport, gradcheck
 from .grouped import GroupedQueryAttention
+from .kimi_delta import KimiDeltaAttention, KimiForgetGate
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
+from .lightning import LightningAttention
 from .linear_attention import (
     LinearGrads,
     LinearOutput,
@@ -72,6 +75,7 @@ from .linear_attention import (
     simple_gla_backward,
     simple_gla_forward,
 )
+from .linear_cache import LinearStateCache, PagedLinearStateCache
 from .merge import merge_attention_backward, merge_attention_forward
 from .moba import moba_backward, moba_forward
 from .module import Module, ModuleList
@@ -97,6 +101,12 @@ __all__ = [
     "linear_attention",
     "LinearGrads",
     "LinearOutput",
+    "GatedDeltaNet",
+    "KimiDeltaAttention",
+    "KimiForgetGate",
+    "LightningAttention",
+    "LinearStateCache",
+    "PagedLinearStateCache",
     "gated_delta_rule_backward",
     "gated_delta_rule_forward",
     "kda_backward",

@@ -39,8 +39,12 @@ Layouts (legend: C model width, H heads, D = C // H head width, L context length
 ``save_state`` / ``load_state`` (``.npz`` files) live in ``numpy_attention.state`` and are
 importable from here too, as are ``grouped_from_hf`` and ``hf_attention_state`` (Hugging Face's
 Llama-family attention -> ``GroupedQueryAttention``, in ``numpy_attention.hf.grouped``) and
-``latent_from_hf`` (DeepSeek's MLA, in ``numpy_attention.hf.latent``). The rules shared by all
-converters are applied by ``source_dicts.py``. Layouts and decisions: docs/weight-transfer.md.
+``latent_from_hf`` (DeepSeek's MLA, in ``numpy_attention.hf.latent``), and the readers of the
+linear-attention layers: ``gated_deltanet_from_hf`` (Qwen3-Next's and Qwen3.5's gated DeltaNet,
+``numpy_attention.hf.gated_deltanet``), ``kimi_delta_from_hf`` (Kimi Linear's KDA,
+``numpy_attention.hf.kimi_delta``) and ``lightning_from_hf`` (MiniMax's lightning attention,
+``numpy_attention.hf.lightning``). The rules shared by all converters are applied by
+``source_dicts.py``. Layouts and decisions: docs/weight-transfer.md.
 
 Tests: tests/numpy_attention/test_convert.py; against torch and transformers in
 tests/parity/test_transfers.py.
@@ -59,9 +63,12 @@ from . import masks, validation
 # docs/state-files.md), so users find every conversion in one module: Hugging Face's readers
 # build layers, so they live in numpy_attention.hf, and the .npz state files in
 # numpy_attention.state; the project's own code imports them from there.
+from .hf.gated_deltanet import gated_deltanet_from_hf as gated_deltanet_from_hf
 from .hf.grouped import grouped_from_hf as grouped_from_hf
 from .hf.grouped import hf_attention_state as hf_attention_state
+from .hf.kimi_delta import kimi_delta_from_hf as kimi_delta_from_hf
 from .hf.latent import latent_from_hf as latent_from_hf
+from .hf.lightning import lightning_from_hf as lightning_from_hf
 from .source_dicts import all_or_none, bias_or_zeros, drop_zero, matrix, param, read
 from .state import load_state as load_state
 from .state import save_state as save_state

@@ -41,7 +41,7 @@ import numpy as np
 
 from . import validation
 from .grad_mode import is_grad_enabled
-from .linear_chunk import chunk_backward, chunk_forward, fold
+from .linear_chunk import Heads, chunk_backward, chunk_forward, fold
 
 FORMS = ("recurrent", "chunk")
 # The two forms compute the same sums in another order (exp of a cumulative sum against a product
@@ -71,17 +71,6 @@ class LinearGrads(NamedTuple):
     dg: np.ndarray
     dbeta: np.ndarray | None
     dinitial_state: np.ndarray | None
-
-
-class Heads(NamedTuple):
-    """The inputs head-major, in the compute dtype: what a form reads."""
-
-    q: np.ndarray  # (B, H, T, K)
-    k: np.ndarray  # (B, H, T, K)
-    v: np.ndarray  # (B, H, T, V)
-    g: np.ndarray  # (B, H, T, Kg)
-    beta: np.ndarray | None  # (B, H, T); None: no delta rule (simple GLA)
-    scale: Any  # compute-dtype scalar
 
 
 class LinearCtx(NamedTuple):

@@ -16,12 +16,20 @@ Tests: tests/numpy_attention/test_linear_attention.py (the chunk form against th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .linear_attention import Heads
+
+class Heads(NamedTuple):
+    """The inputs head-major, in the compute dtype: what a form reads."""
+
+    q: np.ndarray  # (B, H, T, K)
+    k: np.ndarray  # (B, H, T, K)
+    v: np.ndarray  # (B, H, T, V)
+    g: np.ndarray  # (B, H, T, Kg)
+    beta: np.ndarray | None  # (B, H, T); None: no delta rule (simple GLA)
+    scale: Any  # compute-dtype scalar
 
 
 def fold(x: np.ndarray, gate_width: int) -> np.ndarray:

@@ -31,7 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from . import attention, fused, grouped, latent, layers, norms
+from . import (
+    attention,
+    fused,
+    gated_deltanet,
+    grouped,
+    kimi_delta,
+    latent,
+    layers,
+    lightning,
+    norms,
+)
 from .module import Module, _to_numpy
 
 MODULE_MEMBER = "module.json"  # the module description; not an .npy member, so never a key
@@ -40,7 +50,17 @@ MODULE_MEMBER = "module.json"  # the module description; not an .npy member, so 
 # layer files, and nothing else (a file names a class; it must not be able to name any callable).
 LAYERS: dict[str, type[Module]] = {
     name: cls
-    for source in (layers, norms, attention, fused, grouped, latent)
+    for source in (
+        layers,
+        norms,
+        attention,
+        fused,
+        grouped,
+        latent,
+        gated_deltanet,
+        kimi_delta,
+        lightning,
+    )  # fmt: skip
     for name, cls in vars(source).items()
     if isinstance(cls, type)
     and issubclass(cls, Module)

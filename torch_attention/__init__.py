@@ -34,11 +34,15 @@ from .attention import (
 from .decode.cache import KVCache, PagedKVCache
 from .decode.paged import KVCacheOutput, kvcache_attention
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
+from .gated_deltanet import GatedDeltaNet
 from .grouped import GroupedQueryAttention
+from .kimi_delta import KimiDeltaAttention, KimiForgetGate
 from .latent import MultiHeadLatentAttention
 from .latent_cache import LatentCache, PagedLatentCache
 from .layers import Dropout, Linear
+from .lightning import LightningAttention
 from .linear_attention import LinearOutput, gated_delta_rule, kda, simple_gla
+from .linear_cache import LinearStateCache, PagedLinearStateCache
 from .merge import merge_attention
 from .moba import moba
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
@@ -87,6 +91,12 @@ __all__ = [
     "kda",
     "simple_gla",
     "LinearOutput",
+    "GatedDeltaNet",
+    "KimiDeltaAttention",
+    "KimiForgetGate",
+    "LightningAttention",
+    "LinearStateCache",
+    "PagedLinearStateCache",
     "varlen",
     "varlen_attention",
     "decode",

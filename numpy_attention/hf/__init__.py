@@ -21,13 +21,16 @@ transformers in tests/parity/test_hf_models.py and tests/parity/test_hf_latent.p
 """
 
 from .families import SUPPORTED_MODEL_TYPES, kv_source_layer
+from .gated_deltanet import gated_deltanet_from_hf
 from .grouped import (
     grouped_from_hf,
     hf_attention_state,
     hf_attention_state_from_grouped,
     padding_from_hf,
 )
+from .kimi_delta import kimi_delta_from_hf
 from .latent import latent_from_hf
+from .lightning import lightning_from_hf
 from .rope import ROPE_TYPES, hf_inv_freq, hf_rope_attention_factor
 
 __all__ = [
@@ -38,7 +41,10 @@ __all__ = [
     "hf_attention_state_from_grouped",
     "hf_inv_freq",
     "hf_rope_attention_factor",
+    "gated_deltanet_from_hf",
+    "kimi_delta_from_hf",
     "kv_source_layer",
     "latent_from_hf",
+    "lightning_from_hf",
     "padding_from_hf",
 ]

@@ -27,7 +27,7 @@ Models (``config["model_type"]``), each read from its transformers 5.23 model fi
 - ``kimi_linear``: its ``"full_attention"`` layers are MLA without RoPE (NoPE: q_pe and k_pe are
   used unrotated; the converter passes ``inv_freq`` zeros, a rotation by angle 0, the identity)
   and scaled by (P + R)^-0.5 alone; its ``"linear_attention"`` layers (Kimi Delta Attention) are
-  refused.
+  refused (``hf/kimi_delta.py``'s ``kimi_delta_from_hf`` reads them).
 - ``bailing_hybrid`` (Ling 3.0): V3's attention without a query LoRA (``q_proj`` always),
   interleaved RoPE always (``apply_rotary_pos_emb_interleave``, no ``rope_interleave`` key), then
   each head times ``sigmoid(g_proj(x))``, one gate per head, before o_proj
@@ -247,10 +247,12 @@ def _check_layer(config: Mapping[str, Any], model_type: str, layer_idx: int) -> 
             else _bailing_hybrid_layer_types(config)
         )
         if kinds is not None and kinds[layer_idx] != "full_attention":
+            hint = "; its KDA layers load with kimi_delta_from_hf" * (model_type == "kimi_linear")
             raise ValueError(
                 f"{model_type} layer {layer_idx} is {kinds[layer_idx]!r} (Kimi Delta Attention, "
                 "linear attention), not MLA; its 'full_attention' layers are: "
                 f"{[i for i, kind in enumerate(kinds) if kind == 'full_attention']}"
+                f"{hint}"
             )
 
 

@@ -66,7 +66,7 @@ def test_extreme_pre_activations_neither_overflow_nor_lose_the_gradient(activati
     expected = {
         "sigmoid": [0.0, np.exp(-30.0), 1.0, 1.0],
         "softplus": [0.0, np.exp(-30.0), 30.0, 800.0],
-        "silu": [0.0, -30.0 * np.exp(-30.0) / (1 + np.exp(-30.0)), 30.0 / (1 + np.exp(-30.0)), 800.0],
+        "silu": [0.0, -30 * np.exp(-30.0) / (1 + np.exp(-30.0)), 30 / (1 + np.exp(-30.0)), 800.0],
     }
     np.testing.assert_allclose(out[0, 0], expected[activation], rtol=1e-12, atol=0)
     assert np.all(np.isfinite(dpre)) and np.all(np.isfinite(dattn))

@@ -57,6 +57,14 @@ LAYERS = {
                                   "scaling": 0.5, "latent_scale": 1.5,
                                   "query_temperature": (0.1, 4.0), "norm_eps": 1e-5,
                                   "dropout": 0.25}, [(B, N, C)]),
+    "GatedDeltaNet": ((C, 1, 2, 2, 3), {"conv_kernel_size": 3, "projections": "split",
+                       "norm_eps": 1e-5, "form": "recurrent", "chunk_size": 2}, [(B, N, C)]),
+    "KimiDeltaAttention": ((C, 2, 2), {"conv_kernel_size": 3, "norm_eps": 1e-6,
+                            "form": "recurrent", "chunk_size": 2}, [(B, N, C)]),
+    "KimiForgetGate": ((C, 2, 2), {}, [(B, N, C)]),
+    "LightningAttention": ((C, 2), {"head_dim": 3, "layer_idx": 1, "num_hidden_layers": 3,
+                            "slope_rate": [0.5, 0.25], "norm_eps": 1e-5, "form": "recurrent",
+                            "chunk_size": 2}, [(B, N, C)]),
 }  # fmt: skip
 
 

@@ -111,7 +111,10 @@ def _olmo_hybrid_rotates(config: Mapping[str, Any], family: Family, layer_idx: i
 # MiniMax: "full_attention" (softmax) and "linear_attention" (Lightning attention) layers; its
 # config class makes the even layers softmax
 def _minimax_mixers(config: Mapping[str, Any]) -> list[str]:
-    names = {FULL: ATTENTION, "linear_attention": "a Lightning (linear) attention layer"}
+    names = {
+        FULL: ATTENTION,
+        "linear_attention": "a Lightning (linear) attention layer (read it with lightning_from_hf)",
+    }
     if config.get("layer_types") is None:
         count = required(config, "num_hidden_layers")
         return [ATTENTION if i % 2 == 0 else names["linear_attention"] for i in range(count)]

@@ -55,7 +55,10 @@ _BITNET_QUANTIZED = (
 # the list every full_attention_interval-th (4) layer is attention; q_proj carries a sigmoid gate
 # per element, biased with the projections under attention_bias
 def _qwen3_next_mixers(config: Mapping[str, Any]) -> list[str]:
-    names = {"linear_attention": "a gated DeltaNet layer (step 20)", FULL: ATTENTION}
+    names = {
+        "linear_attention": "a gated DeltaNet layer (gated_deltanet_from_hf reads it)",
+        FULL: ATTENTION,
+    }
     if config.get("layer_types") is None:
         interval = config.get("full_attention_interval") or 4
         count = required(config, "num_hidden_layers")

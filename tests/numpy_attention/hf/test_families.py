@@ -736,7 +736,11 @@ def test_a_gated_hybrid_s_attention_layers_are_the_ones_its_config_class_builds(
 @pytest.mark.parametrize(
     ("name", "kinds", "words"),
     [
-        ("qwen3_next", ["linear_attention", "full_attention"], "a gated DeltaNet layer (step 20)"),
+        (
+            "qwen3_next",
+            ["linear_attention", "full_attention"],
+            "a gated DeltaNet layer (gated_deltanet_from_hf reads it)",
+        ),
         ("qwen3_5_text", ["linear_attention", "full_attention"], "a gated DeltaNet layer"),
         ("lfm3", ["conv", "sliding_attention"], "a short-convolution layer"),
     ],
