@@ -51,52 +51,25 @@ tests/parity/test_hf_gated_deltanet.py.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from . import validation
-from .gate import GateCtx, output_gate_backward, output_gate_forward
+from .gate import GateCtx, _sigmoid, output_gate_backward, output_gate_forward
 from .layers import Linear
 from .linear_attention import FORMS, LinearCtx, gated_delta_rule_backward, gated_delta_rule_forward
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
-from .norms import RMSNorm
+from .norms import L2NormCtx, RMSNorm, l2norm_backward, l2norm_forward
 from .short_conv import ShortConv
 
-__all__ = ["GatedDeltaNet", "PROJECTIONS", "l2norm_backward", "l2norm_forward"]
+__all__ = ["GatedDeltaNet", "PROJECTIONS"]
 
 PROJECTIONS = ("fused", "split")
-L2NORM_EPS = 1e-6  # transformers' l2norm (and fla's): under the root, not a clamp
-
-
-# -- the L2 norm of q and k ----------------------------------------------------------------------
-
-
-class L2NormCtx(NamedTuple):
-    y: np.ndarray  # x / sqrt(sum(x^2) + eps), (..., D)
-    inv_norm: np.ndarray  # 1 / sqrt(sum(x^2) + eps), (..., 1)
-
-
-def l2norm_forward(x: np.ndarray, eps: float = L2NORM_EPS) -> tuple[np.ndarray, L2NormCtx]:
-    """y = x / sqrt(sum(x^2) + eps) over the last axis (transformers' and fla's ``l2norm``)."""
-    inv_norm = 1 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + x.dtype.type(eps))  # (..., 1)
-    y = x * inv_norm
-    return y, L2NormCtx(y, inv_norm)
-
-
-def l2norm_backward(dy: np.ndarray, ctx: L2NormCtx) -> np.ndarray:
-    """dx = (dy - y sum(dy y)) / sqrt(sum(x^2) + eps): the chain rule through y = x n,
-    n = (sum(x^2) + eps)^-1/2, dn/dx = -n^3 x.
-    Derivation: docs/derivations/gated-deltanet-layer.md."""
-    return ctx.inv_norm * (dy - ctx.y * np.sum(dy * ctx.y, axis=-1, keepdims=True))
 
 
 # -- the layer -----------------------------------------------------------------------------------
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0, -z))  # 1 / (1 + exp(-z)), never overflowing
 
 
 class _GatedDeltaNetCtx(NamedTuple):
@@ -248,7 +221,9 @@ class GatedDeltaNet(Module):
             start = cache.length
             conv_state, state = cache.read()
             conv_state = None if conv_state is None else conv_state.astype(x.dtype)
-        keep = _keep(key_padding_mask, batch, start + tokens, tokens, x.dtype, cache is not None)
+        keep = padding_keep(
+            key_padding_mask, batch, start + tokens, tokens, x.dtype, cache is not None
+        )
         out, ctx, new_conv, final_state = self._chain(x, keep, conv_state, state, cache is not None)
         if cache is not None:
             cache.write(new_conv, final_state, tokens)
@@ -371,20 +346,3 @@ def fused_orders(
         for i in range(2)
     ]
     return np.concatenate(qkvz), np.concatenate(ba)
-
-
-def _keep(
-    mask: Any, batch: int, m: int, tokens: int, dtype: np.dtype, cached: bool
-) -> np.ndarray | None:
-    """The key padding mask (B, M), True = padding, as x's multiplier (B, T, 1): 1 on the last
-    T columns' real tokens, 0 on their padding; None without a mask."""
-    if mask is None:
-        return None
-    mask = validation.bool_array("key_padding_mask", mask)
-    if mask.shape != (batch, m):
-        tokens_seen = "the cache's length after this call" if cached else "x's T"
-        raise ValueError(
-            f"key_padding_mask is (B, M), M = {tokens_seen}: expected {(batch, m)}, got "
-            f"{mask.shape}"
-        )
-    return (~mask[:, m - tokens :, None]).astype(dtype)  # (B, T, 1)

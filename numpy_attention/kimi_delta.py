@@ -47,43 +47,22 @@ tests/parity/test_hf_kimi_delta.py.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from . import validation
-from .gate import GateCtx, output_gate_backward, output_gate_forward
+from .gate import GateCtx, _sigmoid, output_gate_backward, output_gate_forward
 from .layers import Linear
 from .linear_attention import FORMS, LinearCtx, kda_backward, kda_forward
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
-from .norms import RMSNorm
+from .norms import L2NormCtx, RMSNorm, l2norm_backward, l2norm_forward
 from .short_conv import ShortConv
 
 __all__ = ["KimiDeltaAttention", "KimiForgetGate"]
 
-L2_EPS = 1e-6  # transformers' l2norm and fla's use_qk_l2norm_in_kernel
 SOFTPLUS_THRESHOLD = 20.0  # softplus(z) = z past it (KimiLinearForgetGate)
-
-
-# -- the L2 norm ------------------------------------------------------------------------------
-
-
-class L2NormCtx(NamedTuple):
-    y: np.ndarray  # x / n, (..., K)
-    norm: np.ndarray  # n = sqrt(sum x^2 + eps), (..., 1)
-
-
-def l2norm_forward(x: np.ndarray, eps: float = L2_EPS) -> tuple[np.ndarray, L2NormCtx]:
-    """y = x / sqrt(sum(x^2) + eps) over the last axis (eps under the root, fla's)."""
-    norm = np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + x.dtype.type(eps))  # (..., 1)
-    y = x / norm
-    return y, L2NormCtx(y, norm)
-
-
-def l2norm_backward(dy: np.ndarray, ctx: L2NormCtx) -> np.ndarray:
-    """dx = (dy - y sum(dy * y)) / n: y = x / n with dn/dx = x / n = y."""
-    return (dy - ctx.y * np.sum(dy * ctx.y, axis=-1, keepdims=True)) / ctx.norm
 
 
 # -- the forget gate ----------------------------------------------------------------------------
@@ -132,10 +111,6 @@ def forget_gate_backward(
     slope = np.where(z > SOFTPLUS_THRESHOLD, 1.0, _sigmoid(z))  # forward: sp = softplus(z)
     dz = -decay * dg * slope
     return dz, dz.sum(axis=(0, 1)).reshape(-1), da_log  # forward: z = pre + dt_bias
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0, -z))  # 1 / (1 + exp(-z)), never overflowing
 
 
 class KimiForgetGate(Module):
@@ -292,7 +267,9 @@ class KimiDeltaAttention(Module):
             start = cache.length
             conv0, s0 = cache.read()
             s0 = s0.astype(x.dtype, copy=False)
-        keep = _keep(key_padding_mask, batch, start + tokens, tokens, x.dtype, cache is not None)
+        keep = padding_keep(
+            key_padding_mask, batch, start + tokens, tokens, x.dtype, cache is not None
+        )
         if keep is not None:
             x = x * keep  # padded tokens write nothing, read nothing
         heads = (batch, tokens, h, k)
@@ -357,20 +334,3 @@ class KimiDeltaAttention(Module):
         dx = self.q_proj.backward(dq_in) + self.k_proj.backward(dk_in) + self.v_proj.backward(dv_in)
         dx = dx + dx_beta + dx_g + dx_gate  # x feeds all six projections
         return dx if ctx.keep is None else dx * ctx.keep  # forward: x = x * keep
-
-
-def _keep(
-    mask: Any, batch: int, m: int, tokens: int, dtype: np.dtype, cached: bool
-) -> np.ndarray | None:
-    """The key padding mask (B, M), True = padding, as x's multiplier (B, T, 1): 1 on the last
-    T columns' real tokens, 0 on their padding; None without a mask."""
-    if mask is None:
-        return None
-    mask = validation.bool_array("key_padding_mask", mask)
-    if mask.shape != (batch, m):
-        tokens_seen = "the cache's length after this call" if cached else "x's T"
-        raise ValueError(
-            f"key_padding_mask is (B, M), M = {tokens_seen}: expected {(batch, m)}, got "
-            f"{mask.shape}"
-        )
-    return (~mask[:, m - tokens :, None]).astype(dtype)  # (B, T, 1)

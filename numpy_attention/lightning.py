@@ -29,7 +29,8 @@ holds these values, while one built in float32 and cast with ``.double()`` holds
 rounding, and its decay tables float32 exps (docs/hugging-face.md, "MiniMax's lightning
 layers").
 
-Padding: ``key_padding_mask`` (B, T), True = padding, zeroes q, k and v of the padded tokens
+Padding: ``key_padding_mask`` (B, M), True = padding (M = T, or the cache's length plus T: the
+package's convention, ``linear_cache.padding_keep``), zeroes q, k and v of the padded tokens
 after the SiLU (transformers' ``apply_mask_to_padding_states``): a padded token writes nothing
 and reads nothing (its output is 0), but the decay still runs over it, as in transformers.
 
@@ -57,10 +58,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import validation
-from .gate import GateCtx, output_gate_backward, output_gate_forward
+from .gate import GateCtx, _sigmoid, output_gate_backward, output_gate_forward
 from .layers import Linear
 from .linear_attention import FORMS, LinearCtx, simple_gla_backward, simple_gla_forward
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
 from .norms import RMSNorm
 
@@ -73,10 +74,6 @@ def slope_rates(num_heads: int, layer_idx: int, num_hidden_layers: int) -> np.nd
     base = 1 / (2 ** (8 / num_heads))
     factor = 1 - layer_idx / (num_hidden_layers - 1 + 1e-5) + 1e-5
     return base ** np.arange(1, num_heads + 1, dtype=np.float64) * factor  # (H,)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0, -z))  # 1 / (1 + exp(-z)), never overflowing
 
 
 class _LightningCtx(NamedTuple):
@@ -165,8 +162,9 @@ class LightningAttention(Module):
 
         Args:
             x: (B, T, C).
-            key_padding_mask: bool (B, T), True = padding, over this call's tokens: their q, k
-                and v are zeroed (module docstring).
+            key_padding_mask: bool (B, M), True = padding, M = T, or ``cache.length + T`` with a
+                cache (the package's convention): this call's padded tokens' q, k and v are
+                zeroed (module docstring).
             cache: a ``LinearStateCache`` or ``PagedLinearStateCache`` of this layer's B, H,
                 D, D and no convolution: its state is the initial state, and the final state
                 is written back (``cache.length`` += T).
@@ -176,8 +174,7 @@ class LightningAttention(Module):
         """
         x = validation.layer_input("x", x, self.hidden_size, (3,), self.dtype)
         b, t, _ = x.shape
-        keep = _keep(key_padding_mask, b, t, x.dtype)
-        s0 = None
+        s0, start = None, 0
         if cache is not None:
             if not isinstance(cache, (LinearStateCache, PagedLinearStateCache)):
                 raise TypeError(
@@ -186,6 +183,8 @@ class LightningAttention(Module):
                 )
             cache.check(b, self.num_heads, self.head_dim, self.head_dim, None, None)
             _, s0 = cache.read()  # (B, H, D, D); no convolution state
+            start = cache.length
+        keep = padding_keep(key_padding_mask, b, start + t, t, x.dtype, cache is not None)
 
         pre = self.qkv_proj(x)  # (B, T, C) -> (B, T, 3*H*D)
         sig = _sigmoid(pre)
@@ -255,16 +254,3 @@ def _check_slopes(slope_rate: Any, heads: int, layer_idx: int, layers: int) -> n
             f"shape {slopes.shape}"
         )
     return slopes
-
-
-def _keep(mask: Any, batch: int, tokens: int, dtype: np.dtype) -> np.ndarray | None:
-    """The key padding mask (B, T), True = padding, as (B, T, 1) factors: 0 padded, 1 real."""
-    if mask is None:
-        return None
-    mask = validation.bool_array("key_padding_mask", mask)
-    if mask.shape != (batch, tokens):
-        raise ValueError(
-            f"key_padding_mask is (B, T) over this call's tokens: expected {(batch, tokens)}, "
-            f"got {mask.shape}"
-        )
-    return (~mask).astype(dtype)[..., None]

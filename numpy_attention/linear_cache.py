@@ -38,7 +38,7 @@ import numpy as np
 
 from . import validation
 
-__all__ = ["LinearStateCache", "PagedLinearStateCache", "state_dtype"]
+__all__ = ["LinearStateCache", "PagedLinearStateCache", "padding_keep", "state_dtype"]
 
 
 def state_dtype(dtype: Any) -> np.dtype:
@@ -230,3 +230,23 @@ class PagedLinearStateCache(_StateCache):
         if self._convs is not None:
             self._convs[self.slot_ids] = conv_state
         self.length += n
+
+
+def padding_keep(
+    mask: Any, batch: int, m: int, tokens: int, dtype: np.dtype, cached: bool
+) -> np.ndarray | None:
+    """A linear-attention layer's key padding mask (B, M), True = padding, M the tokens seen
+    after this call (the cache's length plus T, or T without a cache), as the multiplier of the
+    call's inputs (B, T, 1): 1 on the last T columns' real tokens, 0 on their padding
+    (transformers' ``apply_mask_to_padding_states``); None without a mask. One convention for
+    every layer that keeps these caches, the one ``key_padding_mask`` has across the package."""
+    if mask is None:
+        return None
+    mask = validation.bool_array("key_padding_mask", mask)
+    if mask.shape != (batch, m):
+        tokens_seen = "the cache's length after this call" if cached else "x's T"
+        raise ValueError(
+            f"key_padding_mask is (B, M), M = {tokens_seen}: expected {(batch, m)}, got "
+            f"{mask.shape}"
+        )
+    return (~mask[:, m - tokens :, None]).astype(dtype)  # (B, T, 1)

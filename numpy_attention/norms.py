@@ -1,5 +1,7 @@
 """The norms of QK-norm: RMSNorm and LayerNorm (with or without a bias), each a pure pair
-``x_forward`` / ``x_backward`` and a thin layer holding its weight (and LayerNorm's bias).
+``x_forward`` / ``x_backward`` and a thin layer holding its weight (and LayerNorm's bias); and the
+weightless L2 norm the linear-attention layers (gated DeltaNet, KDA) put on q and k,
+y = x / sqrt(sum(x^2) + 1e-6), a pure pair ``l2norm_forward`` / ``l2norm_backward``.
 
     RMSNorm:    x_hat = x / sqrt(mean(x^2) + eps)                 over the last axis
     LayerNorm:  x_hat = (x - mean(x)) / sqrt(var(x) + eps)        var the biased variance
@@ -341,3 +343,27 @@ class WeightlessRMSNorm(Module):
         """dout (..., D) -> dx (..., D); no parameter to add a gradient to."""
         dout, ctx = self._pop_ctx(dout)
         return rmsnorm_backward(dout, ctx)[0]
+
+
+# -- the L2 norm of the linear-attention layers' q and k ----------------------------------------
+
+L2NORM_EPS = 1e-6  # transformers' l2norm (and fla's): under the root, not a clamp
+
+
+class L2NormCtx(NamedTuple):
+    y: np.ndarray  # x / sqrt(sum(x^2) + eps), (..., D)
+    inv_norm: np.ndarray  # 1 / sqrt(sum(x^2) + eps), (..., 1)
+
+
+def l2norm_forward(x: np.ndarray, eps: float = L2NORM_EPS) -> tuple[np.ndarray, L2NormCtx]:
+    """y = x / sqrt(sum(x^2) + eps) over the last axis (transformers' and fla's ``l2norm``)."""
+    inv_norm = 1 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + x.dtype.type(eps))  # (..., 1)
+    y = x * inv_norm
+    return y, L2NormCtx(y, inv_norm)
+
+
+def l2norm_backward(dy: np.ndarray, ctx: L2NormCtx) -> np.ndarray:
+    """dx = (dy - y sum(dy y)) / sqrt(sum(x^2) + eps): the chain rule through y = x n,
+    n = (sum(x^2) + eps)^-1/2, dn/dx = -n^3 x.
+    Derivation: docs/derivations/gated-deltanet-layer.md ("The L2 norm")."""
+    return ctx.inv_norm * (dy - ctx.y * np.sum(dy * ctx.y, axis=-1, keepdims=True))

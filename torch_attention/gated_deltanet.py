@@ -23,23 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from numpy_attention.gated_deltanet import L2NORM_EPS, PROJECTIONS, fused_orders
+from numpy_attention.gated_deltanet import PROJECTIONS, fused_orders
 
 from . import validation
 from .gate import output_gate
 from .layers import Linear
 from .linear_attention import FORMS, gated_delta_rule
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
-from .norms import RMSNorm
+from .norms import RMSNorm, l2norm
 from .short_conv import ShortConv
 
-__all__ = ["GatedDeltaNet", "l2norm"]
-
-
-def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last axis (transformers' and fla's ``l2norm``)."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+__all__ = ["GatedDeltaNet"]
 
 
 class GatedDeltaNet(Module):
@@ -142,15 +137,9 @@ class GatedDeltaNet(Module):
             start = cache.length
             conv_state, state = cache.read()
             conv_state = None if conv_state is None else conv_state.to(x.dtype)
-        if key_padding_mask is not None:
-            mask = validation.bool_tensor("key_padding_mask", key_padding_mask, x.device)
-            if tuple(mask.shape) != (b, start + t):
-                tokens = "the cache's length after this call" if cache is not None else "x's T"
-                raise ValueError(
-                    f"key_padding_mask is (B, M), M = {tokens}: expected {(b, start + t)}, got "
-                    f"{tuple(mask.shape)}"
-                )
-            x = x * (~mask[:, start:, None]).to(x.dtype)  # padded tokens zeroed
+        keep = padding_keep(key_padding_mask, b, start + t, t, x, cache is not None)
+        if keep is not None:
+            x = x * keep  # padded tokens zeroed
         if self.projections == "fused":
             qkvz = self.in_proj_qkvz(x)[..., self.qkvz_order]  # rows regrouped: [q; k; v; z]
             ba = self.in_proj_ba(x)[..., self.ba_order]  # [b; a]

@@ -34,20 +34,14 @@ from . import validation
 from .gate import output_gate
 from .layers import Linear
 from .linear_attention import kda
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
-from .norms import RMSNorm
+from .norms import RMSNorm, l2norm
 from .short_conv import ShortConv
 
 __all__ = ["KimiDeltaAttention", "KimiForgetGate"]
 
-L2_EPS = 1e-6  # transformers' l2norm and fla's use_qk_l2norm_in_kernel
 SOFTPLUS_THRESHOLD = 20.0  # softplus(z) = z past it (KimiLinearForgetGate)
-
-
-def l2norm(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last axis (eps under the root, fla's)."""
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 class KimiForgetGate(Module):
@@ -159,15 +153,9 @@ class KimiDeltaAttention(Module):
             start = cache.length
             conv0, s0 = cache.read()
             s0 = s0.to(x.dtype)
-        if key_padding_mask is not None:
-            mask = validation.bool_tensor("key_padding_mask", key_padding_mask, x.device)
-            if tuple(mask.shape) != (batch, start + tokens):
-                seen = "the cache's length after this call" if cache is not None else "x's T"
-                raise ValueError(
-                    f"key_padding_mask is (B, M), M = {seen}: expected "
-                    f"{(batch, start + tokens)}, got {tuple(mask.shape)}"
-                )
-            x = x * (~mask[:, start:, None]).to(x.dtype)  # padded tokens zeroed
+        keep = padding_keep(key_padding_mask, batch, start + tokens, tokens, x, cache is not None)
+        if keep is not None:
+            x = x * keep  # padded tokens zeroed
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         mixed, conv1 = self.conv1d(mixed, conv_state=conv0)  # (B, T, 3HK), causal, SiLU
         q, kk, v = (part.unflatten(-1, (h, k)) for part in mixed.chunk(3, dim=-1))

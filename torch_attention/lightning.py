@@ -35,7 +35,7 @@ from . import validation
 from .gate import output_gate
 from .layers import Linear
 from .linear_attention import FORMS, simple_gla
-from .linear_cache import LinearStateCache, PagedLinearStateCache
+from .linear_cache import LinearStateCache, PagedLinearStateCache, padding_keep
 from .module import Module
 from .norms import RMSNorm
 
@@ -116,8 +116,8 @@ class LightningAttention(Module):
 
         Args:
             x: (B, T, C).
-            key_padding_mask: bool (B, T), True = padding, over this call's tokens (their q, k
-                and v are zeroed).
+            key_padding_mask: bool (B, M), True = padding, M = T or ``cache.length + T``
+                (their q, k and v are zeroed).
             cache: a ``LinearStateCache`` or ``PagedLinearStateCache`` of this layer's B, H, D,
                 D and no convolution.
 
@@ -126,16 +126,7 @@ class LightningAttention(Module):
         """
         x = validation.layer_input("x", x, self.hidden_size, (3,), self.qkv_proj.weight.dtype)
         b, t, _ = x.shape
-        keep = None
-        if key_padding_mask is not None:
-            mask = validation.bool_tensor("key_padding_mask", key_padding_mask, x.device)
-            if tuple(mask.shape) != (b, t):
-                raise ValueError(
-                    f"key_padding_mask is (B, T) over this call's tokens: expected {(b, t)}, "
-                    f"got {tuple(mask.shape)}"
-                )
-            keep = (~mask).to(x.dtype)[..., None]  # (B, T, 1)
-        s0 = None
+        s0, start = None, 0
         if cache is not None:
             if not isinstance(cache, (LinearStateCache, PagedLinearStateCache)):
                 raise TypeError(
@@ -144,6 +135,8 @@ class LightningAttention(Module):
                 )
             cache.check(b, self.num_heads, self.head_dim, self.head_dim, None, None)
             _, s0 = cache.read()  # (B, H, D, D); no convolution state
+            start = cache.length
+        keep = padding_keep(key_padding_mask, b, start + t, t, x, cache is not None)
 
         qkv = F.silu(self.qkv_proj(x))  # (B, T, C) -> (B, T, 3*H*D)
         if keep is not None:

@@ -19,7 +19,9 @@ import torch
 
 from numpy_attention.linear_cache import _StateCache as _NumpyShapes
 
-__all__ = ["LinearStateCache", "PagedLinearStateCache", "state_dtype"]
+from . import validation
+
+__all__ = ["LinearStateCache", "PagedLinearStateCache", "padding_keep", "state_dtype"]
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -195,3 +197,21 @@ class PagedLinearStateCache(_StateCache):
         if self._convs is not None and conv_state is not None:
             self._convs[self.slot_ids] = conv_state.detach().to(self.dtype)
         self.length += n
+
+
+def padding_keep(
+    mask: Any, batch: int, m: int, tokens: int, x: torch.Tensor, cached: bool
+) -> torch.Tensor | None:
+    """The NumPy twin's ``padding_keep``: the key padding mask (B, M), True = padding, M = T or
+    the cache's length plus T, as the multiplier (B, T, 1) of the call's inputs (x's dtype and
+    device); None without a mask."""
+    if mask is None:
+        return None
+    mask = validation.bool_tensor("key_padding_mask", mask, x.device)
+    if tuple(mask.shape) != (batch, m):
+        tokens_seen = "the cache's length after this call" if cached else "x's T"
+        raise ValueError(
+            f"key_padding_mask is (B, M), M = {tokens_seen}: expected {(batch, m)}, got "
+            f"{tuple(mask.shape)}"
+        )
+    return (~mask[:, m - tokens :, None]).to(x.dtype)  # (B, T, 1)

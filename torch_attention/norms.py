@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from numpy_attention.norms import L2NORM_EPS
+
 from . import validation
 from .module import Module
 
@@ -140,3 +142,8 @@ class WeightlessRMSNorm(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, eps={self.eps}"
+
+
+def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last axis (transformers' and fla's ``l2norm``)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from numpy_attention import gradcheck, no_grad
-from numpy_attention.gated_deltanet import GatedDeltaNet, l2norm_backward, l2norm_forward
+from numpy_attention.gated_deltanet import GatedDeltaNet
 from numpy_attention.hf.gated_deltanet import gated_deltanet_from_hf
 from numpy_attention.linear_attention import FORMS_RTOL
 from numpy_attention.linear_cache import LinearStateCache, PagedLinearStateCache
+from numpy_attention.norms import l2norm_backward, l2norm_forward
 from parity_tests.tolerances import rel_error
 
 from ..conftest import assert_close, assert_gradcheck

@@ -154,8 +154,8 @@ def test_prefill_then_token_by_token_equals_the_full_forward(kind, form, rng):
     cache = new_cache(kind)
 
     steps = [layer(x[:, :5], key_padding_mask=mask[:, :5], cache=cache)]
-    steps += [layer(x[:, i : i + 1], key_padding_mask=mask[:, i : i + 1], cache=cache)
-              for i in range(5, 9)]  # fmt: skip
+    steps += [layer(x[:, i : i + 1], key_padding_mask=mask[:, : i + 1], cache=cache)
+              for i in range(5, 9)]  # fmt: skip (the mask covers every token so far: (B, M))
 
     assert_close(np.concatenate(steps, axis=1), full, name="decoded outputs")
     assert cache.length == 9
@@ -233,7 +233,7 @@ def test_bad_forward_inputs_are_refused(rng):
         layer(x[0])
     with pytest.raises(TypeError, match="float32"):
         layer(x.astype(np.float32))
-    with pytest.raises(ValueError, match=r"key_padding_mask is \(B, T\)"):
+    with pytest.raises(ValueError, match=r"key_padding_mask is \(B, M\), M = x's T"):
         layer(x, key_padding_mask=np.zeros((B, T + 1), dtype=bool))
     with pytest.raises(TypeError, match="LinearStateCache"):
         layer(x, cache={})

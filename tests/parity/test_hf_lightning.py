@@ -174,7 +174,7 @@ def hf_decode() -> tuple[list, dict[int, np.ndarray]]:
         )  # fmt: skip
         calls = {i: (to_numpy(seen[i]["kwargs"]["hidden_states"]), to_numpy(seen[i]["out"]))
                  for i in LAYERS}  # fmt: skip
-        steps.append((calls, to_numpy(attention_mask[:, start:stop]) == 0))
+        steps.append((calls, to_numpy(attention_mask[:, :stop]) == 0))  # (B, M): all so far
     return steps, {i: to_numpy(hf_cache.linear_cache[i]) for i in LAYERS}
 
 
