@@ -101,8 +101,9 @@ def check_kernel(
             "ring", a decode spec, "flash_kvcache" or "flash_mla" (forward only by nature), or
             a sparse spec, "sparse" (the torch twin's ``sparse_attention``, gradients judged)
             or "flash_mla_sparse" (FlashMLA's ``flash_mla_sparse_fwd``, forward only), or a
-            linear-attention spec, "fla_gdn" (flash-linear-attention's
-            ``chunk_gated_delta_rule``: o, the final state and every gradient judged).
+            linear-attention spec, "fla_gdn" or "fla_kda" (flash-linear-attention's
+            ``chunk_gated_delta_rule`` or ``chunk_kda``: o, the final state and every gradient
+            judged).
         features: the options the kernel claims (``specs.FEATURES``); None is the spec's
             default set. A case needing an undeclared feature is "not run"; "lse" asks the
             kernel for lse and judges it; "deterministic" (an attention spec's, never claimed

@@ -1,9 +1,11 @@
 """The golden and baseline of the linear-attention specs' cases: ``numpy_attention.
-linear_attention``'s gated delta rule in float64 (``form="recurrent"``, forward and its
-hand-derived backward) on the inputs after their cast to the kernel's dtype, and the torch twin
-``torch_attention.linear_attention.gated_delta_rule`` (``form="recurrent"``, autograd) in that
-dtype, its state float32 for half inputs, as the plain baseline the bounds scale: the same
-recurrence with a float32 state, whose errors grow with T as a correct kernel's do.
+linear_attention``'s recurrence of the case's spec (``LinearCase.variant``: the gated delta rule
+for "fla_gdn", KDA for "fla_kda") in float64 (``form="recurrent"``, forward and its hand-derived
+backward) on the inputs after their cast to the kernel's dtype, and the torch twin's
+(``torch_attention.linear_attention.gated_delta_rule`` or ``kda``, ``form="recurrent"``,
+autograd) in that dtype, its state float32 for half inputs, as the plain baseline the bounds
+scale: the same recurrence with a float32 state, whose errors grow with T as a correct kernel's
+do.
 
 The state is float32 for half inputs, as flash-linear-attention keeps it: ``initial_state`` and
 the final state's upstream gradient are given in float32 then (in the kernel's dtype
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 
 from numpy_attention import linear_attention as np_linear
-from torch_attention.linear_attention import gated_delta_rule
+from torch_attention import linear_attention as torch_linear
 
 from ..battery.linear import LinearCase, make_linear_inputs
 from . import DTYPES, to64
@@ -74,12 +76,14 @@ def linear_expected(case: LinearCase, dtype: str, device: torch.device, seed: in
     """The golden and the baseline of a case (cached)."""
     given = {name: to64(t) for name, t in linear_inputs(case, dtype, device, seed).items()}
     offsets = given.get("cu_seqlens")
-    found = np_linear.gated_delta_rule_forward(
+    forward = getattr(np_linear, f"{case.variant}_forward")
+    backward = getattr(np_linear, f"{case.variant}_backward")
+    found = forward(
         given["q"], given["k"], given["v"], given["g"], given["beta"], scale=case.scale,
         initial_state=given.get("initial_state"), output_final_state=True,
         cu_seqlens=None if offsets is None else offsets.astype(np.int64), form="recurrent",
     )  # fmt: skip
-    grads = np_linear.gated_delta_rule_backward(given["dout"], found.ctx, given["dfinal_state"])
+    grads = backward(given["dout"], found.ctx, given["dfinal_state"])
     golden = {"out": found.out, "final_state": found.final_state, "dq": grads.dq,
               "dk": grads.dk, "dv": grads.dv, "dg": grads.dg, "dbeta": grads.dbeta}  # fmt: skip
     if grads.dinitial_state is not None:
@@ -90,12 +94,12 @@ def linear_expected(case: LinearCase, dtype: str, device: torch.device, seed: in
 def _baseline(
     case: LinearCase, dtype: str, device: torch.device, seed: int
 ) -> dict[str, np.ndarray]:
-    """The torch twin's recurrent form in the kernel's dtype (its state float32 for half
-    inputs), its gradients by autograd through (o, final_state)."""
+    """The torch twin's recurrent form of the case's variant in the kernel's dtype (its state
+    float32 for half inputs), its gradients by autograd through (o, final_state)."""
     inputs = linear_inputs(case, dtype, device, seed)
     leaves = {name: inputs[name].detach().clone().requires_grad_(True)
               for name in GRADIENTS if name in inputs}  # fmt: skip
-    out, final = gated_delta_rule(
+    out, final = getattr(torch_linear, case.variant)(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], scale=case.scale,
         initial_state=leaves.get("initial_state"), output_final_state=True,
         cu_seqlens=inputs.get("cu_seqlens"), form="recurrent",

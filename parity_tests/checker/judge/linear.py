@@ -5,10 +5,11 @@ a call with its backward, dq, dk, dv, dg, dbeta and dinitial_state (when an init
 given), each by the max and RMS bounds in the kernel's dtype. o and the gradients of q, k, v, g
 and beta must come in the inputs' dtype, the final state and dinitial_state in the state's
 (float32 for half inputs). dg's floor is on the scale of dq and dk: dg_t = <dP_t, P_t> (P_t =
-a_t S_{t-1}) is 0 where the state before a token is 0 (a first token without an initial state)
-and tiny where g = -20 wiped it, while a chunked kernel reaches it through a reverse cumulative
-sum of terms of the size of q . dq and k . dk (|q| = |k| = 1) that cancel: its rounding is on
-their scale, as the suite's structural floors are (docs/parity.md). A failing row names where
+a_t S_{t-1}; for KDA one such sum over V per key channel) is 0 where the state before a token
+is 0 (a first token without an initial state) and tiny where g = -20 wiped it, while a chunked
+kernel reaches it through a reverse cumulative sum of terms of the size of q . dq and k . dk
+(|q| = |k| = 1) that cancel: its rounding is on their scale, as the suite's structural floors
+are (docs/parity.md). A failing row names where
 its worst error is: the sequence, the token within it and the head (the state's rows: the
 sequence and head). A second call must give every result bit for bit.
 

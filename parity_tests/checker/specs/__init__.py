@@ -13,8 +13,9 @@ and is no spec. Adding a kernel API adds its module here, its broken kernels und
   ``flash_mla_with_kvcache``, decode kernels over a cache.
 - "sparse", "flash_mla_sparse": attention by indices (DeepSeek-V3.2's DSA): the torch twin's
   differentiable ``sparse_attention`` and FlashMLA's ``flash_mla_sparse_fwd``.
-- "fla_gdn": flash-linear-attention's ``chunk_gated_delta_rule`` (gated DeltaNet), linear
-  attention as a recurrence, judged on o, the final state and every gradient.
+- "fla_gdn", "fla_kda": flash-linear-attention's ``chunk_gated_delta_rule`` (gated DeltaNet) and
+  ``chunk_kda`` (Kimi Delta Attention, a gate per key channel), linear attention as a
+  recurrence, judged on o, the final state and every gradient.
 
 ``SPECS`` names them in that order, ``FEATURES`` every feature any of them can express (a
 spec's ``opt_in`` features too; ``SPEC_FEATURES``: each spec's default claim); ``get``
@@ -35,7 +36,7 @@ from ..spec import Spec
 # The order specs are listed in (help, docs, reports); a spec not named here comes after them.
 _ORDER = (
     "sdpa", "flash", "flash_varlen", "flex", "ring", "flash_kvcache", "flash_mla", "sparse",
-    "flash_mla_sparse", "fla_gdn",
+    "flash_mla_sparse", "fla_gdn", "fla_kda",
 )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ SCALE = 0.7  # the "custom" scale: not K^-0.5 at any battery width
 
 class FlaGdnSpec(LinearSpec):
     name = "fla_gdn"
+    case_prefix = "gdn"  # each case's name starts with it
     signature = (
         "chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, "
         "output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False)"
@@ -73,8 +74,9 @@ class FlaGdnSpec(LinearSpec):
         flags = [f"t{length}", f"gate_{row['gate']}", f"beta_{row['beta']}", f"k{k}-v{v}"]
         flags += [name for name in ("varlen", "initial_state") if on(row[name])]
         flags += ["scale"] if row["scale"] == "custom" else []
+        name = f"{self.case_prefix}-" + "-".join(flags)
         return LinearCase(
-            "gdn-" + "-".join(flags), self.name, seqlens_of(length, varlen), varlen, HEADS, k, v,
+            name, self.name, seqlens_of(length, varlen), varlen, HEADS, k, v,
             gate=row["gate"], beta=row["beta"], initial_state=on(row["initial_state"]),
             scale=SCALE if row["scale"] == "custom" else None,
         )  # fmt: skip
@@ -93,7 +95,7 @@ class FlaGdnSpec(LinearSpec):
 
     def results(self, case: LinearCase, result: Any) -> dict:
         if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise BadResult(f"the kernel returned {type(result).__name__}, the fla_gdn spec "
+            raise BadResult(f"the kernel returned {type(result).__name__}, the {self.name} spec "
                             "expects (o, final_state) with output_final_state=True")  # fmt: skip
         out, final = result
         states = (len(case.seqlens), case.heads, case.k, case.v)

@@ -14,7 +14,7 @@ from parity_tests.checker.specs import get
 
 FUZZED = (
     "sdpa", "flash", "flash_varlen", "flex", "flash_kvcache", "flash_mla", "sparse",
-    "flash_mla_sparse", "fla_gdn",
+    "flash_mla_sparse", "fla_gdn", "fla_kda",
 )  # fmt: skip
 
 
