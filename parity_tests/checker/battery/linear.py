@@ -15,7 +15,9 @@ The inputs are drawn as the layers make them: q and k L2-normalized per token an
 Next's ``GatedDeltaNet`` normalizes them; the delta rule is stable for beta |k|^2 <= 2); v
 standard normal; the gate by ``GATES``: "typical" (g in [-0.7, -0.02]), "near_zero" (g ~ -1e-4:
 the gate -> 1, nothing is forgotten, flash-linear-attention #389), "negative" (typical, with g =
--20 on every 32nd token from the first: the state all but wiped, at each chunk start too), and
+-20 on every 5th token from the first: the state all but wiped, at each chunk start too, and a
+64-token chunk's cumulative log-gate near -260, where a chunked kernel's float32 rounding of it
+is what ``judge.linear``'s chunk allowance admits), and
 for KDA's per-channel gate "channels" (``KDA_GATES``: the key channels in three groups by
 channel mod 3, near 0, typical, and typical with -20 on every 8th token from the channel's own
 offset, so that channels forget at different tokens and some all but nothing); beta
@@ -55,7 +57,7 @@ LENGTHS = (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 1)
 PACKED_BEFORE = (17, 1)  # the sequences packed before the case's own with varlen
 NEGATIVE_GATE = -20.0
 NEAR_ZERO_GATE = -1e-4
-WIPE_EVERY = 32  # the tokens of NEGATIVE_GATE: two per chunk, one at each chunk start
+WIPE_EVERY = 5  # the tokens of NEGATIVE_GATE: 13 per 64-token chunk, |G| near 260
 CHANNEL_WIPE_EVERY = 8  # the tokens of NEGATIVE_GATE in the "channels" gate's third group
 
 
@@ -177,7 +179,7 @@ def _gates(kind: str, rng: np.random.Generator, shape: tuple[int, ...]) -> np.nd
     if kind == "near_zero":
         return NEAR_ZERO_GATE * rng.uniform(0.5, 1.5, shape)
     g = rng.uniform(-0.7, -0.02, shape)
-    if kind == "negative":  # the state all but wiped at the first token and every 32nd after
+    if kind == "negative":  # the state all but wiped at the first token and every 5th after
         g[:, ::WIPE_EVERY] = NEGATIVE_GATE
     if kind == "channels":  # (B, T, H, K): channel c near 0, typical, or wiped, by c mod 3
         g[..., 0::3] = NEAR_ZERO_GATE * rng.uniform(0.5, 1.5, g[..., 0::3].shape)

@@ -25,6 +25,7 @@ from parity_tests.checker.battery.linear import (
     CHUNK,
     NEAR_ZERO_GATE,
     NEGATIVE_GATE,
+    LinearCase,
     make_linear_inputs,
 )
 from parity_tests.checker.golden.linear_baseline import plain_gated_delta_rule
@@ -342,3 +343,40 @@ def test_fla_s_chunked_triton_kernels_do_not_run_under_the_interpreter(kernel):
 
     assert [row.verdict for row in report.failures] == ["error"]
     assert "has no attribute 'to'" in report.failures[0].detail
+
+
+# -- the chunk allowance (judge.linear): what a correct chunked kernel may add ----------------
+
+
+@pytest.mark.parametrize(
+    ("varlen", "expected"),
+    [(False, 64 * 2.0), (True, 17 * 2.0)],  # batch rows: a 64-token window; packed: 17 at most
+)
+def test_chunk_allowance_is_twice_eps_times_the_largest_chunk_sum_of_gates(
+    monkeypatch, varlen, expected
+):
+    from parity_tests.checker.judge import linear as judge_linear
+
+    seqlens = (17, 1, 20) if varlen else (100, 100)
+    case = LinearCase("c", "fla_gdn", seqlens, varlen, 1, 4, 4)
+    tokens = sum(seqlens) if varlen else 100
+    g = np.full((1 if varlen else 2, tokens, 1), -0.5)
+    g[0, :17] = -2.0  # the packed case's first sequence (a window never spans two sequences)
+    if not varlen:
+        g[1, :] = -2.0  # row 1: 64 tokens of -2 in a window
+
+    class Drawn:
+        pass
+
+    drawn = Drawn()
+    drawn.g = g
+    monkeypatch.setattr(judge_linear, "make_linear_inputs", lambda case, seed: drawn)
+
+    allowance = judge_linear.chunk_allowance(case, "float32", 0)
+
+    eps = float(np.finfo(np.float32).eps)
+    largest = expected if not varlen else max(expected, 20 * 0.5)
+    assert allowance == pytest.approx(judge_linear.CHUNK_ALLOWANCE * eps * largest, rel=1e-12)
+    assert judge_linear.chunk_allowance(case, "float64", 0) == pytest.approx(
+        judge_linear.CHUNK_ALLOWANCE * float(np.finfo(np.float64).eps) * largest, rel=1e-12
+    )
