@@ -22,6 +22,9 @@ tests of test_hf_gated_deltanet.py stay inside one chunk).
    bfloat16 steps, and within one of each other; the gated RMSNorm in fla's order (no re-cast
    of the normalized value to bfloat16 before the weight, fla's fused norm) measured the same
    way.
+3. **A finding on the way**: transformers' torch functions swallow ``cu_seqlens=`` in their
+   **kwargs (the layer passes its ``cu_seq_lens_q`` there): packed sequences leak state into
+   each other, silently.
 """
 
 from __future__ import annotations
@@ -160,3 +163,42 @@ def test_bfloat16_paths_differ_from_the_golden_by_rounding_alone():
         assert floor <= value < 4 * BF16_STEP, name  # a few steps: rounding, not a wrong formula
     between = float((full.double() - decoded.double()).abs().max()) / np.max(np.abs(gold))
     assert between <= BF16_STEP  # the two native paths: within one step of each other
+
+
+@pytest.mark.parametrize(
+    "name", ["torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"]
+)
+def test_the_native_functions_ignore_cu_seqlens_and_leak_the_state(name):
+    """A finding, pinned: transformers' torch gated delta rule takes ``cu_seqlens=`` into its
+    **kwargs and drops it (the layer passes its ``cu_seq_lens_q`` there), so a packed batch's
+    second sequence starts from the first one's final state instead of 0: silently wrong, where
+    the golden (numpy_attention.linear_attention with cu_seqlens) restarts it."""
+    import inspect
+
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    from numpy_attention.linear_attention import gated_delta_rule_forward
+
+    function = inspect.unwrap(getattr(modeling_qwen3_next, name))  # past the hub-kernel wrapper
+    rng = np.random.default_rng(0)
+    shape = (1, 20, 2, 8)
+    q, k = (rng.standard_normal(shape) for _ in range(2))
+    q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
+    v, g, beta = (
+        rng.standard_normal(shape),
+        -rng.uniform(0.02, 0.7, (1, 20, 2)),
+        rng.uniform(0.05, 0.95, (1, 20, 2)),
+    )
+    cu_seqlens = np.array([0, 7, 20])
+    golden = gated_delta_rule_forward(q, k, v, g, beta, cu_seqlens=cu_seqlens, form="recurrent").out
+
+    with Float64Math():
+        packed, _ = function(*(torch.from_numpy(x) for x in (q, k, v, g, beta)),
+                             cu_seqlens=torch.from_numpy(cu_seqlens))  # fmt: skip
+        unpacked, _ = function(*(torch.from_numpy(x) for x in (q, k, v, g, beta)))
+
+    assert torch.equal(packed, unpacked)  # cu_seqlens changed nothing
+    first, second = slice(0, 7), slice(7, 20)
+    np.testing.assert_allclose(packed.numpy()[:, first], golden[:, first], rtol=1e-12, atol=1e-13)
+    leak = float(np.max(np.abs(packed.numpy()[:, second] - golden[:, second])))
+    assert leak > 1e-2  # the second sequence read the first one's state
