@@ -278,7 +278,7 @@ class PagedLatentCache(PagePool):
         self, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, **options: Any
     ) -> torch.Tensor:
         """Append c_kv (B, N, L) and k_rope (B, N, R), then attend q (B, H, N, L + R) over every
-        cached row as one shared key head, per sequence on its gathered pages
+        cached row as one shared key head, per sequence on its pages (a view of one run)
         (``decode.cache.attend_per_sequence``, options split by sequence): values the rows, the
         output's first L columns kept. ``LatentCache.attend``'s twin over pages.
 

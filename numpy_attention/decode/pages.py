@@ -9,6 +9,16 @@ keys of a ``PagedKVCache``, its values, or the latent rows of a ``PagedLatentCac
 contiguous cache is the same thing with one page of ``capacity`` tokens per row, which is how
 ``paged.kvcache_attention_forward`` reads both layouts through these two functions.
 
+The pool's allocation (``PagePool``): when B sequences start, each is given its own region of
+the pool, ``num_blocks // B`` consecutive pages, sequence b's from page ``b * (num_blocks // B)``
+on; a sequence's next page is the one after its last when that one is free, else the lowest free
+page of its region, else the lowest free page of the pool. Every sequence holds as many pages as
+the others (they share one length) and B of them fit in the pool, so no sequence ever holds more
+than its region: its pages are always one run, read in place however the decode steps of the
+batch alternate. Without the regions, sequences that start together interleave as soon as they
+grow (the next page after a sequence's last is its neighbour's first), and every read of a batch
+gathers.
+
 Shape legend: P page size, H_kv heads of the pool, W their width.
 
 Derivation: docs/decoding.md (section 3, where a token lives; section 6, the pool's allocation).
@@ -85,10 +95,12 @@ class PagePool(abc.ABC):
     bookkeeping a serving engine keeps beside a paged cache's arrays (which a subclass holds,
     pages on their first axis, and whose ``_check_reserve`` says what a token of it is).
 
-    The first ``reserve`` of B sequences starts them; every later one gives each the same number
-    of tokens, so they share one ``length`` (a layer's decode step). A sequence's next page is
-    the one after its last when that one is free (so its pages stay consecutive and are read in
-    place), else the lowest free page.
+    The first ``reserve`` of B sequences starts them, each in its own region of ``num_blocks // B``
+    consecutive pages (``regions``); every later one gives each the same number of tokens, so
+    they share one ``length`` (a layer's decode step). A sequence's next page is the one after its
+    last when that one is free, else the lowest free page of its region, else of the pool; since
+    the sequences hold equal numbers of pages, none outgrows its region, and each sequence's
+    pages are one run of the pool, read in place (the module's docstring says why).
 
     Args:
         num_blocks: pages in the pool.
@@ -100,6 +112,7 @@ class PagePool(abc.ABC):
         self.page_size = validation.positive_int("page_size", page_size)
         self._owned = np.zeros(num_blocks, dtype=bool)
         self._tables: list[list[int]] = []
+        self._starts: list[int] = []  # each sequence's first page: where its region begins
         self._length = 0
 
     @property
@@ -111,6 +124,13 @@ class PagePool(abc.ABC):
     def batch(self) -> int:
         """How many sequences the cache holds (0 before the first append)."""
         return len(self._tables)
+
+    @property
+    def regions(self) -> list[range]:
+        """The pages set aside for each sequence when they started, in order: sequence b's pages
+        are ``regions[b]``'s first ones, one run (empty before the sequences start)."""
+        size = len(self._owned) // self.batch if self.batch else 0
+        return [range(start, start + size) for start in self._starts]
 
     @property
     def cache_seqlens(self) -> np.ndarray:
@@ -144,12 +164,13 @@ class PagePool(abc.ABC):
         sequences if there are none), without changing their length: what an engine does
         before a kernel writes the tokens in place (then ``advance(n)``)."""
         self._check_reserve(batch, n)
-        if not self._tables:
+        if not self._tables:  # the sequences start: region b begins at page b * (pages // B)
             self._tables = [[] for _ in range(batch)]
+            self._starts = [b * (len(self._owned) // batch) for b in range(batch)]
         new = self._new_pages(n)
-        for table in self._tables:  # one sequence at a time, so that its new pages are a run
+        for table, region in zip(self._tables, self.regions, strict=True):
             for _ in range(new):
-                table.append(self._take_page(table[-1] + 1 if table else 0))
+                table.append(self._take_page(table[-1] + 1 if table else region.start, region))
 
     def advance(self, n: int) -> None:
         """Count ``n`` more tokens in every sequence, once they have been written (by a kernel
@@ -167,6 +188,7 @@ class PagePool(abc.ABC):
         """Forget every sequence and free every page (the pool's arrays are kept)."""
         self._owned[:] = False
         self._tables = []
+        self._starts = []
         self._length = 0
 
     def _write(self, pool: np.ndarray, tokens: np.ndarray) -> None:
@@ -185,9 +207,15 @@ class PagePool(abc.ABC):
         held = len(self._tables[0]) if self._tables else 0
         return max(0, -(-(self._length + n) // self.page_size) - held)
 
-    def _take_page(self, preferred: int) -> int:
-        """``preferred`` if it is a free page, else the lowest free page; now owned."""
+    def _take_page(self, preferred: int, region: range) -> int:
+        """``preferred`` if it is a free page, else the lowest free page of the sequence's
+        ``region``, else the lowest free page of the pool; now owned. (Sequences of equal length
+        in their regions always find ``preferred`` free; the fallbacks keep the allocation total
+        for a pool whose pages are held otherwise.)"""
         if not (preferred < len(self._owned) and not self._owned[preferred]):
-            preferred = int(np.flatnonzero(~self._owned)[0])
+            own = np.flatnonzero(~self._owned[region.start : region.stop])
+            preferred = (
+                region.start + int(own[0]) if len(own) else int(np.flatnonzero(~self._owned)[0])
+            )
         self._owned[preferred] = True
         return preferred

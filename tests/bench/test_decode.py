@@ -10,17 +10,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numpy_attention.decode.cache import PagedKVCache
 from parity_tests.bench import decode as bench_decode
-from parity_tests.bench.decode import CACHE, PAGE_SIZES, PREFILL, decode_lines, targets
+from parity_tests.bench.decode import (
+    BATCHES,
+    CACHE,
+    PAGE_SIZES,
+    PREFILL,
+    decode_lines,
+    runs,
+    targets,
+)
 
 MIB = 2**20
 
 
-def _rows(
-    numpy_decode: float = 3.0, numpy_prefill: float = 1.0, paged: tuple = (3.0, 3.75)
-) -> dict:
+def _rows(numpy_decode: float = 3.0, numpy_prefill: float = 1.0, paged: dict | None = None) -> dict:
+    """Hand-made rows; ``paged``: the paged steps (pages of 16, of 256) by B, against contiguous
+    steps of 3 s."""
+    paged = paged or dict.fromkeys(BATCHES, (3.0, 3.75))
     return {
-        **{f"numpy paged {page} decode": t for page, t in zip(PAGE_SIZES, paged, strict=True)},
+        **{f"contiguous decode B{batch}": 3.0 for batch in BATCHES},
+        **{
+            f"paged {page} decode B{batch}": t
+            for batch in BATCHES
+            for page, t in zip(PAGE_SIZES, paged[batch], strict=True)
+        },
+        **{f"paged {page} runs B{batch}": batch for batch in BATCHES for page in PAGE_SIZES},
         "attention contiguous": 0.5,
         **{f"attention pages {page} in order": 0.5 for page in PAGE_SIZES},
         **{f"attention pages {page} shuffled": 1.0 for page in PAGE_SIZES},
@@ -52,10 +68,22 @@ def test_decode_lines_put_each_figure_in_its_row():
         f"| prefill of {PREFILL} tokens | 1 s | 1 s | 1.00x | 100 MiB |",
     ]
     assert lines[9] == f"The cache (keys and values of {CACHE + 1} tokens, one layer) holds 64 MiB."
+    batched = lines.index(
+        "| B | cache | layer decode step | paged / contiguous | runs per sequence |"
+    )
+    assert lines[batched + 2 : batched + 2 + 3 * len(BATCHES)] == [
+        row
+        for batch in BATCHES
+        for row in (
+            f"| {batch} | contiguous | 3 s | 1.00x | - |",
+            f"| {batch} | pages of 16 | 3 s | 1.00x | {batch} |",
+            f"| {batch} | pages of 256 | 3.75 s | 1.25x | {batch} |",
+        )
+    ]
     assert lines[-4:-1] == [
-        "| contiguous | 3 s | 1.00x | 0.5 s | - | - |",
-        "| pages of 16 | 3 s | 1.00x | 0.5 s | 1 s | 2.00x |",
-        "| pages of 256 | 3.75 s | 1.25x | 0.5 s | 1 s | 2.00x |",
+        "| contiguous | 0.5 s | - | - |",
+        "| pages of 16 | 0.5 s | 1 s | 2.00x |",
+        "| pages of 256 | 0.5 s | 1 s | 2.00x |",
     ]
 
 
@@ -75,7 +103,7 @@ def test_targets_of_nothing_measured_are_none(rows):
 def test_each_target_is_met_at_its_bound_and_judged_alone(
     numpy_decode, numpy_prefill, decode, prefill
 ):
-    lines = targets(_rows(numpy_decode, numpy_prefill, (numpy_decode,) * 2))
+    lines = targets(_rows(numpy_decode, numpy_prefill))
 
     assert lines[:2] == [
         f"| NumPy decode step <= {bench_decode.DECODE_TARGET}x the torch twin (Llama-8B layer, "
@@ -85,14 +113,43 @@ def test_each_target_is_met_at_its_bound_and_judged_alone(
     ]
 
 
-def test_the_paged_targets_are_met_at_their_bound_and_judged_alone():
-    lines = targets(_rows(paged=(3.6, 3.75)))  # 1.2x and 1.25x of the contiguous 3.0
+def test_the_paged_targets_judge_each_batch_by_its_worse_page_size_at_their_bound():
+    paged = dict(zip(BATCHES, [(3.6, 3.0), (3.0, 3.75), (3.0, 3.0)], strict=True))
+    lines = targets(_rows(paged=paged))  # of the contiguous 3.0: 1.2x, 1.25x, 1.0x
 
     assert lines[2:] == [
-        f"| NumPy decode step over pages of {page} <= {bench_decode.PAGED_TARGET}x the "
-        f"contiguous cache's (cache {CACHE}) | {ratio} | {met} |"
-        for page, ratio, met in zip(PAGE_SIZES, ("1.20x", "1.25x"), ("yes", "no"), strict=True)
+        f"| NumPy decode step of B = {batch} over pages (16 and 256, the worse) <= "
+        f"{bench_decode.PAGED_TARGET}x the contiguous cache's (cache {CACHE}) | {ratio} | {met} |"
+        for batch, ratio, met in zip(
+            BATCHES, ("1.20x", "1.25x", "1.00x"), ("yes", "no", "yes"), strict=True
+        )
     ]
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"), [([], 0), ([4], 1), ([0, 1, 2], 1), ([0, 1, 6, 9, 10], 3), ([3, 2], 2)]
+)
+def test_runs_counts_the_stretches_of_consecutive_pages(table, expected):
+    assert runs(np.array(table, dtype=np.int32)) == expected
+
+
+@pytest.mark.parametrize(("page", "appended"), [(2, [5, 2, 2]), (4, [5, 4]), (None, [9])])
+def test_serve_fills_a_prefill_then_a_page_at_a_time(rng, monkeypatch, page, appended):
+    """After the prefill, each append is one page of every sequence: the pages ``page`` decode
+    steps would ask for, the sequences in turn; the cache holds the fill."""
+    monkeypatch.setattr(bench_decode, "PREFILL", 5)
+    cache = PagedKVCache(16, 2, 1, 4, dtype=np.float64)
+    fill = rng.standard_normal((2, 2, 1, 9, 4))
+    lengths = []
+    append = cache.append
+    monkeypatch.setattr(cache, "append", lambda k, v: lengths.append(k.shape[2]) or append(k, v))
+
+    bench_decode._serve(cache, tuple(fill), page)
+
+    assert lengths == appended and cache.length == 9
+    keys, values = cache.gather()
+    np.testing.assert_array_equal(keys, fill[0])
+    np.testing.assert_array_equal(values, fill[1])
 
 
 @pytest.fixture
@@ -104,6 +161,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench_decode, "DECODE_STEPS", 3)
     monkeypatch.setattr(bench_decode, "PREFILL", 5)
     monkeypatch.setattr(bench_decode, "PAGE_SIZES", (2, 4))
+    monkeypatch.setattr(bench_decode, "BATCHES", (1, 3))
     return layer
 
 
@@ -117,7 +175,10 @@ def test_decode_rows_measure_the_step_and_the_prefill_and_size_the_cache(tiny):
     assert rows["cache bytes"] == 2 * h_kv * (12 + 1) * d * 4  # K and V, float32
     assert rows["weight bytes"] == (c * h * d + 2 * c * h_kv * d + h * d * c) * 4  # q, k, v, o
     times = [rows[f"{lib} {step}"] for lib in ("numpy", "torch") for step in ("decode", "prefill")]
-    times += [rows[f"numpy paged {page} decode"] for page in (2, 4)]
+    times += [rows[f"contiguous decode B{batch}"] for batch in (1, 3)]
+    times += [rows[f"paged {page} decode B{batch}"] for page in (2, 4) for batch in (1, 3)]
     times += [rows[f"attention pages {page} {order}"] for page in (2, 4)
               for order in ("in order", "shuffled")]  # fmt: skip
     assert np.isfinite(times + [rows["attention contiguous"]]).all()  # each measured at least once
+    # 12 tokens in pages of 2 and 4, three sequences taking pages in turn: still one run each
+    assert [rows[f"paged {page} runs B{batch}"] for page in (2, 4) for batch in (1, 3)] == [1] * 4

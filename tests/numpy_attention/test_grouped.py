@@ -617,7 +617,7 @@ LEFT_PADDED = (
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_decoding_with_the_cache_gives_the_full_sequence(rng, case, step, paged):
     """Prefill 3 tokens, then ``step`` tokens at a time: every row as the full forward's, with a
-    contiguous cache or pages of 2 (the two sequences' pages interleave in the pool)."""
+    contiguous cache or pages of 2 (each sequence's pages one run in its region of the pool)."""
     options, kv_heads = DECODE[case]
     n, prefill = 9, 3
     layer = make_layer(rng, kv_heads, **options)

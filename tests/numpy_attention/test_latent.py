@@ -352,8 +352,8 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
 @pytest.mark.parametrize("option", ["everything", "dsa", "dsa_hy", "dsa_axk2"])
 @pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
 def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
-    """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, so that their pages
-    interleave in the pool and are gathered; steps of 3, 2, 1 and 2 tokens (s_q 1 and > 1).
+    """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, each sequence's pages
+    one run in its region of the pool (read in place); steps of 3, 2, 1 and 2 tokens (s_q 1 and > 1).
     Exactly the contiguous cache's numbers: per sequence, the same products on the same rows
     (DSA: the indexer's keys in pages under the same block table)."""
     n, b = 8, 3
@@ -376,8 +376,8 @@ def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
     ]  # fmt: skip
 
     np.testing.assert_array_equal(outs[1], outs[0])
-    np.testing.assert_array_equal(caches[1].block_table, [[0, 1, 6, 9], [2, 3, 7, 10],
-                                                          [4, 5, 8, 11]])  # fmt: skip
+    np.testing.assert_array_equal(caches[1].block_table, [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                          [8, 9, 10, 11]])  # fmt: skip
     assert_close(outs[0], layer(x, key_padding_mask=padding, positions=positions), name="full")
 
 

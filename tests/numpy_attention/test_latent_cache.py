@@ -1,6 +1,6 @@
 """The latent caches (numpy_attention.latent_cache): LatentCache appends and returns views of
 everything so far; PagedLatentCache, its twin over pages, holds the same rows (sequences'
-pages interleaved in the pool), attends as the contiguous cache does, and its pool is FlashMLA's
+pages one run per sequence in its region of the pool), attends as the contiguous cache does, and its pool is FlashMLA's
 layout (kvcache_attention_forward reads it, values the first L columns of the keys); both refuse
 what does not fit, naming the field, with nothing written. The layer over either cache:
 tests/numpy_attention/test_latent.py."""
@@ -87,13 +87,13 @@ def test_the_paged_cache_holds_the_contiguous_caches_rows(rng):
         LatentCache(B, 6, L, R, np.float64),
     )
 
-    for n in (3, 1, 2):  # 2 pages each, then the next page after the other sequence's
+    for n in (3, 1, 2):  # each sequence's pages one run in its own half of the pool
         step = latents(rng, n)
         rows = paged.append(*step)
         expected = contiguous.append(*step)
 
     np.testing.assert_array_equal(rows, expected)  # every row so far: (B, 6, L + R)
-    np.testing.assert_array_equal(paged.block_table, [[0, 1, 4], [2, 3, 5]])
+    np.testing.assert_array_equal(paged.block_table, [[0, 1, 2], [4, 5, 6]])
     assert paged.length == 6 and paged.latent.shape == (8, 2, 1, L + R)
     assert np.shares_memory(paged.c_kv, paged.latent) and paged.k_rope.shape == (8, 2, 1, R)
 
@@ -166,7 +166,7 @@ def test_the_paged_cache_refuses_bad_construction():
 def test_indexer_keys_are_written_where_the_latents_go_next(rng, paged):
     """DSA's indexer keys: ``index_append`` writes at the positions the next ``append`` takes
     and returns every key so far; the latents' append then advances ``length``. Pages of 2
-    under the latents' block table (two sequences: their pages interleave)."""
+    under the latents' block table (two sequences, each in its region of the pool)."""
     width = 5
     cache = (
         PagedLatentCache(8, 2, L, R, np.float64, index_head_dim=width)
@@ -185,8 +185,8 @@ def test_indexer_keys_are_written_where_the_latents_go_next(rng, paged):
     assert cache.length == 5
     np.testing.assert_array_equal(every, keys)
     if paged:  # the keys sit in the latents' pages
-        assert cache.block_table.tolist() == [[0, 1, 4], [2, 3, 5]]
-        np.testing.assert_array_equal(cache.index_keys[[0, 1, 4], :, 0].reshape(6, width)[:5],
+        assert cache.block_table.tolist() == [[0, 1, 2], [4, 5, 6]]
+        np.testing.assert_array_equal(cache.index_keys[[0, 1, 2], :, 0].reshape(6, width)[:5],
                                       keys[0])  # fmt: skip
 
 

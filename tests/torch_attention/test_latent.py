@@ -159,7 +159,7 @@ def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb):
         for cache in caches
     ]  # fmt: skip
 
-    assert caches[1].block_table.tolist() == [[0, 1, 6, 9], [2, 3, 7, 10], [4, 5, 8, 11]]
+    assert caches[1].block_table.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert_close(outs[1], outs[0], name="paged")
 
 

@@ -5,8 +5,13 @@ where a token lives (``read_tokens``, ``write_tokens``) and which pages each seq
 A sequence's cache is a list of pages of P tokens, its row of the block table: token t lies in
 page ``pages[t // P]`` at slot ``t % P``. A pool is any tensor (num_pages, P, H_kv, W); a
 contiguous cache is one page of ``capacity`` tokens per row. The tables are Python lists here
-(read on the host once per call); the covering pages are gathered with one ``index_select``, for
-clarity rather than speed.
+(read on the host once per call); pages that are one run of the pool are read in place (a view,
+as in the NumPy twin), any other table is gathered with one ``index_select``.
+
+The pool's allocation is the NumPy twin's, page for page: B sequences starting together get a
+region of ``num_blocks // B`` consecutive pages each, and a sequence's next page is the one after
+its last when free, else the lowest free page of its region, else of the pool, so each
+sequence's pages stay one run.
 
 Shape legend: P page size, H_kv heads of the pool, W their width.
 
@@ -27,13 +32,18 @@ __all__ = ["PagePool", "read_tokens", "write_tokens"]
 
 def read_tokens(pool: torch.Tensor, pages: list[int], lo: int, hi: int) -> torch.Tensor:
     """Tokens [lo, hi) of the sequence whose pages, in order, are ``pages``, (hi - lo, H_kv, W),
-    from the pool (num_pages, P, H_kv, W): the covering pages gathered in table order."""
+    from the pool (num_pages, P, H_kv, W): a view when the covering pages are consecutive in the
+    pool, else those pages gathered in table order."""
     size = pool.shape[1]
     if hi <= lo:
         return pool[:0, :0].reshape((0,) + tuple(pool.shape[2:]))
     first, last = lo // size, -(-hi // size)
-    ids = torch.tensor(pages[first:last], device=pool.device)
-    tokens = pool.index_select(0, ids).reshape((-1,) + tuple(pool.shape[2:]))  # (pages * P, ...)
+    ids = pages[first:last]
+    if ids == list(range(ids[0], ids[0] + len(ids))):  # one run of pages: a view, nothing copied
+        tokens = pool[ids[0] : ids[0] + len(ids)].reshape((-1,) + tuple(pool.shape[2:]))
+    else:
+        index = torch.tensor(ids, device=pool.device)
+        tokens = pool.index_select(0, index).reshape((-1,) + tuple(pool.shape[2:]))  # gathered
     return tokens[lo - first * size : hi - first * size]
 
 
@@ -50,9 +60,10 @@ def write_tokens(
 
 class PagePool(abc.ABC):
     """Which pages of a pool each sequence holds, and how many tokens every sequence has; the
-    twin of ``numpy_attention.decode.pages.PagePool`` (the same allocation: a sequence's next
-    page is the one after its last when free, else the lowest free page). A subclass holds the
-    tensors, pages on their first axis, on its ``device``, and says what a token of it is
+    twin of ``numpy_attention.decode.pages.PagePool`` (the same allocation: the sequences start
+    in regions of ``num_blocks // B`` pages, a sequence's next page is the one after its last
+    when free, else the lowest free page of its region, else of the pool). A subclass holds
+    the tensors, pages on their first axis, on its ``device``, and says what a token of it is
     (``_check_reserve``).
 
     Args:
@@ -65,6 +76,7 @@ class PagePool(abc.ABC):
         self.page_size = validation.positive_int("page_size", page_size)
         self._owned = [False] * num_blocks
         self._tables: list[list[int]] = []
+        self._starts: list[int] = []  # each sequence's first page: where its region begins
         self._length = 0
 
     @property
@@ -76,6 +88,13 @@ class PagePool(abc.ABC):
     def batch(self) -> int:
         """How many sequences the cache holds (0 before the first append)."""
         return len(self._tables)
+
+    @property
+    def regions(self) -> list[range]:
+        """The pages set aside for each sequence when they started, in order (the NumPy
+        twin's)."""
+        size = len(self._owned) // self.batch if self.batch else 0
+        return [range(start, start + size) for start in self._starts]
 
     @property
     @abc.abstractmethod
@@ -112,12 +131,13 @@ class PagePool(abc.ABC):
         """Give each of the ``batch`` sequences the pages for ``n`` more tokens (starting the
         sequences if there are none), without changing their length."""
         self._check_reserve(batch, n)
-        if not self._tables:
+        if not self._tables:  # the sequences start: region b begins at page b * (pages // B)
             self._tables = [[] for _ in range(batch)]
+            self._starts = [b * (len(self._owned) // batch) for b in range(batch)]
         new = self._new_pages(n)
-        for table in self._tables:  # one sequence at a time, so that its new pages are a run
+        for table, region in zip(self._tables, self.regions, strict=True):
             for _ in range(new):
-                table.append(self._take_page(table[-1] + 1 if table else 0))
+                table.append(self._take_page(table[-1] + 1 if table else region.start, region))
 
     def advance(self, n: int) -> None:
         """Count ``n`` more tokens in every sequence, once a kernel has written them."""
@@ -134,6 +154,7 @@ class PagePool(abc.ABC):
         """Forget every sequence and free every page (the pool's tensors are kept)."""
         self._owned = [False] * len(self._owned)
         self._tables = []
+        self._starts = []
         self._length = 0
 
     def _write(self, pool: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -152,8 +173,11 @@ class PagePool(abc.ABC):
         held = len(self._tables[0]) if self._tables else 0
         return max(0, -(-(self._length + n) // self.page_size) - held)
 
-    def _take_page(self, preferred: int) -> int:
+    def _take_page(self, preferred: int, region: range) -> int:
+        """``preferred`` if free, else the lowest free page of ``region``, else of the pool (the
+        NumPy twin's rule); now owned."""
         if not (preferred < len(self._owned) and not self._owned[preferred]):
-            preferred = self._owned.index(False)
+            own = next((page for page in region if not self._owned[page]), None)
+            preferred = self._owned.index(False) if own is None else own
         self._owned[preferred] = True
         return preferred

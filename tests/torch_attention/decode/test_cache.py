@@ -24,7 +24,7 @@ def test_the_pool_holds_what_a_contiguous_cache_holds(rng):
 
     keys, values = paged.gather()
 
-    assert paged.block_table.tolist() == [[0, 1, 4], [2, 3, 5]]  # pages not in one run
+    assert paged.block_table.tolist() == [[0, 1, 2], [4, 5, 6]]  # a region each
     assert torch.equal(keys, contiguous.k) and torch.equal(values, contiguous.v)
 
 
