@@ -353,7 +353,8 @@ def test_decoding_with_the_cache_gives_the_full_sequence(rng, option, absorb):
 @pytest.mark.parametrize("absorb", [False, True], ids=["expanded", "absorbed"])
 def test_decoding_over_pages_equals_the_contiguous_cache(rng, absorb, option):
     """Three left-padded sequences (0, 2 and 3 padding tokens) in pages of 2, each sequence's pages
-    one run in its region of the pool (read in place); steps of 3, 2, 1 and 2 tokens (s_q 1 and > 1).
+    one run in its region of the pool (read in place); steps of 3, 2, 1 and 2 tokens (s_q 1 and
+    > 1).
     Exactly the contiguous cache's numbers: per sequence, the same products on the same rows
     (DSA: the indexer's keys in pages under the same block table)."""
     n, b = 8, 3

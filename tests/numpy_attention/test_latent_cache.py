@@ -1,9 +1,9 @@
 """The latent caches (numpy_attention.latent_cache): LatentCache appends and returns views of
-everything so far; PagedLatentCache, its twin over pages, holds the same rows (sequences'
-pages one run per sequence in its region of the pool), attends as the contiguous cache does, and its pool is FlashMLA's
-layout (kvcache_attention_forward reads it, values the first L columns of the keys); both refuse
-what does not fit, naming the field, with nothing written. The layer over either cache:
-tests/numpy_attention/test_latent.py."""
+everything so far; PagedLatentCache, its twin over pages, holds the same rows (each
+sequence's pages one run in its region of the pool), attends as the contiguous cache does, and
+its pool is FlashMLA's layout (kvcache_attention_forward reads it, values the first L columns
+of the keys); both refuse what does not fit, naming the field, with nothing written. The layer
+over either cache: tests/numpy_attention/test_latent.py."""
 
 from __future__ import annotations
 
