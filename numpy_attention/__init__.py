@@ -54,6 +54,14 @@ from .attention import (
 )
 from .decode.cache import KVCache, PagedKVCache
 from .decode.paged import KVCacheOutput, kvcache_attention_forward
+from .decode.prefill import PrefillOutput, cascade_prefill_forward, paged_prefill_forward
+from .decode.serving import (
+    csr_block_table,
+    flashinfer_paged_forward,
+    merge_state,
+    merge_states,
+    vllm_paged_forward,
+)
 from .functional import attention_backward, attention_forward
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .gated_deltanet import GatedDeltaNet
@@ -173,6 +181,14 @@ __all__ = [
     "KVCacheOutput",
     "PagedKVCache",
     "kvcache_attention_forward",
+    "PrefillOutput",
+    "cascade_prefill_forward",
+    "csr_block_table",
+    "flashinfer_paged_forward",
+    "merge_state",
+    "merge_states",
+    "paged_prefill_forward",
+    "vllm_paged_forward",
 ]
 
 # The documented module paths of before the decode/ and hf/ subpackages (README.md and docs/

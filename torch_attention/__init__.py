@@ -33,6 +33,15 @@ from .attention import (
 )
 from .decode.cache import KVCache, PagedKVCache
 from .decode.paged import KVCacheOutput, kvcache_attention
+from .decode.prefill import PrefillOutput, cascade_prefill, paged_prefill
+from .decode.serving import (
+    PagedPrefillWrapper,
+    csr_block_table,
+    flashinfer_paged,
+    merge_state,
+    merge_states,
+    vllm_paged,
+)
 from .fused import BidirectionalAttention, CausalSelfAttention, CrossAttention, SingleHeadAttention
 from .gated_deltanet import GatedDeltaNet
 from .grouped import GroupedQueryAttention
@@ -104,6 +113,15 @@ __all__ = [
     "KVCacheOutput",
     "PagedKVCache",
     "kvcache_attention",
+    "PagedPrefillWrapper",
+    "PrefillOutput",
+    "cascade_prefill",
+    "csr_block_table",
+    "flashinfer_paged",
+    "merge_state",
+    "merge_states",
+    "paged_prefill",
+    "vllm_paged",
 ]
 
 # The documented module paths of before the decode/ subpackage (README.md and docs/ named them),
