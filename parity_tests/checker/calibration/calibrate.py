@@ -38,9 +38,11 @@ from ..targets.expected import expected_failure
 
 # The tensors whose ratios the tables show: the attention specs', the decode specs' and the
 # sparse specs' (the sinks' gradient, FlashMLA's lse and max_logits) and the linear specs' (the
-# final state, the gates', betas' and initial state's gradients).
+# final state, the gates', betas' and initial state's gradients) and the serving specs' (vLLM's
+# cache after the call, a merge's v and s).
 LINEAR = ("final_state", "dg", "dbeta", "dinitial_state")
-TRACKED = TENSORS + ("lse", *CACHES, "dsinks", "lse_mla", "max_logits", *LINEAR)
+SERVING = ("kv_cache", "v", "s")
+TRACKED = TENSORS + ("lse", *CACHES, "dsinks", "lse_mla", "max_logits", *LINEAR, *SERVING)
 
 
 @dataclass

@@ -58,6 +58,8 @@ def case_facts(values: Mapping[str, str], shape: Mapping[str, int]) -> list[str]
         return facts + _sparse_sizes(shape)
     if "T" in shape:
         return facts + _linear_sizes(shape)
+    if "S" in shape:  # a merge of S states (flashinfer_merge)
+        return facts + [f"{name} = {shape[name]}" for name in ("S", "H", "D")]
     return facts + (_decode_sizes(shape) if "P" in shape else _attention_sizes(shape))
 
 

@@ -1,0 +1,118 @@
+"""Broken kernels with the "vllm_paged" spec's signature, one mistake each: ``_vllm`` is vLLM's
+write-then-attend over the plain computation of ``golden.serving_baseline.plain_paged``,
+correct but for its mistake.
+
+Shape legend: T query tokens, H_kv key/value heads, D head width, P page size.
+
+Tests: tests/checker/pitfalls/test_init.py, tests/checker/specs/test_serving.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..golden.serving_baseline import plain_paged
+from . import Pitfall
+
+SPEC = "vllm_paged"
+
+
+def _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap, sinks,
+          *mistakes: str) -> torch.Tensor:  # fmt: skip
+    """vLLM's call with ``mistakes`` (``plain_paged``'s, and "no_write": the new tokens never
+    written; "write_after": written after attending; "table_stride": row b of the block table
+    read at b * (the most pages a sequence needs), not at the table's width)."""
+    m, found = attn_metadata, frozenset(mistakes)
+    size = kv_cache.shape[2]
+
+    def write() -> None:
+        for pool, tokens in zip(kv_cache, (key, value), strict=True):
+            pool.view(-1, *pool.shape[2:])[m.slot_mapping] = tokens
+
+    if not found & {"no_write", "write_after"}:
+        write()
+    lengths = m.seq_lens.tolist()
+    needed = [-(-n // size) for n in lengths]
+    if "table_stride" in found:
+        flat, stride = m.block_table.flatten().tolist(), max(needed)
+        rows: Any = [flat[b * stride : b * stride + n] for b, n in enumerate(needed)]
+    else:
+        rows = [m.block_table[b, :n].tolist() for b, n in enumerate(needed)]
+    out, _ = plain_paged(
+        query, kv_cache[0], kv_cache[1], m.query_start_loc.tolist(), rows, lengths,
+        causal=m.causal, window_left=-1 if sliding_window is None else sliding_window - 1,
+        softcap=logits_soft_cap or 0.0, sinks=sinks, scale=m.scale,
+        prefix=m.common_prefix_len if m.use_cascade else 0, mistakes=found,
+    )  # fmt: skip
+    if "write_after" in found:
+        write()
+    return out
+
+
+def vllm_attends_before_write(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                              logits_soft_cap=None, sinks=None):  # fmt: skip
+    """Attends before writing the new tokens: the queries read the slots' old numbers."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "write_after")  # fmt: skip
+
+
+def vllm_skips_cache_write(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                           logits_soft_cap=None, sinks=None):  # fmt: skip
+    """Never writes the new tokens into the cache (attends its old numbers)."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "no_write")  # fmt: skip
+
+
+def vllm_table_stride(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                      logits_soft_cap=None, sinks=None):  # fmt: skip
+    """The block table's rows read with the stride of the most pages a sequence needs, not the
+    table's width: every sequence but the first reads other pages (FlashInfer #4270)."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "table_stride")  # fmt: skip
+
+
+def vllm_causal_top_left(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                         logits_soft_cap=None, sinks=None):  # fmt: skip
+    """Causal aligned top-left per sequence: wrong for chunks and decode steps."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "top_left")  # fmt: skip
+
+
+def vllm_prefix_top_left(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                         logits_soft_cap=None, sinks=None):  # fmt: skip
+    """The cascade's shared prefix attended causally top-left (query i sees its first i + 1
+    keys) where every query sees all of it."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "prefix_top_left")  # fmt: skip
+
+
+def vllm_far_logits_masked(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                           logits_soft_cap=None, sinks=None):  # fmt: skip
+    """Finite scores below -3000 read as masked (FlashInfer #4450)."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "far_masked")  # fmt: skip
+
+
+def vllm_sink_dropped(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                      logits_soft_cap=None, sinks=None):  # fmt: skip
+    """The sinks left out of the denominator."""
+    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
+                 sinks, "no_sink")  # fmt: skip
+
+
+_MIXED = "vllm-mixed-p16-h4-4-d64"
+PITFALLS = {
+    "vllm_attends_before_write": Pitfall(vllm_attends_before_write, _MIXED, "out", SPEC),
+    "vllm_skips_cache_write": Pitfall(vllm_skips_cache_write, _MIXED, "kv_cache", SPEC),
+    "vllm_table_stride": Pitfall(vllm_table_stride, _MIXED, "out", SPEC),
+    "vllm_causal_top_left": Pitfall(
+        vllm_causal_top_left, "vllm-mixed-p144-h8-2-d64-causal-window-softcap-sinks", "out", SPEC),
+    "vllm_prefix_top_left": Pitfall(
+        vllm_prefix_top_left, "vllm-mixed-p128-h4-4-d64-sinks-shifted-cascade", "out", SPEC),
+    "vllm_far_logits_masked": Pitfall(vllm_far_logits_masked, "vllm-mixed-p64-h4-4-d64-shifted",
+                                      "out", SPEC),
+    "vllm_sink_dropped": Pitfall(
+        vllm_sink_dropped, "vllm-mixed-p144-h8-2-d64-causal-window-softcap-sinks", "out", SPEC),
+}
