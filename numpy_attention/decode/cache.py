@@ -160,8 +160,8 @@ class PagedKVCache(PagePool):
     ``k`` (num_blocks, P, H_kv, D) and ``v`` (num_blocks, P, H_kv, Dv) are the pool, in
     flash-attn's paged layout, so ``kvcache_attention_forward(q, cache.k, cache.v,
     cache_seqlens=cache.cache_seqlens, block_table=cache.block_table, ...)`` reads it. Keys are
-    stored after RoPE. A sequence's next page is the one after its last when that one is free
-    (so its pages stay consecutive and are read in place), else the lowest free page.
+    stored after RoPE. Each sequence's pages are one run of the pool, in a region of its own
+    (``pages.PagePool``'s allocation), so they are read in place.
 
     The first ``append`` (or ``reserve``) of B sequences starts them; every later one writes the
     same number of tokens to each, so they share one ``length`` (the layer's decode step).

@@ -246,7 +246,8 @@ class PagedKVCache(PagePool):
         **options: Any,
     ) -> Any:
         """Append k, v (B, H_kv, N, D) and attend q (B, H, N, D) over everything cached: per
-        sequence, ``functional.attention(q_b, keys, values, **options)`` on its gathered pages;
+        sequence, ``functional.attention(q_b, keys, values, **options)`` on its pages (a view
+        when they are one run of the pool, as the pool's allocation keeps them);
         a (B, M) ``key_padding_mask`` and (B, ...) masks are split by sequence; ``value_map``
         as ``KVCache.attend``'s, on each sequence's values. The twin of the NumPy cache's
         ``attend``, and ``KVCache.attend``'s partner in the layer.
