@@ -63,7 +63,7 @@ def _arrays(case: PagedCase | MergeCase, seed: int) -> dict[str, np.ndarray]:
     return drawn
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=512)
 def serving_inputs(
     case: PagedCase | MergeCase, dtype: str, device: torch.device, seed: int
 ) -> dict[str, torch.Tensor]:
@@ -89,7 +89,7 @@ class Expected(NamedTuple):
     baseline: dict[str, np.ndarray]
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=512)
 def serving_expected(
     case: PagedCase | MergeCase, dtype: str, device: torch.device, seed: int
 ) -> Expected:
