@@ -112,21 +112,27 @@ def tiled_attention_forward(
     blocks = _blocks(rules, *blocks_asked)
     # Tiles read q, k and v in place, strided or not (BLAS needs a unit stride on one axis only):
     # copying the heads out of a fused projection first cost a quarter of the attention time.
-    q_scaled = _grouped(q * rules.query_scale, rules, rules.group)  # (O, H_kv, group, N, D)
+    q = _grouped(q, rules, rules.group)  # (O, H_kv, group, N, D)
     k, v = _grouped(k, rules, 1), _grouped(v, rules, 1)  # (O, H_kv, 1, M, W)
-    out = np.empty(q_scaled.shape[:-1] + v.shape[-1:], rules.compute)  # (O, H_kv, group, N, Dv)
+    # The backward reads Q * query_scale whole; a forward alone scales each tile's rows of q as
+    # it reads them, and makes no copy of q.
+    keep_ctx = is_grad_enabled()
+    q_scaled = q * rules.query_scale if keep_ctx else None  # (O, H_kv, group, N, D)
+    out = np.empty(q.shape[:-1] + v.shape[-1:], rules.compute)  # (O, H_kv, group, N, Dv)
     lse = np.empty((_num_groups(rules), 1, rules.n), rules.compute)  # (G, 1, N)
     tasks = [
         (part, bi)
         for bi in reversed(range(_num_blocks(rules.n, blocks.block_q)))  # long rows first
         for part in _parts(rules, blocks)
     ]
-    threads.run(tasks, lambda task: _forward_tile(rules, blocks, q_scaled, k, v, out, lse, *task))
 
-    keep_ctx = is_grad_enabled()
+    def work(task: tuple[_Part, int]) -> None:
+        _forward_tile(rules, blocks, q, q_scaled, k, v, out, lse, *task)
+
+    threads.run(tasks, work)
     ctx = (
         TiledAttentionCtx(q_scaled, k, v, out, lse, rules, blocks, shapes, dtype)
-        if keep_ctx
+        if q_scaled is not None
         else None
     )
     # The ctx keeps O for the backward's delta: hand out a copy, so that in-place work on the
@@ -139,7 +145,8 @@ def tiled_attention_forward(
 def _forward_tile(
     rules: ScoreRules,
     blocks: Blocks,
-    q_scaled: np.ndarray,
+    q: np.ndarray,
+    q_scaled: np.ndarray | None,
     k: np.ndarray,
     v: np.ndarray,
     out: np.ndarray,
@@ -148,13 +155,19 @@ def _forward_tile(
     bi: int,
 ) -> None:
     """Rows ``bi`` of ``out`` and ``lse`` for the heads of ``part``: an online softmax over the
-    key blocks these rows see.
+    key blocks these rows see. ``q_scaled`` is Q * query_scale, or None: scale these rows of q.
 
     Tiles hold S^T (keys x queries), so the softmax reduces over axis -2: NumPy reduces across
     rows with vectorized elementwise max/add, 2-3x faster than along the contiguous last axis.
+    The two products of each key block write into buffers made once per call, which the key
+    blocks reuse, rather than into a fresh tile-sized array per block.
     """
     rows = _span(bi, blocks.block_q, rules.n)
-    q_block = q_scaled[part.at][:, :, rows]  # (gk, group, bq, D), a view
+    if q_scaled is None:
+        q_block = q[part.at][:, :, rows] * rules.query_scale  # (gk, group, bq, D)
+    else:
+        q_block = q_scaled[part.at][:, :, rows]  # (gk, group, bq, D), a view
+    q_t = q_block.swapaxes(-1, -2)  # (gk, group, D, bq), a view: BLAS reads it transposed
     k, v = k[part.at], v[part.at]  # (gk, 1, M, W), views
     gk, group, bq = q_block.shape[:3]
     compute = rules.compute.type
@@ -172,28 +185,33 @@ def _forward_tile(
     else:
         row_max, row_sum = sinks + np.zeros(stat_shape, compute), np.ones(stat_shape, compute)
     acc = np.zeros((gk, group, bq, v.shape[-1]), compute)  # (gk, group, bq, Dv)
+    scores_buffer = np.empty(gk * group * blocks.block_k * bq, compute)
+    partial = np.empty_like(acc)  # one key block's P V
     for bj in _block_range(*scores.visible_cols(rules, rows), blocks.block_k):
         cols = _span(bj, blocks.block_k, rules.m)
+        bk = cols.stop - cols.start
         tile = Tile(part.flat, rows, cols, transposed=True)
-        scores_t = k[:, :, cols] @ q_block.swapaxes(-1, -2)  # (gk, 1, bk, D) @ (gk, group, D, bq)
-        scores_t = scores_t.reshape(gk * group, -1, bq)  # (g, bk, bq): S1^T
+        scores_t = scores_buffer[: gk * group * bk * bq].reshape(gk * group, bk, bq)  # S1^T
+        # (gk, 1, bk, D) @ (gk, group, D, bq) -> (gk, group, bk, bq), a view of scores_t
+        np.matmul(k[:, :, cols], q_t, out=scores_t.reshape(gk, group, bk, bq))
         scores.apply(rules, scores_t, tile, shift=fixed)  # S, or S - fixed
         if fixed is not None:  # each row's largest weight in [exp(floor), 1]: nothing to rescale
             scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))  # ALiBi's far keys
             probs_t = np.exp(scores_t, out=scores_t)  # (g, bk, bq), unnormalized
-            row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t  # (1, bk) @ (g, bk, bq)
+            row_sum += _ones(bk, rules.compute) @ probs_t  # (1, bk) @ (g, bk, bq)
         else:
             probs_t, correction = _online_step(rules, tile, scores_t, row_max)
             row_sum *= correction
-            row_sum += _ones(probs_t.shape[-2], rules.compute) @ probs_t
+            row_sum += _ones(bk, rules.compute) @ probs_t
             acc *= correction.reshape(gk, group, bq, 1)
         keep_t = scores.keep_tile(rules, tile)
         weights_t = probs_t if keep_t is None else probs_t * keep_t * rules.rescale
-        weights = weights_t.reshape(gk, group, -1, bq).swapaxes(-1, -2)  # (gk, group, bq, bk)
-        acc += weights @ v[:, :, cols]  # (gk, group, bq, bk) @ (gk, 1, bk, Dv)
+        weights = weights_t.reshape(gk, group, bk, bq).swapaxes(-1, -2)  # (gk, group, bq, bk)
+        # (gk, group, bq, bk) @ (gk, 1, bk, Dv) -> (gk, group, bq, Dv)
+        acc += np.matmul(weights, v[:, :, cols], out=partial)
     # A dead row has row_sum 0 and acc 0: output 0 and lse = -inf + log(0) = -inf.
     total = np.where(row_sum == 0, compute(1), row_sum)  # (g, 1, bq)
-    out[part.at][:, :, rows] = acc / total.reshape(gk, group, bq, 1)
+    np.divide(acc, total.reshape(gk, group, bq, 1), out=out[part.at][:, :, rows])
     with np.errstate(divide="ignore"):
         row_lse = row_max + np.log(row_sum)
     if fixed is not None:  # a visible +inf score: row_sum inf; NaN, as the running max gives it
