@@ -28,7 +28,8 @@ def _claims() -> list:
 def test_the_registry_finds_every_spec_module_by_its_name():
     assert specs.SPECS == (
         "sdpa", "flash", "flash_varlen", "flex", "ring", "flash_kvcache", "flash_mla", "sparse",
-        "flash_mla_sparse", "fla_gdn", "fla_kda",
+        "flash_mla_sparse", "fla_gdn", "fla_kda", "flashinfer_paged", "flashinfer_merge",
+        "vllm_paged",
     )  # fmt: skip
     assert all(isinstance(spec, Spec) for spec in specs.registry().values())
     opt_in = {feature for spec in specs.registry().values() for feature in spec.opt_in}

@@ -9,6 +9,7 @@ Tests: tests/checker/pitfalls/test_init.py, tests/checker/specs/test_serving.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,55 +52,41 @@ def _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_sof
     return out
 
 
-def vllm_attends_before_write(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                              logits_soft_cap=None, sinks=None):  # fmt: skip
-    """Attends before writing the new tokens: the queries read the slots' old numbers."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "write_after")  # fmt: skip
+def _pitfall(name: str, mistake: str, doc: str) -> Callable[..., torch.Tensor]:
+    """The spec's signature over ``_vllm`` with ``mistake``, named ``name``."""
+
+    def kernel(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+               logits_soft_cap=None, sinks=None):  # fmt: skip
+        return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window,
+                     logits_soft_cap, sinks, mistake)  # fmt: skip
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
+    return kernel
 
 
-def vllm_skips_cache_write(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                           logits_soft_cap=None, sinks=None):  # fmt: skip
-    """Never writes the new tokens into the cache (attends its old numbers)."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "no_write")  # fmt: skip
-
-
-def vllm_table_stride(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                      logits_soft_cap=None, sinks=None):  # fmt: skip
-    """The block table's rows read with the stride of the most pages a sequence needs, not the
-    table's width: every sequence but the first reads other pages (FlashInfer #4270)."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "table_stride")  # fmt: skip
-
-
-def vllm_causal_top_left(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                         logits_soft_cap=None, sinks=None):  # fmt: skip
-    """Causal aligned top-left per sequence: wrong for chunks and decode steps."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "top_left")  # fmt: skip
-
-
-def vllm_prefix_top_left(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                         logits_soft_cap=None, sinks=None):  # fmt: skip
-    """The cascade's shared prefix attended causally top-left (query i sees its first i + 1
-    keys) where every query sees all of it."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "prefix_top_left")  # fmt: skip
-
-
-def vllm_far_logits_masked(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                           logits_soft_cap=None, sinks=None):  # fmt: skip
-    """Finite scores below -3000 read as masked (FlashInfer #4450)."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "far_masked")  # fmt: skip
-
-
-def vllm_sink_dropped(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
-                      logits_soft_cap=None, sinks=None):  # fmt: skip
-    """The sinks left out of the denominator."""
-    return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap,
-                 sinks, "no_sink")  # fmt: skip
+vllm_attends_before_write = _pitfall(
+    "vllm_attends_before_write", "write_after",
+    "Attends before writing the new tokens: the queries read the slots' old numbers.")
+vllm_skips_cache_write = _pitfall(
+    "vllm_skips_cache_write", "no_write",
+    "Never writes the new tokens into the cache (attends its old numbers).")
+vllm_table_stride = _pitfall(
+    "vllm_table_stride", "table_stride",
+    "The block table's rows read with the stride of the most pages a sequence needs, not the "
+    "table's width: every sequence but the first reads other pages (FlashInfer #4270).")
+vllm_causal_top_left = _pitfall(
+    "vllm_causal_top_left", "top_left",
+    "Causal aligned top-left per sequence: wrong for chunks and decode steps.")
+vllm_prefix_top_left = _pitfall(
+    "vllm_prefix_top_left", "prefix_top_left",
+    "The cascade's shared prefix attended causally top-left (query i sees its first i + 1 keys) "
+    "where every query sees all of it.")
+vllm_far_logits_masked = _pitfall(
+    "vllm_far_logits_masked", "far_masked",
+    "Finite scores below -3000 read as masked (FlashInfer #4450).")
+vllm_sink_dropped = _pitfall(
+    "vllm_sink_dropped", "no_sink", "The sinks left out of the denominator.")
 
 
 _MIXED = "vllm-mixed-p16-h4-4-d64"

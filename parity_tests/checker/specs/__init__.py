@@ -1,7 +1,8 @@
 """The specs: one module per kernel API, each a ``Spec`` plugin (``checker.spec``) named ``SPEC``
 in its module, found here by walking this package: a module whose name starts with "_" holds
 what several specs share (``_attention``: kernels over whole sequences; ``_decode``: kernels
-over a cache; ``_sparse``: kernels by indices; ``_linear``: linear attention as a recurrence)
+over a cache; ``_sparse``: kernels by indices; ``_linear``: linear attention as a recurrence;
+``_serving``: serving engines' paged calls; ``_widths``: the battery hooks of the last three)
 and is no spec. Adding a kernel API adds its module here, its broken kernels under
 ``checker.pitfalls`` and its tests; nothing else changes (docs/checker-map.md).
 
@@ -16,6 +17,9 @@ and is no spec. Adding a kernel API adds its module here, its broken kernels und
 - "fla_gdn", "fla_kda": flash-linear-attention's ``chunk_gated_delta_rule`` (gated DeltaNet) and
   ``chunk_kda`` (Kimi Delta Attention, a gate per key channel), linear attention as a
   recurrence, judged on o, the final state and every gradient.
+- "flashinfer_paged", "flashinfer_merge", "vllm_paged": FlashInfer's paged prefill/decode
+  wrappers (plan/run over CSR page tables, base-2 lse) and its cascade merge, and vLLM's paged
+  backend (the new tokens written at ``slot_mapping``, then mixed prefill/decode batches).
 
 ``SPECS`` names them in that order, ``FEATURES`` every feature any of them can express (a
 spec's ``opt_in`` features too; ``SPEC_FEATURES``: each spec's default claim); ``get``
@@ -36,7 +40,7 @@ from ..spec import Spec
 # The order specs are listed in (help, docs, reports); a spec not named here comes after them.
 _ORDER = (
     "sdpa", "flash", "flash_varlen", "flex", "ring", "flash_kvcache", "flash_mla", "sparse",
-    "flash_mla_sparse", "fla_gdn", "fla_kda",
+    "flash_mla_sparse", "fla_gdn", "fla_kda", "flashinfer_paged", "flashinfer_merge", "vllm_paged",
 )  # fmt: skip
 
 

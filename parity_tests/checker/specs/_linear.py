@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..battery import pairs
 from ..battery.linear import LinearCase, Requirement, seqlens_of
-from ..battery.widths import default_battery
-from ..spec import Spec
+from ._widths import WidthBatterySpec
 
 FUZZ_LENGTHS = (1, 2, 31, 63, 64, 65, 100, 128, 129, 200)  # tokens of a fuzzed sequence
 
@@ -35,7 +33,7 @@ if TYPE_CHECKING:
     from ..running.request import Outcome, Request
 
 
-class LinearSpec(Spec):
+class LinearSpec(WidthBatterySpec):
     """A kernel of linear attention as a recurrence (see the module docstring)."""
 
     # The key widths of the battery: each is a requirement, the first the width of any row
@@ -43,48 +41,15 @@ class LinearSpec(Spec):
     widths: ClassVar[tuple[int, ...]]
     # The final state is a result of every call, judged on every case: no feature of it.
     judged_everywhere = frozenset()
-    batteries = ("default", "quick")
-
-    def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[LinearCase, ...]:
-        # A linear case is small: the default battery is the quick one too.
-        return self.claimed_battery(lambda key: default_battery(self, key), claimed)
-
-    def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[LinearCase, ...]:
-        """The battery built for ``claimed`` (None: every feature)."""
-        return default_battery(self, self.claim_key(claimed))
-
-    def lookup(self, name: str, claimed: frozenset[str] | None) -> LinearCase:
-        for key in (self.claim_key(claimed), None):
-            for case in default_battery(self, key):
-                if case.name == name:
-                    return case
-        raise ValueError(f"unknown {self.name} case {name!r}; --list-cases --spec {self.name} "
-                         "names them")  # fmt: skip
-
-    def cannot_express(self, case: Any) -> str | None:
-        if not isinstance(case, LinearCase) or case.spec != self.name:
-            what = getattr(case, "spec", type(case).__name__)
-            return f"the {self.name} spec runs its own linear cases, not those of {what}"
-        return None
+    case_types = (LinearCase,)
+    family = "linear cases"
 
     def requirements(self, claimed: frozenset[str] | None) -> tuple[Requirement, ...]:
         """Every key width of ``widths``."""
         return tuple(Requirement(f"K = {k}", "width", k) for k in self.widths)
 
-    def row_for(self, requirement: Requirement, claimed: frozenset[str] | None) -> pairs.Row:
-        """A row with every option off."""
-        return {factor: values[0] for factor, values in pairs.space(self, claimed).items()}
-
     def fuzz_case(self, index, seed, claimed, limits) -> LinearCase:
-        import random
-
-        claim = None if claimed is None else sorted(claimed)
-        rng = random.Random(f"fuzz {self.name} {seed} {index} {claim}")
-        domains = pairs.space(self, claimed)
-        row: pairs.Row = {}
-        for factor, values in domains.items():
-            held = [v for v in values if pairs.extendable(self, domains, {**row, factor: v})]
-            row[factor] = rng.choice(held)
+        row, rng = self.fuzz_row(index, seed, claimed)
         widths = self.widths
         if limits is not None and limits.head_dims is not None:
             widths = tuple(w for w in widths if w in limits.head_dims) or widths

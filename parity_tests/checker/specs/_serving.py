@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,8 +25,7 @@ import torch
 
 from ..battery import pairs
 from ..battery.serving import WIDE_IDS, WINDOW, MergeCase, PagedCase, Requirement
-from ..battery.widths import default_battery
-from ..spec import Spec
+from ._widths import WidthBatterySpec
 
 if TYPE_CHECKING:
     from ..battery.limits import KernelLimits
@@ -37,43 +35,22 @@ if TYPE_CHECKING:
 POOL = WIDE_IDS + 4464  # the pages of the pool past 16-bit ids (70,000)
 
 
-class ServingSpec(Spec):
+class ServingSpec(WidthBatterySpec):
     """A serving engine's attention call (see the module docstring)."""
 
     backward = False
     widths: ClassVar[tuple[int, ...]] = (64, 128, 32, 256, 40 + 1)
-    batteries = ("default", "quick")
-
-    def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[Any, ...]:
-        # A serving case is small: the default battery is the quick one too.
-        return self.claimed_battery(lambda key: default_battery(self, key), claimed)
-
-    def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[Any, ...]:
-        """The battery built for ``claimed`` (None: every feature)."""
-        return default_battery(self, self.claim_key(claimed))
-
-    def lookup(self, name: str, claimed: frozenset[str] | None) -> Any:
-        for key in (self.claim_key(claimed), None):
-            for case in default_battery(self, key):
-                if case.name == name:
-                    return case
-        raise ValueError(f"unknown {self.name} case {name!r}; --list-cases --spec {self.name} "
-                         "names them")  # fmt: skip
-
-    def cannot_express(self, case: Any) -> str | None:
-        if not isinstance(case, (PagedCase, MergeCase)) or case.spec != self.name:
-            what = getattr(case, "spec", type(case).__name__)
-            return f"the {self.name} spec runs its own serving cases, not those of {what}"
-        return None
+    case_types = (PagedCase, MergeCase)
+    family = "serving cases"
 
     def requirements(self, claimed: frozenset[str] | None) -> tuple[Requirement, ...]:
         """Every head width of ``widths``."""
         return tuple(Requirement(f"D = {d}", "width", d) for d in self.widths)
 
     def row_for(self, requirement: Requirement, claimed: frozenset[str] | None) -> pairs.Row:
-        """A row with every option off; for the pool, pages of one token and one KV head (a
+        """A row with every option off; for the pool, pages of one token and two KV heads (a
         pool of 70,000 pages of 16 tokens would take gigabytes as the checker holds it)."""
-        row = {factor: values[0] for factor, values in pairs.space(self, claimed).items()}
+        row = super().row_for(requirement, claimed)
         if requirement.kind == "pool":
             row["page"], row["pool"] = "1", str(POOL)
         return row
@@ -83,13 +60,7 @@ class ServingSpec(Spec):
         """The case of ``row`` at head width ``d``, named by what it holds."""
 
     def fuzz_case(self, index, seed, claimed, limits) -> Any:
-        claim = None if claimed is None else sorted(claimed)
-        rng = random.Random(f"fuzz {self.name} {seed} {index} {claim}")
-        domains = pairs.space(self, claimed)
-        row: pairs.Row = {}
-        for factor, values in domains.items():
-            held = [v for v in values if pairs.extendable(self, domains, {**row, factor: v})]
-            row[factor] = rng.choice(held)
+        row, rng = self.fuzz_row(index, seed, claimed)
         case = self.case_of(row, rng.choice(self.widths))
         if limits is not None and self.outside(limits, case) is not None:
             case = self.nearest(limits, case)

@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..battery import pairs
 from ..battery.sparse import Requirement, SparseCase
-from ..battery.widths import default_battery
-from ..spec import Spec
+from ._widths import WidthBatterySpec
 
 FUZZ_QUERIES = (1, 2, 5, 8, 24)  # query tokens of a fuzzed case
 
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from ..running.request import Outcome, Request
 
 
-class SparseSpec(Spec):
+class SparseSpec(WidthBatterySpec):
     """A kernel of attention by indices (see the module docstring)."""
 
     # The head widths of the battery: each is a requirement, the first the width of any row
@@ -44,48 +42,15 @@ class SparseSpec(Spec):
     widths: ClassVar[tuple[int, ...]]
     # The list lengths a fuzzed case draws among.
     fuzz_topks: ClassVar[tuple[int, ...]] = (64, 128, 192, 256)
-    batteries = ("default", "quick")
-
-    def battery(self, name: str, claimed: frozenset[str] | None) -> tuple[SparseCase, ...]:
-        # A sparse case is small: the default battery is the quick one too.
-        return self.claimed_battery(lambda key: default_battery(self, key), claimed)
-
-    def default_battery(self, claimed: frozenset[str] | None = None) -> tuple[SparseCase, ...]:
-        """The battery built for ``claimed`` (None: every feature)."""
-        return default_battery(self, self.claim_key(claimed))
-
-    def lookup(self, name: str, claimed: frozenset[str] | None) -> SparseCase:
-        for key in (self.claim_key(claimed), None):
-            for case in default_battery(self, key):
-                if case.name == name:
-                    return case
-        raise ValueError(f"unknown {self.name} case {name!r}; --list-cases --spec {self.name} "
-                         "names them")  # fmt: skip
-
-    def cannot_express(self, case: Any) -> str | None:
-        if not isinstance(case, SparseCase) or case.spec != self.name:
-            what = getattr(case, "spec", type(case).__name__)
-            return f"the {self.name} spec runs its own sparse cases, not those of {what}"
-        return None
+    case_types = (SparseCase,)
+    family = "sparse cases"
 
     def requirements(self, claimed: frozenset[str] | None) -> tuple[Requirement, ...]:
         """Every head width of ``widths``."""
         return tuple(Requirement(f"D = {d}", "width", d) for d in self.widths)
 
-    def row_for(self, requirement: Requirement, claimed: frozenset[str] | None) -> pairs.Row:
-        """A row with every option off."""
-        return {factor: values[0] for factor, values in pairs.space(self, claimed).items()}
-
     def fuzz_case(self, index, seed, claimed, limits) -> SparseCase:
-        import random
-
-        claim = None if claimed is None else sorted(claimed)
-        rng = random.Random(f"fuzz {self.name} {seed} {index} {claim}")
-        domains = pairs.space(self, claimed)
-        row: pairs.Row = {}
-        for factor, values in domains.items():
-            held = [v for v in values if pairs.extendable(self, domains, {**row, factor: v})]
-            row[factor] = rng.choice(held)
+        row, rng = self.fuzz_row(index, seed, claimed)
         case = self.case_of(row, rng.choice(self.widths))
         s_q, topk = rng.choice(FUZZ_QUERIES), rng.choice(self.fuzz_topks)
         s_kv = s_q + topk + rng.randrange(200)
