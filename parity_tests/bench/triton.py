@@ -228,8 +228,8 @@ def kernel_signature(
     kernel: Any, dtype: str, flags: dict[str, bool], constexprs: dict[str, Any]
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """The argument types of ``kernel`` (pointers to ``dtype`` for q, k, v, out and their
-    gradients, float32 for the statistics, int32 offsets, the int64 seed) and its constexprs;
-    an option that is off passes its tensors as None."""
+    gradients, float32 for the statistics, int32 offsets, a pointer to the int64 seed) and its
+    constexprs; an option that is off passes its tensors as None."""
     packed = flags.get("VARLEN", False)
     unused = set()
     if not packed:
@@ -240,6 +240,8 @@ def kernel_signature(
         unused |= {"sinks"}
     if not flags.get("SLOPE_GRAD", False):
         unused |= {"dslope_rows"}
+    if not flags.get("DROPOUT", False):
+        unused |= {"seed"}
     signature, values = {}, {}
     for name in kernel.arg_names:
         if name.isupper() or name in unused:
@@ -251,10 +253,12 @@ def kernel_signature(
             signature[name] = "*fp32"
         elif name.startswith("cu_seqlens"):
             signature[name] = "*i32"
+        elif name == "seed":
+            signature[name] = "*i64"
         elif name in ("scale", "softcap", "dropout_p", "rescale"):
             signature[name] = "fp32"
         else:
-            signature[name] = "i64" if name == "seed" else "i32"
+            signature[name] = "i32"
     return signature, values
 
 

@@ -62,8 +62,10 @@ def test_compile_only_types_every_argument_of_every_kernel():
         backward.attention_backward_dq_kernel,
     ):
         signature, values = bench_triton.kernel_signature(kernel, "bf16", {"HAS_RIGHT": True}, {})
+        with_dropout, _ = bench_triton.kernel_signature(kernel, "bf16", {"DROPOUT": True}, {})
 
         assert list(signature) == kernel.arg_names
-        assert signature["q"] == "*bf16" and signature["seed"] == "i64"
+        assert signature["q"] == "*bf16" and with_dropout["seed"] == "*i64"  # read on the device
         assert values["HAS_RIGHT"] is True and values["VARLEN"] is False
         assert values["cu_seqlens_q"] is None and values["slopes"] is None
+        assert signature["seed"] == "constexpr" and values["seed"] is None

@@ -3,13 +3,13 @@
 ``"flash_varlen"`` specs certify.
 
 Each is ``torch_attention.flash_api``'s entry with backend "triton" (the one translation of
-flash-attn's keywords: bottom-right alignment, a window side of -1 unbounded, GQA when k has
-fewer heads than q), which calls ``functional.attention(..., backend="triton")`` or
-``varlen_attention(..., backend="triton")``, so that every check and refusal is theirs: the
-checks of ``rules.prepare`` and the kernel's limits (``launch.limit_refusal``), each a
-``ValueError`` naming the limit. Dropout runs in the kernel (a Philox keep-mask drawn from a
-seed that torch's global generator gives); ``deterministic`` is accepted and has nothing to
-change (the backward always is); ``return_attn_probs=True`` returns (out, lse, None), lse
+flash-attn's keywords: bottom-right alignment, a window side of -1 unbounded, GQA when k has fewer
+heads than q), which calls ``functional.attention(..., backend="triton")`` or
+``varlen_attention(..., backend="triton")``, so that every check and refusal is theirs: the checks
+of ``rules.prepare`` and the kernel's limits (``launch.limit_refusal``), each a ``ValueError``
+naming the limit. Dropout runs in the kernel (a Philox keep-mask drawn from a seed that the inputs'
+device's generator gives, read by the kernel on the device); ``deterministic`` is accepted and has
+nothing to change (the backward always is); ``return_attn_probs=True`` returns (out, lse, None), lse
 float32 (B, H, N), or (H, T_q) for packed sequences, as flash-attn returns its softmax_lse.
 
 Features for the checker: causal, window, softcap, alibi, gqa, lse, dv, dropout; no masks (the

@@ -5,7 +5,15 @@ sizes (autotuned on a GPU, pinned under the interpreter), and the autograd Funct
 prepared by ``rules.prepare``); ``varlen_attention(...)`` runs packed sequences (flash-attn's
 layout) in one launch. Both go through ``TritonAttention``, whose forward runs
 ``forward.attention_forward_kernel`` and whose backward computes ``delta = rowsum(dO * O) -
-dlse`` and dsinks in torch, then runs the two backward kernels.
+dlse`` and dsinks in torch, then runs the two backward kernels (under GQA the dK/dV kernel
+writes one float32 gradient per query head, summed here over each kv head's group).
+
+Every launch names every argument (``kernel[grid](q=q, ..., BLOCK_D=...)``): a kernel's
+signature can change without a launch silently passing a stride for a scale. The grid is one
+axis of cdiv(length, BLOCK) * (B * H) programs (``grid``), within CUDA's 2^31 - 1 where axes 1
+and 2 stop at 65,535. Dropout's Philox key is a one-element int64 tensor drawn on the inputs'
+device (``draw_seed``) that the kernels load: a CUDA graph that replays the call draws a fresh
+key each time instead of the one a Python integer would have frozen into it.
 
 The kernels see every tensor as a strided 4-D view (b, h, n, w): (B, H, N, W) views of the
 caller's tensors (never copied, whatever their strides), or for packed sequences (1, H, T, W)
@@ -44,6 +52,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Under the interpreter there is no GPU to autotune on: one configuration, pinned. Small blocks
 # keep the interpreted programs short and put block edges within reach of small tests.
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}
+# CUDA's limit of grid axis 0 (axes 1 and 2 stop at 65,535).
+MAX_PROGRAMS = 2**31 - 1
 # The GPU configurations the autotuner tries, (BLOCK_M, BLOCK_N, num_warps, num_stages); one
 # that does not fit the GPU (shared memory at D = 256) is skipped by the autotuner.
 FORWARD_CONFIGS = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
@@ -101,7 +111,7 @@ class Launch(NamedTuple):
     left: int | None
     right: int | None
     dropout_p: float
-    seed: int  # dropout's Philox key
+    seed: torch.Tensor | None  # dropout's Philox key, (1,) int64 on the device; None without
     cu_seqlens_q: torch.Tensor | None  # (S + 1,) int32, packed calls
     cu_seqlens_k: torch.Tensor | None
 
@@ -137,7 +147,7 @@ def attention(
         left=rules.left,
         right=rules.right,
         dropout_p=rules.dropout_p,
-        seed=draw_seed(rules.dropout_p) if n and m else 0,
+        seed=draw_seed(rules.dropout_p, q.device) if n and m else None,
         cu_seqlens_q=None,
         cu_seqlens_k=None,
     )
@@ -178,7 +188,7 @@ def varlen_attention(
         left=rules.left,
         right=rules.right,
         dropout_p=rules.dropout_p,
-        seed=draw_seed(rules.dropout_p),
+        seed=draw_seed(rules.dropout_p, q.device),
         cu_seqlens_q=offsets(cu_seqlens_q),
         cu_seqlens_k=offsets(cu_seqlens_k),
     )
@@ -189,26 +199,44 @@ def varlen_attention(
 
 
 def dropout_mask(
-    seed: int, dropout_p: float, shape: tuple[int, ...], device: torch.device | str
+    seed: int | torch.Tensor, dropout_p: float, shape: tuple[int, ...], device: torch.device | str
 ) -> torch.Tensor:
-    """The keep-mask (..., H, N, M), bool, that the kernels draw for ``seed`` on a (non-packed)
-    call whose scores have ``shape``: entry (g, i, j) of the flattened leading axes g is kept
-    where Philox(seed) at (g * N + i) * M + j is >= ``dropout_p``."""
+    """The keep-mask (..., H, N, M), bool, that the kernels draw for ``seed`` (an integer, or
+    the (1,) int64 tensor ``draw_seed`` gives) on a (non-packed) call whose scores have
+    ``shape``: entry (g, i, j) of the flattened leading axes g is kept where Philox(seed) at
+    (g * N + i) * M + j is >= ``dropout_p``."""
     *lead, n, m = shape
     rows = n * math.prod(lead)
+    key = torch.as_tensor(seed, dtype=torch.int64, device=device).reshape(1)
     keep = torch.empty((rows, m), dtype=torch.int8, device=device)
     if rows and m:
         pipeline.dropout_mask_kernel[(rows, triton.cdiv(m, 256))](
-            keep, seed, dropout_p, m, BLOCK_N=256
+            keep=keep, seed=key, dropout_p=dropout_p, keys_per_row=m, BLOCK_N=256
         )
     return keep.bool().reshape(shape)
 
 
-def draw_seed(dropout_p: float) -> int:
-    """Dropout's Philox key, drawn from torch's global (CPU) generator, so that
-    ``torch.manual_seed`` reproduces a call (and ``dropout_mask`` reads its keep-mask back); 0
-    without dropout."""
-    return int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
+def draw_seed(dropout_p: float, device: torch.device | str) -> torch.Tensor | None:
+    """Dropout's Philox key, (1,) int64 on ``device``, drawn by that device's generator: on a
+    GPU without a host round trip (a CUDA graph captures the draw and makes a new key at each
+    replay), and ``torch.manual_seed`` reproduces a call (``dropout_mask`` reads its keep-mask
+    back). None without dropout."""
+    if dropout_p <= 0.0:
+        return None
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+def grid(length: int, block: int, sequences: int) -> tuple[int, int, int]:
+    """The launch grid of a kernel over ``length`` rows (or keys) in blocks of ``block``, for
+    ``sequences`` (batch element, head) pairs: every program on axis 0, in the order
+    ``pipeline.program_tile`` reads; a ``ValueError`` past CUDA's 2^31 - 1 programs."""
+    programs = triton.cdiv(length, block) * sequences
+    if programs > MAX_PROGRAMS:
+        raise ValueError(
+            f"{programs} programs (cdiv({length}, {block}) blocks x {sequences} batch elements "
+            f"and heads) exceed CUDA's {MAX_PROGRAMS} on one grid axis"
+        )
+    return (programs, 1, 1)
 
 
 class TritonAttention(torch.autograd.Function):
@@ -229,22 +257,21 @@ class TritonAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = _empty_like_order(q, v.shape[-1])  # (B, H, N, Dv)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # (B, H, N)
-        args = _common(q, k, v, launch)
         _run(
             forward.attention_forward_kernel,
-            (launch.seqlen_q, launch.batch * launch.heads),
+            launch.seqlen_q,
             "BLOCK_M",
-            (q, k, v, out, lse, sinks, slopes, launch.cu_seqlens_q, launch.cu_seqlens_k)
-            + _strides(q, launch)
-            + _strides(k, launch)
-            + _strides(v, launch)
-            + _strides(out, launch)
-            + _strides(lse, launch)
-            + _slope_strides(slopes)
-            + args.scalars,
-            args.flags | {"SINKS": sinks is not None, "ALIBI": slopes is not None},
+            launch,
+            dict(
+                q=q, k=k, v=v, out=out, lse=lse, sinks=sinks,
+                **_strides("q", q, launch), **_strides("k", k, launch),
+                **_strides("v", v, launch), **_strides("o", out, launch),
+                **_strides("l", lse, launch),
+                **_common(q, k, v, slopes, launch),
+                SINKS=sinks is not None,
+            ),
             FORWARD_CONFIGS,
-        )
+        )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, lse, sinks, slopes)
         ctx.launch = launch
         return out, lse
@@ -266,98 +293,119 @@ class TritonAttention(torch.autograd.Function):
         if sinks is not None and ctx.needs_input_grad[3]:
             sink_probs = torch.exp(sinks[:, None] - lse)  # (B, H, N)
             dsinks = -(sink_probs * delta).sum(dim=(0, 2))  # (H,)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         slope_grad = slopes is not None and ctx.needs_input_grad[4]
         dslope_rows = torch.zeros_like(lse) if slope_grad else None  # (B, H, N)
-        args = _common(q, k, v, launch)
-        flags = args.flags | {"ALIBI": slopes is not None}
-        tensors = (q, k, v, dout, lse, delta)
-        strides = (
-            _strides(q, launch)
-            + _strides(k, launch)
-            + _strides(v, launch)
-            + _strides(dout, launch)
-            + _strides(lse, launch)
-        )
-        cu = (launch.cu_seqlens_q, launch.cu_seqlens_k)
+        common = dict(
+            q=q, k=k, v=v, dout=dout, lse=lse, delta=delta,
+            **_strides("q", q, launch), **_strides("k", k, launch),
+            **_strides("v", v, launch), **_strides("g", dout, launch),
+            **_strides("l", lse, launch),
+            **_common(q, k, v, slopes, launch),
+        )  # fmt: skip
+        dk_heads, dv_heads = _key_grads_per_head(q, k, v, launch.group)
         _run(
             backward.attention_backward_dkdv_kernel,
-            (launch.seqlen_k, launch.batch * launch.heads // launch.group),
+            launch.seqlen_k,
             "BLOCK_N",
-            tensors + (dk, dv, slopes) + cu + strides
-            + _strides(dk, launch) + _strides(dv, launch) + _slope_strides(slopes)
-            + args.scalars,
-            flags,
+            launch,
+            dict(common, dk=dk_heads, dv=dv_heads, **_strides("dk", dk_heads, launch),
+                 **_strides("dv", dv_heads, launch)),
             BACKWARD_CONFIGS,
         )  # fmt: skip
+        dq = torch.empty_like(q)
         _run(
             backward.attention_backward_dq_kernel,
-            (launch.seqlen_q, launch.batch * launch.heads),
+            launch.seqlen_q,
             "BLOCK_M",
-            tensors + (dq, dslope_rows, slopes) + cu + strides + _strides(dq, launch)
-            + _slope_strides(slopes) + args.scalars,
-            flags | {"SLOPE_GRAD": slope_grad},
+            launch,
+            dict(common, dq=dq, dslope_rows=dslope_rows, **_strides("dq", dq, launch),
+                 SLOPE_GRAD=slope_grad),
             BACKWARD_CONFIGS,
         )  # fmt: skip
+        dk, dv = _group_sums(dk_heads, k), _group_sums(dv_heads, v)
         dslopes = None if dslope_rows is None else _slope_sums(dslope_rows, slopes, launch)
         return dq, dk, dv, dsinks, dslopes, None
 
 
-class _Args(NamedTuple):
-    scalars: tuple[Any, ...]  # heads ... length_bucket, in the kernels' order
-    flags: dict[str, Any]  # the constexpr options
+def _key_grads_per_head(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the dK/dV kernel writes, one gradient per query head: dk, dv themselves (k's and
+    v's layout and dtype) without GQA; under GQA float32 (B, H, M, D) and (B, H, M, Dv), which
+    ``_group_sums`` reduces, so that each program writes its own head and needs no atomics."""
+    if group == 1:
+        return torch.empty_like(k), torch.empty_like(v)
+    rows = (q.shape[0], q.shape[1], k.shape[2])  # (B, H, M)
+    dk = torch.empty(rows + (k.shape[-1],), dtype=torch.float32, device=k.device)
+    dv = torch.empty(rows + (v.shape[-1],), dtype=torch.float32, device=v.device)
+    return dk, dv
 
 
-def _common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, launch: Launch) -> _Args:
-    """The scalar arguments and the constexpr flags that every kernel takes."""
+def _group_sums(per_head: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """dK (or dV) of each kv head: the sum of its group's query heads, in head order (a fixed
+    order: the backward stays deterministic), in ``like``'s dtype; ``per_head`` itself when it
+    already has ``like``'s shape (no GQA)."""
+    if per_head.shape == like.shape:
+        return per_head
+    batch, kv_heads = like.shape[:2]
+    grouped = per_head.reshape(batch, kv_heads, -1, *per_head.shape[2:])  # (B, H_kv, group, M, W)
+    return grouped.sum(dim=2).to(like.dtype)
+
+
+def _common(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None, launch: Launch
+) -> dict[str, Any]:
+    """The arguments every kernel takes by the same name: the slopes, the seed, the packed
+    offsets, the scalars and the constexpr options."""
     d, dv = q.shape[-1], v.shape[-1]
-    dropout = launch.dropout_p > 0.0
-    scalars = (
-        launch.heads,
-        launch.group,
-        launch.seqlen_q,
-        launch.seqlen_k,
-        launch.offset,
-        d,
-        dv,
-        float(launch.scale),
-        float(launch.softcap) or 1.0,
-        0 if launch.left is None else launch.left,
-        0 if launch.right is None else launch.right,
-        float(launch.dropout_p),
-        1.0 / (1.0 - launch.dropout_p),
-        launch.seed,
-        q.shape[-2],  # the rows per head of lse: N, or T_q when packed
-        launch.seqlen_k,  # keys per row of the dropout grid
-        triton.next_power_of_2(max(launch.seqlen_q, launch.seqlen_k, 1)),
-    )
-    flags = {
-        "VARLEN": launch.cu_seqlens_q is not None,
-        "BOTTOM_RIGHT": launch.bottom_right,
-        "SOFTCAP": bool(launch.softcap),
-        "HAS_LEFT": launch.left is not None,
-        "HAS_RIGHT": launch.right is not None,
-        "DROPOUT": dropout,
+    slope_strides = (0, 0)
+    if slopes is not None:  # batch stride 0 for one row of slopes (H,)
+        slope_strides = (0 if slopes.shape[0] == 1 else slopes.stride(0), slopes.stride(1))
+    return dict(
+        slopes=slopes,
+        seed=launch.seed,
+        cu_seqlens_q=launch.cu_seqlens_q,
+        cu_seqlens_k=launch.cu_seqlens_k,
+        stride_slope_b=slope_strides[0],
+        stride_slope_h=slope_strides[1],
+        heads=launch.heads,
+        group=launch.group,
+        seqlen_q=launch.seqlen_q,
+        seqlen_k=launch.seqlen_k,
+        offset=launch.offset,
+        head_dim=d,
+        value_dim=dv,
+        scale=float(launch.scale),
+        softcap=float(launch.softcap) or 1.0,
+        left=0 if launch.left is None else launch.left,
+        right=0 if launch.right is None else launch.right,
+        dropout_p=float(launch.dropout_p),
+        rescale=1.0 / (1.0 - launch.dropout_p),
+        lse_rows=q.shape[-2],  # the rows per head of lse: N, or T_q when packed
+        keys_per_row=launch.seqlen_k,  # keys per row of the dropout grid
+        length_bucket=triton.next_power_of_2(max(launch.seqlen_q, launch.seqlen_k, 1)),
+        VARLEN=launch.cu_seqlens_q is not None,
+        BOTTOM_RIGHT=launch.bottom_right,
+        SOFTCAP=bool(launch.softcap),
+        ALIBI=slopes is not None,
+        HAS_LEFT=launch.left is not None,
+        HAS_RIGHT=launch.right is not None,
+        DROPOUT=launch.dropout_p > 0.0,
         # float32 products in IEEE float32: a GPU's default TF32 rounds inputs to 10 bits.
-        "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else None,
-        "BLOCK_D": max(16, triton.next_power_of_2(d)),
-        "BLOCK_DV": max(16, triton.next_power_of_2(dv)),
-    }
-    return _Args(scalars, flags)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+    )
 
 
-def _strides(t: torch.Tensor, launch: Launch) -> tuple[int, ...]:
-    """The strides of a (b, h, n[, w]) view; a packed call's batch stride is 0 (its sequences
-    are found through ``cu_seqlens``)."""
-    strides = t.stride()
-    return ((0,) + strides[1:]) if launch.cu_seqlens_q is not None else strides
-
-
-def _slope_strides(slopes: torch.Tensor | None) -> tuple[int, int]:
-    """(batch, head) strides of the slopes; batch stride 0 for one row of slopes (H,)."""
-    if slopes is None:
-        return (0, 0)
-    return (0 if slopes.shape[0] == 1 else slopes.stride(0), slopes.stride(1))
+def _strides(name: str, t: torch.Tensor, launch: Launch) -> dict[str, int]:
+    """The strides of a (b, h, n[, w]) view as the kernels name them, ``stride_<name><axis>``
+    for the axes b, h, n, d; a packed call's batch stride is 0 (its sequences are found through
+    ``cu_seqlens``)."""
+    strides = list(t.stride())
+    if launch.cu_seqlens_q is not None:
+        strides[0] = 0
+    return {f"stride_{name}{axis}": s for axis, s in zip("bhnd", strides, strict=False)}
 
 
 def _slope_sums(dslope_rows: torch.Tensor, slopes: torch.Tensor, launch: Launch) -> torch.Tensor:
@@ -385,24 +433,23 @@ def _empty_like_order(t: torch.Tensor, width: int) -> torch.Tensor:
 
 def _run(
     kernel: Any,
-    lengths: tuple[int, int],
+    length: int,
     block: str,
-    args: tuple[Any, ...],
-    flags: dict[str, Any],
+    launch: Launch,
+    arguments: dict[str, Any],
     configs: tuple[tuple[int, int, int, int], ...],
 ) -> None:
-    """Launch ``kernel`` on the grid (cdiv(lengths[0], block), lengths[1]); pinned blocks
-    under the interpreter, autotuned ones on a GPU. A grid with no program is not launched."""
-    if lengths[0] == 0 or lengths[1] == 0:
+    """Launch ``kernel`` with every argument by name on ``grid(length, <block>, B * H)``;
+    pinned blocks under the interpreter, autotuned ones on a GPU. A grid with no program is not
+    launched."""
+    sequences = launch.batch * launch.heads
+    if length == 0 or sequences == 0:
         return
-
-    def grid(meta: dict[str, Any]) -> tuple[int, int]:
-        return (triton.cdiv(lengths[0], meta[block]), lengths[1])
-
     if interpreted():
-        kernel[grid(INTERPRETER_CONFIG)](*args, **flags, **INTERPRETER_CONFIG)
+        pinned = grid(length, INTERPRETER_CONFIG[block], sequences)
+        kernel[pinned](**arguments, **INTERPRETER_CONFIG)
     else:
-        _tuned(kernel, configs)[grid](*args, **flags)
+        _tuned(kernel, configs)[lambda meta: grid(length, meta[block], sequences)](**arguments)
 
 
 @functools.cache

@@ -224,6 +224,9 @@ OPTIONS = {
     "alibi-bh": {"alibi": "BH", "batch": 2},
     "sinks": {"sinks": True},
     "gqa": {"heads": 4, "kv_heads": 2},
+    # Blocks of 16: query block 48 walks a left-edge, an interior and a diagonal key block, key
+    # block 16 a diagonal, an interior and a left-edge query block (pipeline.interior_*).
+    "window-edges-and-interior": {"window": (40, 0), "n": 80, "m": 80, "d": 16, "dv": 16},
 }
 
 
@@ -278,7 +281,7 @@ def test_dropout_is_the_golden_with_the_kernels_keep_mask(device):
     torch.manual_seed(SEED)
     results = kernel(problem, "float32", device)
     torch.manual_seed(SEED)
-    keep = dropout_mask(launch.draw_seed(0.3), 0.3, (1, 2, 17, 20), device)
+    keep = dropout_mask(launch.draw_seed(0.3, device), 0.3, (1, 2, 17, 20), device)
     masked = problem._replace(options={**problem.options, "dropout_mask": to_numpy(keep)})
 
     assert_judged(results, golden(masked), baseline(masked, "float32"), "float32")
@@ -288,6 +291,20 @@ def test_the_keep_mask_keeps_one_minus_p(device):
     keep = dropout_mask(12345, 0.3, (1, 32, 256), device)
 
     assert judge_keep("triton", "float32", 0.3, to_numpy(keep)).verdict == "pass"
+
+
+def test_the_seed_is_a_tensor_on_the_device_that_the_kernels_read(device):
+    """No host round trip (a CUDA graph replaying the call draws a fresh key): the seed is
+    drawn on the inputs' device, and the kernels read the key it holds."""
+    torch.manual_seed(SEED)
+    seed = launch.draw_seed(0.3, device)
+    torch.manual_seed(SEED)
+
+    assert seed.dtype == torch.int64 and seed.shape == (1,) and seed.device.type == device
+    assert torch.equal(launch.draw_seed(0.3, device), seed)
+    assert launch.draw_seed(0.0, device) is None
+    assert torch.equal(dropout_mask(seed, 0.3, (2, 9, 40), device),
+                       dropout_mask(int(seed.item()), 0.3, (2, 9, 40), device))  # fmt: skip
 
 
 # -- layouts, empty problems, determinism -------------------------------------------------------
@@ -363,6 +380,59 @@ def test_packed_sequences_run_in_one_launch(device):
     gold["dslopes"] = run(torch.float64, "math", "cpu")["dslopes"]
     assert_judged(run(torch.float32, "triton", device), gold, run(torch.float32, "math", "cpu"),
                   "float32")  # fmt: skip
+
+
+# -- launches: grids within CUDA's limits, every argument by name --------------------------------
+
+
+def test_the_grid_of_2048_sequences_of_32_heads_is_within_cudas_limits():
+    """2,048 x 32 = 65,536 (batch element, head) pairs, one more than CUDA allows on grid axes
+    1 and 2: every program is on axis 0, whose limit is 2^31 - 1."""
+    for length, block in ((4096, 128), (4096, 16), (1, 16), (131072, 64)):
+        grid = launch.grid(length, block, 2048 * 32)
+
+        assert grid[0] == -(-length // block) * 2048 * 32 and grid[0] <= 2**31 - 1, grid
+        assert grid[1] <= 65535 and grid[2] <= 65535, grid
+
+
+def test_a_grid_past_2_to_the_31_programs_is_refused_naming_it():
+    with pytest.raises(ValueError, match="programs .* exceed CUDA's 2147483647 on one grid axis"):
+        launch.grid(2**22, 16, 2**17)
+
+
+def _recorded_launches(monkeypatch) -> list:
+    """Every ``launch._run`` call as (kernel, length, block, arguments), each still run."""
+    calls, run = [], launch._run
+
+    def recording(kernel, length, block, triton_launch, arguments, configs):
+        calls.append((kernel, length, block, arguments))
+        run(kernel, length, block, triton_launch, arguments, configs)
+
+    monkeypatch.setattr(launch, "_run", recording)
+    return calls
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["mha", "gqa"])
+def test_every_launch_names_every_argument(kv_heads, monkeypatch, device):
+    """The forward, dK/dV and dQ launches pass each of the kernel's arguments by its name (the
+    blocks the autotuner or the pinned configuration adds); the seed is the device tensor;
+    under GQA the dK/dV kernel writes float32 per query head (summed afterwards), without it
+    straight into the gradients."""
+    calls = _recorded_launches(monkeypatch)
+    problem = make_problem("float16", kv_heads=kv_heads, causal=True, alibi="H", sinks=True,
+                           softcap=2.0, dropout_p=0.2)  # fmt: skip
+
+    kernel(problem, "float16", device)
+
+    assert [c[0] for c in calls] == [launch.forward.attention_forward_kernel,
+                                     launch.backward.attention_backward_dkdv_kernel,
+                                     launch.backward.attention_backward_dq_kernel]  # fmt: skip
+    for kernel_fn, _, _, arguments in calls:
+        assert set(arguments) | {"BLOCK_M", "BLOCK_N"} == set(kernel_fn.arg_names)
+        assert isinstance(arguments["seed"], torch.Tensor)
+        assert arguments["seed"].device.type == device
+    dk = calls[1][3]["dk"]
+    assert dk.shape[1] == 2 and dk.dtype == (torch.float32 if kv_heads == 1 else torch.float16)
 
 
 # -- the backend's registration: refusals by name, and "auto" -------------------------------
