@@ -8,6 +8,9 @@ correct with none.
 (bottom-right), sinks in the denominator, lse natural. ``plain_merge``: FlashInfer's merge of S
 base-2 states by their largest s.
 
+``PlainWrapper``, ``plain_vllm`` and ``plain_merge_call`` put them behind the specs'
+signatures (the pitfalls turn their mistakes on; ``targets.serving`` has them without any).
+
 Mistakes of ``plain_paged``: "ids16" (page ids truncated to 16 bits), "page128" (slots past 128
 of a page read from slot % 128: FlashInfer #4347), "top_left" (causal and windows aligned
 top-left in every sequence: query i at key i), "window_plus" (one key more left of the window),
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -128,3 +132,86 @@ def plain_merge(
         merged = torch.where(dead[..., None], 0.0, merged)
         lse = torch.where(dead, 0.0 if "dead_zero" in mistakes else -math.inf, lse)
     return merged.to(v.dtype), lse.to(torch.float32)  # FlashInfer's s: float32
+
+
+class PlainWrapper:
+    """FlashInfer's ``plan``/``run`` over ``plain_paged``, with ``mistakes`` (``plain_paged``'s,
+    and "lse_natural":
+    lse in natural log; "last_page_full": every last page read as full; "hnd_as_nhd": an HND
+    cache read as NHD)."""
+
+    def __init__(self, kv_layout: str, mistakes: frozenset[str] = frozenset()) -> None:
+        self.layout, self.mistakes = kv_layout, mistakes
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+             num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal=False, sm_scale=None,
+             window_left=-1, logits_soft_cap=None, **_: Any) -> None:  # fmt: skip
+        indptr, indices = paged_kv_indptr.tolist(), paged_kv_indices.tolist()
+        last = paged_kv_last_page_len.tolist()
+        self.pages = [indices[indptr[b] : indptr[b + 1]] for b in range(len(indptr) - 1)]
+        full = "last_page_full" in self.mistakes
+        self.kv_lens = [0 if not pages else (len(pages) - 1) * page_size +
+                        (page_size if full else last[b]) for b, pages in enumerate(self.pages)]
+        self.qo_indptr = qo_indptr.tolist()
+        self.options = {"causal": causal, "window_left": window_left, "scale": sm_scale,
+                        "softcap": logits_soft_cap or 0.0}  # fmt: skip
+
+    def run(self, q, paged_kv_cache, *, return_lse=False, sinks=None):
+        if isinstance(paged_kv_cache, torch.Tensor):
+            k, v = paged_kv_cache[:, 0], paged_kv_cache[:, 1]
+        else:
+            k, v = paged_kv_cache
+        if self.layout == "HND":
+            if "hnd_as_nhd" in self.mistakes:  # the same memory read with NHD's strides
+                k, v = (t.reshape(t.shape[0], t.shape[2], t.shape[1], t.shape[3]) for t in (k, v))
+            else:
+                k, v = k.transpose(1, 2), v.transpose(1, 2)
+        out, lse = plain_paged(q, k, v, self.qo_indptr, self.pages, self.kv_lens, sinks=sinks,
+                               mistakes=self.mistakes, **self.options)  # fmt: skip
+        if not return_lse:
+            return out
+        base = 1.0 if "lse_natural" in self.mistakes else math.log(2.0)
+        return out, lse / base  # the compute dtype: float32 for half inputs
+
+
+def plain_vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap, sinks,
+               *mistakes: str) -> torch.Tensor:  # fmt: skip
+    """vLLM's call with ``mistakes`` (``plain_paged``'s, and "no_write": the new tokens never
+    written; "write_after": written after attending; "table_stride": row b of the block table
+    read at b * (the most pages a sequence needs), not at the table's width)."""
+    m, found = attn_metadata, frozenset(mistakes)
+    size = kv_cache.shape[2]
+
+    def write() -> None:
+        for pool, tokens in zip(kv_cache, (key, value), strict=True):
+            pool.view(-1, *pool.shape[2:])[m.slot_mapping] = tokens
+
+    if not found & {"no_write", "write_after"}:
+        write()
+    lengths = m.seq_lens.tolist()
+    needed = [-(-n // size) for n in lengths]
+    if "table_stride" in found:
+        flat, stride = m.block_table.flatten().tolist(), max(needed)
+        rows: Any = [flat[b * stride : b * stride + n] for b, n in enumerate(needed)]
+    else:
+        rows = [m.block_table[b, :n].tolist() for b, n in enumerate(needed)]
+    out, _ = plain_paged(
+        query, kv_cache[0], kv_cache[1], m.query_start_loc.tolist(), rows, lengths,
+        causal=m.causal, window_left=-1 if sliding_window is None else sliding_window - 1,
+        softcap=logits_soft_cap or 0.0, sinks=sinks, scale=m.scale,
+        prefix=m.common_prefix_len if m.use_cascade else 0, mistakes=found,
+    )  # fmt: skip
+    if "write_after" in found:
+        write()
+    return out
+
+
+def plain_merge_call(args: tuple[torch.Tensor, ...], *mistakes: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``merge_state`` (four arguments) or ``merge_states`` (two) over ``plain_merge``."""
+    if len(args) == 4:  # merge_state: two states
+        v = torch.stack([args[0], args[2]], dim=1)
+        s = torch.stack([args[1], args[3]], dim=1)
+    else:
+        v, s = args
+    return plain_merge(v, s, frozenset(mistakes))

@@ -1,4 +1,4 @@
-"""Broken kernels with the "vllm_paged" spec's signature, one mistake each: ``_vllm`` is vLLM's
+"""Broken kernels with the "vllm_paged" spec's signature, one mistake each: ``plain_vllm`` is vLLM's
 write-then-attend over the plain computation of ``golden.serving_baseline.plain_paged``,
 correct but for its mistake.
 
@@ -10,46 +10,13 @@ Tests: tests/checker/pitfalls/test_init.py, tests/checker/specs/test_serving.py
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from ..golden.serving_baseline import plain_paged
+from ..golden.serving_baseline import plain_vllm
 from . import Pitfall
 
 SPEC = "vllm_paged"
-
-
-def _vllm(query, key, value, kv_cache, attn_metadata, sliding_window, logits_soft_cap, sinks,
-          *mistakes: str) -> torch.Tensor:  # fmt: skip
-    """vLLM's call with ``mistakes`` (``plain_paged``'s, and "no_write": the new tokens never
-    written; "write_after": written after attending; "table_stride": row b of the block table
-    read at b * (the most pages a sequence needs), not at the table's width)."""
-    m, found = attn_metadata, frozenset(mistakes)
-    size = kv_cache.shape[2]
-
-    def write() -> None:
-        for pool, tokens in zip(kv_cache, (key, value), strict=True):
-            pool.view(-1, *pool.shape[2:])[m.slot_mapping] = tokens
-
-    if not found & {"no_write", "write_after"}:
-        write()
-    lengths = m.seq_lens.tolist()
-    needed = [-(-n // size) for n in lengths]
-    if "table_stride" in found:
-        flat, stride = m.block_table.flatten().tolist(), max(needed)
-        rows: Any = [flat[b * stride : b * stride + n] for b, n in enumerate(needed)]
-    else:
-        rows = [m.block_table[b, :n].tolist() for b, n in enumerate(needed)]
-    out, _ = plain_paged(
-        query, kv_cache[0], kv_cache[1], m.query_start_loc.tolist(), rows, lengths,
-        causal=m.causal, window_left=-1 if sliding_window is None else sliding_window - 1,
-        softcap=logits_soft_cap or 0.0, sinks=sinks, scale=m.scale,
-        prefix=m.common_prefix_len if m.use_cascade else 0, mistakes=found,
-    )  # fmt: skip
-    if "write_after" in found:
-        write()
-    return out
 
 
 def _pitfall(name: str, mistake: str, doc: str) -> Callable[..., torch.Tensor]:
@@ -57,7 +24,7 @@ def _pitfall(name: str, mistake: str, doc: str) -> Callable[..., torch.Tensor]:
 
     def kernel(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
                logits_soft_cap=None, sinks=None):  # fmt: skip
-        return _vllm(query, key, value, kv_cache, attn_metadata, sliding_window,
+        return plain_vllm(query, key, value, kv_cache, attn_metadata, sliding_window,
                      logits_soft_cap, sinks, mistake)  # fmt: skip
 
     kernel.__name__ = kernel.__qualname__ = name

@@ -61,9 +61,10 @@ class FlashInferMergeSpec(ServingSpec):
 
     def targets(self, device: Any, dtypes: tuple[str, ...]) -> list[Any]:
         from ..targets.builtin import Target
-        from ..targets.serving import merge
+        from ..targets.serving import merge, plain_merge
 
-        return [Target("merge_state+merge_states", merge, dtypes, self.name)]
+        return [Target("merge_state+merge_states", merge, dtypes, self.name),
+                Target("plain_merge", plain_merge, dtypes, self.name)]
 
 
 SPEC = FlashInferMergeSpec()

@@ -88,9 +88,10 @@ class FlashInferPagedSpec(PagedSpec):
 
     def targets(self, device: Any, dtypes: tuple[str, ...]) -> list[Any]:
         from ..targets.builtin import Target
-        from ..targets.serving import flashinfer_wrapper
+        from ..targets.serving import flashinfer_wrapper, plain_flashinfer_wrapper
 
-        return [Target("PagedPrefillWrapper", flashinfer_wrapper, dtypes, self.name)]
+        return [Target("PagedPrefillWrapper", flashinfer_wrapper, dtypes, self.name),
+                Target("plain_flashinfer_wrapper", plain_flashinfer_wrapper, dtypes, self.name)]
 
 
 def paged_cache(case: PagedCase, given: dict[str, torch.Tensor]) -> Any:

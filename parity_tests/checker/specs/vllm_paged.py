@@ -109,9 +109,10 @@ class VllmPagedSpec(PagedSpec):
 
     def targets(self, device: Any, dtypes: tuple[str, ...]) -> list[Any]:
         from ..targets.builtin import Target
-        from ..targets.serving import vllm_attention
+        from ..targets.serving import plain_vllm_attention, vllm_attention
 
-        return [Target("vllm_attention", vllm_attention, dtypes, self.name)]
+        return [Target("vllm_attention", vllm_attention, dtypes, self.name),
+                Target("plain_vllm_attention", plain_vllm_attention, dtypes, self.name)]
 
 
 SPEC = VllmPagedSpec()

@@ -10,6 +10,10 @@
   fields read by name; ``sliding_window`` vLLM's count of keys, window_left + 1).
 - ``merge``: FlashInfer's ``merge_state`` (four arguments) and ``merge_states`` (two), the
   twin's.
+- ``plain_flashinfer_wrapper``, ``plain_vllm_attention``, ``plain_merge``: the same signatures
+  over the plain computations of ``golden.serving_baseline`` instead of the twin, which is the
+  bounds' baseline: correct kernels whose rounding is their own (the calibration's test of the
+  bounds).
 
 Shape legend: T query tokens, H query heads, H_kv key/value heads, D head width, S states.
 
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 
 from torch_attention.decode import serving
+
+from ..golden.serving_baseline import PlainWrapper, plain_merge_call, plain_vllm
 
 
 def flashinfer_wrapper(kv_layout: str) -> Any:
@@ -50,3 +56,21 @@ def merge(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if len(args) == 4:
         return serving.merge_state(*args)
     return serving.merge_states(*args)
+
+
+def plain_flashinfer_wrapper(kv_layout: str) -> Any:
+    """FlashInfer's plan/run over the plain computation (``golden.serving_baseline``), not the
+    twin: a correct kernel whose rounding is its own."""
+    return PlainWrapper(kv_layout)
+
+
+def plain_vllm_attention(query, key, value, kv_cache, attn_metadata, *, sliding_window=None,
+                         logits_soft_cap=None, sinks=None) -> torch.Tensor:  # fmt: skip
+    """vLLM's call over the plain computation."""
+    return plain_vllm(query, key, value, kv_cache, attn_metadata, sliding_window,
+                      logits_soft_cap, sinks)  # fmt: skip
+
+
+def plain_merge(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's merges over the plain merge."""
+    return plain_merge_call(args)
