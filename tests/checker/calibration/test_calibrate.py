@@ -170,5 +170,6 @@ def test_every_pitfall_of_every_spec_is_calibrated_under_its_own_name():
     assert len(calibration.all_pitfalls()) == sum(len(table) for table in tables)
     assert {pitfall.spec for table in tables for pitfall in table.values()} == {
         "sdpa", "flash", "flash_varlen", "ring", "flash_kvcache", "flash_mla", "sparse",
-        "flash_mla_sparse", "fla_gdn", "fla_kda",
+        "flash_mla_sparse", "fla_gdn", "fla_kda", "flashinfer_paged", "flashinfer_merge",
+        "vllm_paged",
     }  # fmt: skip
