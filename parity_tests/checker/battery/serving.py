@@ -177,8 +177,8 @@ class MergeCase:
 
 
 class Requirement(NamedTuple):
-    """A size a serving battery must hold: ``kind`` "width" (D = ``value``), "page" (pages of
-    ``value``) or "pool" (a pool of more than ``value`` pages)."""
+    """A size a serving battery must hold: ``kind`` "width" (D = ``value``) or "pool" (a pool
+    of more than ``value`` pages)."""
 
     label: str
     kind: str
@@ -187,8 +187,6 @@ class Requirement(NamedTuple):
     def met(self, case: PagedCase | MergeCase) -> bool:
         if self.kind == "width":
             return case.d == self.value
-        if self.kind == "page":
-            return isinstance(case, PagedCase) and case.page_size == self.value
         return isinstance(case, PagedCase) and case.pool_pages > self.value
 
 
