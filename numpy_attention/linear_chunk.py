@@ -11,7 +11,7 @@ Shape legend: B batch, H heads, L chunk length, K key width, V value width, Kg g
 a scalar gate per head, K for KDA).
 
 Derivation: docs/derivations/linear-attention.md ("The chunk form").
-Tests: tests/numpy_attention/test_linear_attention.py (the chunk form against the recurrent one).
+Tests: tests/numpy_attention/test_linear_chunk.py (the chunk form against the recurrent one).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Dk, Dv head widths, Kd = Hk Dk, Vd = Hv Dv, F = 2 Kd + Vd, W the convolution's w
     o = gated_delta_rule(q, k, v, g, beta, scale = Dk^-0.5);  out = out_proj(rmsnorm(o) silu(z))
 
 Derivation: docs/derivations/gated-deltanet-layer.md (the NumPy twin's backward; autograd here).
-Tests: tests/parity/test_hf_gated_deltanet.py (against transformers and the NumPy layer).
+Tests: tests/torch_attention/test_gated_deltanet.py (against the NumPy layer);
+tests/parity/test_hf_gated_deltanet.py (against transformers and the NumPy layer).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Decoding over a ``LinearStateCache`` or ``PagedLinearStateCache`` (linear_cache.
 twin does: the convolution's last W-1 inputs and the state S read, used, written back.
 
 Derivation: docs/derivations/kimi-delta-layer.md (the NumPy twin's backward).
-Tests: tests/parity/test_hf_kimi_delta.py (against transformers and the NumPy twin).
+Tests: tests/torch_attention/test_kimi_delta.py (against the NumPy twin);
+tests/parity/test_hf_kimi_delta.py (against transformers and the NumPy twin).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ head's (D, D) state: read as the initial state, the final state written back; a 
 stays differentiable (the state it read is a constant).
 
 Derivation: docs/derivations/lightning-layer.md.
-Tests: tests/torch_attention/ has none of its own: the twin is held to transformers and to the
-NumPy layer in tests/parity/test_hf_lightning.py.
+Tests: tests/torch_attention/test_lightning.py (against the NumPy layer);
+tests/parity/test_hf_lightning.py (against transformers and the NumPy layer).
 """
 
 from __future__ import annotations

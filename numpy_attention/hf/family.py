@@ -6,8 +6,8 @@ options (RoPE aside, ``rope.py``) a row gives ``GroupedQueryAttention``. NumPy o
 is never imported. The rows are ``rows/*.py`` (joined in ``families.py``), each beside the rules
 it names.
 
-Tests: tests/numpy_attention/hf/test_families.py; against transformers in
-tests/parity/test_hf_models.py.
+Tests: tests/numpy_attention/hf/test_family.py, and through each row in
+tests/numpy_attention/hf/rows/; against transformers in tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations

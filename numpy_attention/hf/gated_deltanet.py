@@ -29,7 +29,6 @@ tests/numpy_attention/test_gated_deltanet.py.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +36,7 @@ import numpy as np
 
 from .. import validation
 from ..gated_deltanet import GatedDeltaNet
-from ..module import _to_numpy
+from .entries import checked_arrays, entries_under, layer_number, marked_prefixes
 from .family import as_mapping
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "gated_deltanet_from_hf"]
@@ -99,21 +98,7 @@ def gated_deltanet_from_hf(
     options = _layer_options(config, model_type) | {"form": form, "chunk_size": chunk_size}
     prefix, entries = _layer_entries(fn, state_dict, layer_idx)
     expected = _expected_shapes(options)
-    missing = [prefix + name for name in expected if name not in entries]
-    unexpected = sorted(prefix + name for name in entries if name not in expected)
-    if missing or unexpected:
-        raise KeyError(
-            f"{fn}: missing keys {missing}, unexpected keys {unexpected} for this {model_type} "
-            f"layer ({sorted(expected)} under the prefix '{prefix}'); {_EXPECTED_FORM}"
-        )
-    arrays = {name: _to_numpy(value) for name, value in entries.items()}
-    for name, (shape, fields) in expected.items():
-        validation.float_array(f"{fn}: {prefix}{name}", arrays[name])
-        if arrays[name].shape != shape:
-            raise ValueError(
-                f"{fn}: {prefix}{name} has shape {arrays[name].shape}, but the config's "
-                f"{fields} give {shape}"
-            )
+    arrays = checked_arrays(fn, prefix, entries, expected, f"{model_type} layer", _EXPECTED_FORM)
     layer = GatedDeltaNet(**options, rng=0)
     layer.astype(np.float64 if arrays[_KEY].dtype == np.float64 else np.float32)
     layer.load_state_dict(arrays)
@@ -221,14 +206,8 @@ def _layer_entries(
 ) -> tuple[str, dict[str, Any]]:
     """The prefix before ``A_log`` for layer_idx, and the entries under it (prefix removed): the
     only one, or the one numbered layer_idx."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
-    prefixes = sorted(
-        key.removesuffix(_KEY) for key in state_dict if key == _KEY or key.endswith("." + _KEY)
-    )
-    if not prefixes:
-        raise KeyError(f"{fn}: the state dict has no {_KEY!r}; {_EXPECTED_FORM}")
-    numbers = {prefix: _layer_number(prefix) for prefix in prefixes}
+    prefixes = marked_prefixes(fn, state_dict, _KEY, _EXPECTED_FORM)
+    numbers = {prefix: layer_number(prefix) for prefix in prefixes}
     if len(prefixes) == 1 and numbers[prefixes[0]] in (None, layer_idx):
         prefix = prefixes[0]
     else:
@@ -241,18 +220,7 @@ def _layer_entries(
                 f"layer_idx {layer_idx}; {_EXPECTED_FORM}"
             )
         prefix = chosen[0]
-    entries = {
-        key.removeprefix(prefix): value
-        for key, value in state_dict.items()
-        if key.startswith(prefix)
-    }
-    return prefix, entries
-
-
-def _layer_number(prefix: str) -> int | None:
-    """``model.layers.3.linear_attn.`` -> 3."""
-    numbers = re.findall(r"(?:^|\.)(\d+)(?=\.)", prefix)
-    return int(numbers[-1]) if numbers else None
+    return prefix, entries_under(state_dict, prefix)
 
 
 def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -85,6 +85,7 @@ from ..gate import gate_width
 from ..grouped import GroupedQueryAttention
 from ..module import _to_numpy
 from .adapters import fold_adapters
+from .entries import layer_entries
 from .families import (
     FAMILIES,
     check_layer,
@@ -150,37 +151,12 @@ def _attention_entries(
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
     layer_idx = validation.non_negative_int(f"{fn}: layer_idx", layer_idx)
-    anchor, form = ANCHORS[layout], expected_form(layout)
-    prefixes = sorted(
-        key.removesuffix(anchor)
-        for key in state_dict
-        if key == anchor or key.endswith("." + anchor)
+    anchor = ANCHORS[layout]
+    if not any(key == anchor or key.endswith("." + anchor) for key in state_dict):
+        _check_adapters(fn, state_dict)  # LoRA's base_layer hides the anchor: say so first
+    prefix, entries = layer_entries(
+        fn, state_dict, anchor, layer_idx, layers="attention layers", hint=expected_form(layout)
     )
-    if not prefixes:
-        _check_adapters(fn, state_dict)
-        raise KeyError(f"{fn}: the state dict has no '{anchor}'; {form}")
-    numbered = {prefix: _layer_number(prefix) for prefix in prefixes}
-    if len(prefixes) == 1:
-        prefix = prefixes[0]
-        if numbered[prefix] not in (None, layer_idx):
-            raise ValueError(
-                f"{fn}: the state dict holds layer {numbered[prefix]} "
-                f"('{prefix}{anchor}') but layer_idx is {layer_idx}"
-            )
-    else:
-        chosen = [prefix for prefix in prefixes if numbered[prefix] == layer_idx]
-        if len(chosen) != 1:
-            shown = ", ".join(f"'{prefix}{anchor}'" for prefix in prefixes[:3])
-            raise KeyError(
-                f"{fn}: the state dict holds {len(prefixes)} attention layers ({shown}, ...) "
-                f"and {len(chosen)} of them for layer_idx {layer_idx}; {form}"
-            )
-        prefix = chosen[0]
-    entries = {
-        key.removeprefix(prefix): value
-        for key, value in state_dict.items()
-        if key.startswith(prefix)
-    }
     _check_adapters(fn, {prefix + key: value for key, value in entries.items()})
     return prefix, entries
 
@@ -198,12 +174,6 @@ def _check_adapters(fn: str, state_dict: Mapping[str, Any]) -> None:
             "entries): the layer has no adapters; merge them into the base weights (PEFT's "
             "merge_and_unload, with the adapter meant) or pass the base model's state dict"
         )
-
-
-def _layer_number(prefix: str) -> int | None:
-    """The last numbered segment of a prefix (``model.layers.3.self_attn.`` -> 3), or None."""
-    numbers = re.findall(r"(?:^|\.)(\d+)(?=\.)", prefix)
-    return int(numbers[-1]) if numbers else None
 
 
 # -- the layer ---------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ import numpy as np
 
 from .. import validation
 from ..kimi_delta import KimiDeltaAttention
-from ..module import _to_numpy
+from .entries import checked_arrays, entries_under, layer_number, marked_prefixes
 from .family import as_mapping
-from .latent import _kimi_linear_layer_types, _layer_number
+from .latent import _kimi_linear_layer_types
 
 __all__ = ["kimi_delta_from_hf"]
 
@@ -86,21 +86,7 @@ def kimi_delta_from_hf(
     options = _layer_options(config)
     prefix, entries = _entries(fn, state_dict, layer_idx)
     expected = _expected_shapes(options)
-    missing = [prefix + name for name in expected if name not in entries]
-    unexpected = sorted(prefix + name for name in entries if name not in expected)
-    if missing or unexpected:
-        raise KeyError(
-            f"{fn}: missing keys {missing}, unexpected keys {unexpected} for this config's KDA "
-            f"layer ({sorted(expected)} under the prefix '{prefix}'); {_EXPECTED_FORM}"
-        )
-    arrays = {name: _to_numpy(value) for name, value in entries.items()}
-    for name, (shape, fields) in expected.items():
-        if arrays[name].shape != shape:
-            raise ValueError(
-                f"{fn}: {prefix}{name} has shape {arrays[name].shape}, but the config's "
-                f"{fields} give {shape}"
-            )
-        validation.float_array(f"{fn}: {name}", arrays[name])
+    arrays = checked_arrays(fn, prefix, entries, expected, "config's KDA layer", _EXPECTED_FORM)
     dtype = np.float64 if arrays["q_proj.weight"].dtype == np.float64 else np.float32
     layer = KimiDeltaAttention(**options, form=form, rng=0)
     layer.astype(dtype)
@@ -157,16 +143,8 @@ def _layer_options(config: Mapping[str, Any]) -> dict[str, Any]:
 def _entries(fn: str, state_dict: Mapping[str, Any], layer_idx: int) -> tuple[str, dict[str, Any]]:
     """The prefix before ``forget_gate.A_log`` for layer_idx, and the entries under it (prefix
     removed): the only one, or the one numbered layer_idx."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
-    prefixes = sorted(
-        key.removesuffix(_MARKER)
-        for key in state_dict
-        if key == _MARKER or key.endswith("." + _MARKER)
-    )
-    if not prefixes:
-        raise KeyError(f"{fn}: the state dict has no {_MARKER!r} (no KDA layer); {_EXPECTED_FORM}")
-    numbered = {prefix: _layer_number(prefix, "kimi_linear") for prefix in prefixes}
+    prefixes = marked_prefixes(fn, state_dict, _MARKER, _EXPECTED_FORM, absent=" (no KDA layer)")
+    numbered = {prefix: layer_number(prefix) for prefix in prefixes}
     chosen = [prefix for prefix in prefixes if numbered[prefix] == layer_idx]
     if len(prefixes) == 1 and numbered[prefixes[0]] is None:
         chosen = prefixes  # the module's own state dict, or a decoder layer's
@@ -176,13 +154,7 @@ def _entries(fn: str, state_dict: Mapping[str, Any], layer_idx: int) -> tuple[st
             f"{fn}: the state dict holds KDA layers {found} ('{prefixes[0]}{_MARKER}', ...), "
             f"not layer_idx {layer_idx}; {_EXPECTED_FORM}"
         )
-    prefix = chosen[0]
-    entries = {
-        key.removeprefix(prefix): value
-        for key, value in state_dict.items()
-        if key.startswith(prefix)
-    }
-    return prefix, entries
+    return chosen[0], entries_under(state_dict, chosen[0])
 
 
 def _expected_shapes(options: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -57,8 +57,8 @@ against transformers in tests/parity/test_hf_latent.py.
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,7 +66,7 @@ import numpy as np
 
 from .. import validation
 from ..latent import MultiHeadLatentAttention
-from ..module import _to_numpy
+from .entries import checked_arrays, layer_entries, prefix_numbers
 from .family import as_mapping
 from .rope import hf_inv_freq, hf_rope_attention_factor, rope_parameters
 
@@ -160,25 +160,19 @@ def latent_from_hf(
     _check_layer(config, model_type, layer_idx)
     options, rope_config = _layer_options(config, model_type)
     options |= _index_options(config, model_type, layer_idx)
-    prefix, attention = _latent_entries(fn, state_dict, layer_idx, model_type)
+    prefix, attention = layer_entries(
+        fn,
+        state_dict,
+        _LATENT_KEY,
+        layer_idx,
+        layers="attention layers",
+        hint=_EXPECTED_FORM,
+        number=functools.partial(_layer_number, model_type=model_type),
+    )
     renamed = _RENAMED.get(model_type, {})
     attention = {renamed.get(name, name): value for name, value in attention.items()}
     expected = _expected_shapes(options)
-    missing = [prefix + name for name in expected if name not in attention]
-    unexpected = sorted(prefix + name for name in attention if name not in expected)
-    if missing or unexpected:
-        raise KeyError(
-            f"{fn}: missing keys {missing}, unexpected keys {unexpected} for this config's "
-            f"attention ({sorted(expected)} under the prefix '{prefix}'); {_EXPECTED_FORM}"
-        )
-    arrays = {name: _to_numpy(value) for name, value in attention.items()}
-    for name, (shape, fields) in expected.items():
-        if arrays[name].shape != shape:
-            raise ValueError(
-                f"{fn}: {prefix}{name} has shape {arrays[name].shape}, but the config's "
-                f"{fields} give {shape}"
-            )
-        validation.float_array(f"{fn}: {name}", arrays[name])
+    arrays = checked_arrays(fn, prefix, attention, expected, "config's attention", _EXPECTED_FORM)
     if model_type == "kimi_linear":
         if inv_freq is not None:
             raise ValueError(f"{fn}: kimi_linear's MLA layers have no RoPE; inv_freq must be None")
@@ -487,48 +481,9 @@ def _mscale_squared(params: Mapping[str, Any]) -> float:
 # -- the weights --------------------------------------------------------------------------------
 
 
-def _latent_entries(
-    fn: str, state_dict: Mapping[str, Any], layer_idx: int, model_type: str
-) -> tuple[str, dict[str, Any]]:
-    """The prefix before ``kv_a_proj_with_mqa.weight`` for layer_idx, and the entries under it
-    (prefix removed): the only one, or the one numbered layer_idx (LongCat: 2i + j)."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
-    prefixes = sorted(
-        key.removesuffix(_LATENT_KEY)
-        for key in state_dict
-        if key == _LATENT_KEY or key.endswith("." + _LATENT_KEY)
-    )
-    if not prefixes:
-        raise KeyError(f"{fn}: the state dict has no {_LATENT_KEY!r}; {_EXPECTED_FORM}")
-    numbered = {prefix: _layer_number(prefix, model_type) for prefix in prefixes}
-    if len(prefixes) == 1:
-        prefix = prefixes[0]
-        if numbered[prefix] not in (None, layer_idx):
-            raise ValueError(
-                f"{fn}: the state dict holds layer {numbered[prefix]} "
-                f"('{prefix}{_LATENT_KEY}') but layer_idx is {layer_idx}"
-            )
-    else:
-        chosen = [prefix for prefix in prefixes if numbered[prefix] == layer_idx]
-        if len(chosen) != 1:
-            shown = ", ".join(f"'{prefix}{_LATENT_KEY}'" for prefix in prefixes[:3])
-            raise KeyError(
-                f"{fn}: the state dict holds {len(prefixes)} attention layers ({shown}, ...) "
-                f"and {len(chosen)} of them for layer_idx {layer_idx}; {_EXPECTED_FORM}"
-            )
-        prefix = chosen[0]
-    entries = {
-        key.removeprefix(prefix): value
-        for key, value in state_dict.items()
-        if key.startswith(prefix)
-    }
-    return prefix, entries
-
-
 def _layer_number(prefix: str, model_type: str) -> int | None:
     """``model.layers.3.self_attn.`` -> 3; LongCat's ``model.layers.3.self_attn.1.`` -> 7."""
-    numbers = [int(n) for n in re.findall(r"(?:^|\.)(\d+)(?=\.)", prefix)]
+    numbers = prefix_numbers(prefix)
     if not numbers:
         return None
     if model_type == "longcat_flash" and len(numbers) >= 2:

@@ -25,7 +25,6 @@ Derivation: docs/derivations/lightning-layer.md. Tests: tests/numpy_attention/te
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 from .. import validation
 from ..lightning import LightningAttention
 from ..linear_attention import FORMS
-from ..module import _to_numpy
+from .entries import checked_arrays, layer_entries
 from .family import as_mapping
 
 SUPPORTED_MODEL_TYPES = ("minimax",)
@@ -88,27 +87,21 @@ def lightning_from_hf(
     if form not in FORMS:
         raise ValueError(f"{fn}: form must be one of {list(FORMS)}, got {form!r}")
     options = _layer_options(config, layer_idx)
-    prefix, attention = _entries(fn, state_dict, layer_idx)
+    prefix, attention = layer_entries(
+        fn, state_dict, _KEY, layer_idx, layers="lightning layers", hint=_EXPECTED_FORM
+    )
     expected = _expected_shapes(options, int(config.get("block_size") or 256))
-    buffers = {name for name in _BUFFERS if name in attention}
-    missing = [prefix + name for name in expected if name not in attention and name not in _BUFFERS]
-    unexpected = sorted(prefix + name for name in attention if name not in expected)
-    if missing or unexpected:
-        needed = sorted(name for name in expected if name not in _BUFFERS)
-        raise KeyError(
-            f"{fn}: missing keys {missing}, unexpected keys {unexpected} for this config's "
-            f"lightning attention ({needed}, and transformers' buffers {list(_BUFFERS)}, under "
-            f"the prefix '{prefix}'); {_EXPECTED_FORM}"
-        )
-    arrays = {name: _to_numpy(value) for name, value in attention.items()}
-    for name, (shape, fields) in expected.items():
-        if name in arrays and arrays[name].shape != shape:
-            raise ValueError(
-                f"{fn}: {prefix}{name} has shape {arrays[name].shape}, but the config's "
-                f"{fields} give {shape}"
-            )
-        if name in arrays:
-            validation.float_array(f"{fn}: {name}", arrays[name])
+    arrays = checked_arrays(
+        fn,
+        prefix,
+        attention,
+        expected,
+        "config's lightning attention",
+        _EXPECTED_FORM,
+        optional=_BUFFERS,
+        optional_what="transformers' buffers",
+    )
+    buffers = {name for name in _BUFFERS if name in arrays}
 
     dtype = np.float64 if arrays[_KEY].dtype == np.float64 else np.float32
     layer = LightningAttention(**options, form=form, rng=0)
@@ -172,47 +165,6 @@ def _layer_options(config: Mapping[str, Any], layer_idx: int) -> dict[str, Any]:
         "num_hidden_layers": len(kinds),
         "chunk_size": int(config.get("block_size") or 256),
     }
-
-
-def _entries(fn: str, state_dict: Mapping[str, Any], layer_idx: int) -> tuple[str, dict[str, Any]]:
-    """The prefix before ``qkv_proj.weight`` for layer_idx, and the entries under it (prefix
-    removed): the only one, or the one numbered layer_idx."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"{fn}: state_dict must be a mapping, got {type(state_dict).__name__}")
-    prefixes = sorted(
-        key.removesuffix(_KEY) for key in state_dict if key == _KEY or key.endswith("." + _KEY)
-    )
-    if not prefixes:
-        raise KeyError(f"{fn}: the state dict has no {_KEY!r}; {_EXPECTED_FORM}")
-    numbers = {prefix: _layer_number(prefix) for prefix in prefixes}
-    if len(prefixes) == 1:
-        prefix = prefixes[0]
-        if numbers[prefix] not in (None, layer_idx):
-            raise ValueError(
-                f"{fn}: the state dict holds layer {numbers[prefix]} ('{prefix}{_KEY}') but "
-                f"layer_idx is {layer_idx}"
-            )
-    else:
-        chosen = [prefix for prefix in prefixes if numbers[prefix] == layer_idx]
-        if len(chosen) != 1:
-            shown = ", ".join(f"'{prefix}{_KEY}'" for prefix in prefixes[:3])
-            raise KeyError(
-                f"{fn}: the state dict holds {len(prefixes)} lightning layers ({shown}, ...) "
-                f"and {len(chosen)} of them for layer_idx {layer_idx}; {_EXPECTED_FORM}"
-            )
-        prefix = chosen[0]
-    entries = {
-        key.removeprefix(prefix): value
-        for key, value in state_dict.items()
-        if key.startswith(prefix)
-    }
-    return prefix, entries
-
-
-def _layer_number(prefix: str) -> int | None:
-    """``model.layers.3.self_attn.`` -> 3."""
-    numbers = re.findall(r"(?:^|\.)(\d+)(?=\.)", prefix)
-    return int(numbers[-1]) if numbers else None
 
 
 def _expected_shapes(

@@ -3,8 +3,8 @@
 computes, SmolLM 3's NoPE layers (Llama 4's reuse them) and Gemma 3's layer pattern (Gemma
 3n's). A rule only one module's rows name sits in that module, beside its rows. NumPy only.
 
-Tests: tests/numpy_attention/hf/test_families.py; against transformers in
-tests/parity/test_hf_models.py.
+Tests: through the rows that name them, tests/numpy_attention/hf/rows/ and test_families.py;
+against transformers in tests/parity/test_hf_models.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The rules a row names sit beside it, each its config class's or its model's; the
 several modules share are ``hf/rules.py``. ``families.FAMILIES`` joins the modules' ROWS.
 NumPy only.
 
-Tests: tests/numpy_attention/hf/test_families.py; against transformers in
+Tests: tests/numpy_attention/hf/rows/test_hybrids.py; against transformers in
 tests/parity/test_hf_models.py.
 """
 

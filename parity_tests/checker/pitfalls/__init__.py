@@ -45,9 +45,12 @@ class Pitfall:
 
 @functools.cache
 def all_pitfalls() -> dict[str, Pitfall]:
-    """Every module's ``PITFALLS`` (this package's modules, found by walking it), by name."""
+    """Every spec module's ``PITFALLS`` (this package's modules, found by walking it; a module
+    whose name starts with ``_`` is a shared builder, not a spec's), by name."""
     found: dict[str, Pitfall] = {}
     for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("_"):
+            continue
         table = importlib.import_module(f"{__name__}.{module.name}").PITFALLS
         for name, pitfall in table.items():
             if name in found:

@@ -1,10 +1,13 @@
-"""The torch twins of the linear-attention layers (torch_attention.gated_deltanet, kimi_delta,
-lightning) against the NumPy layers they mirror, without transformers: the same constructor and
-parameter names, the forward and autograd's gradients of x and every parameter against the
-hand-derived backward (float64, a left-padded batch), decoding over the torch caches (contiguous
-and paged) equal to the full forward with the same states as the NumPy caches, and the same words
-for a bad padding mask. Against transformers: tests/parity/test_hf_{gated_deltanet,kimi_delta,
-lightning}.py.
+"""The linear-attention layers of both packages side by side, for the twin tests of
+torch_attention.gated_deltanet, kimi_delta and lightning (test_gated_deltanet.py,
+test_kimi_delta.py, test_lightning.py), without transformers.
+
+Not a test module: each test module parametrizes these checks over its own rows of ``LAYERS``.
+Each check builds the NumPy layer in float64 with its weights redrawn around the scale the
+models use, loads its twin from it, and holds the twin to it: the forward and autograd's
+gradients of x and every parameter against the hand-derived backward (a left-padded batch),
+decoding over the torch caches (contiguous and paged) equal to the full forward with the NumPy
+caches' states, and the same words for a bad padding mask.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch_attention import linear_cache as torch_cache
 
 from ..conftest import assert_close, to_numpy, to_torch
 
+KINDS = ["contiguous", "paged"]  # the caches decoded over
 B, T, PREFILL, PAD, C = 2, 7, 4, 2, 12
 LAYERS = {  # name -> (class name, constructor arguments, the cache's (H, K, V, conv dim, W))
     "gated_deltanet_fused": ("GatedDeltaNet", {"hidden_size": C, "num_k_heads": 1,
@@ -66,8 +70,9 @@ def caches(name, kind):
             torch_cache.PagedLinearStateCache([3, 1], 4, h, k, v, **shapes))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
-def test_twin_matches_the_hand_derived_backward(name, rng):
+def check_backward(name, rng):
+    """The forward, dx and every parameter's gradient: autograd through the twin against the
+    NumPy layer's hand-derived backward (float64, a left-padded batch), by parameter name."""
     layer, twin = build(name, rng)
     x, dout = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     x_t = to_torch(x, requires_grad=True)
@@ -85,9 +90,9 @@ def test_twin_matches_the_hand_derived_backward(name, rng):
         assert_close(param.grad, grads[key], name=key)
 
 
-@pytest.mark.parametrize("kind", ["contiguous", "paged"])
-@pytest.mark.parametrize("name", list(LAYERS))
-def test_twin_decodes_to_its_full_forward_with_the_numpy_caches_states(name, kind, rng):
+def check_decoding(name, kind, rng):
+    """A prefill then one token at a time over the torch cache (``kind``) equals the twin's full
+    forward, and leaves the states the NumPy layer leaves in its cache."""
     layer, twin = build(name, rng)
     x, mask = rng.standard_normal((B, T, C)), padding()
     np_states, torch_states = caches(name, kind)
@@ -111,8 +116,8 @@ def test_twin_decodes_to_its_full_forward_with_the_numpy_caches_states(name, kin
             assert_close(to_numpy(mine), theirs, name="state")
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
-def test_a_bad_padding_mask_gets_the_numpy_layers_words(name, rng):
+def check_padding_error(name, rng):
+    """A padding mask of the wrong length: the same ValueError words as the NumPy layer."""
     layer, twin = build(name, rng)
     x = rng.standard_normal((B, T, C))
     wrong = np.zeros((B, T + 1), dtype=bool)
