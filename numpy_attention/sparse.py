@@ -39,6 +39,13 @@ from .scores import AttentionOutput
 # A block of query tokens holds at most this many gathered key entries (block * H_kv * topk * D),
 # ~64 MiB of float64: the gather of a whole S_q x topk x D problem would not fit in memory.
 _BLOCK_ENTRIES = 1 << 23
+# The backward's scatter-add works in chunks of query tokens: _SCATTER_TOKENS of them, their
+# rows grouped by which tokens name them (at most 2^3 - 1 products a chunk), unless a token's
+# entries are under about _SCATTER_WORK / _SCATTER_TOKENS multiply-adds; then a chunk holds
+# tokens enough for _SCATTER_WORK, in one product. Both chosen by measurement
+# (docs/benchmarks.md, sparse attention).
+_SCATTER_TOKENS = 3
+_SCATTER_WORK = 1 << 20
 
 
 class SparseCtx(NamedTuple):
@@ -118,8 +125,9 @@ def sparse_attention_forward(
     out = np.zeros((s_q, heads, s.d_v), s.q.dtype)
     lse = np.empty((s_q, heads), s.q.dtype)
     for t in _blocks(s):
-        p, block_lse = _probabilities(s, t)
-        out[t] = _group_matmul(p, _gather_v(s, t))
+        k_sel = _gather_k(s, t)  # (n, H_kv, topk, D)
+        p, block_lse = _probabilities(s, t, k_sel)
+        out[t] = _group_matmul(p, _gather_v(s, t, k_sel))
         lse[t] = block_lse
     ctx = None
     if is_grad_enabled():
@@ -171,7 +179,7 @@ def sparse_attention_backward(
     for t in _blocks(s):
         n = t.stop - t.start
         k_sel = _gather_k(s, t)  # (n, H_kv, topk, D)
-        v_sel = _gather_v(s, t)  # (n, H_kv, topk, Dv)
+        v_sel = _gather_v(s, t, k_sel)  # (n, H_kv, topk, Dv)
         p = _weights(s, t, k_sel, ctx.lse[t])  # (n, H_kv, g, topk)
         do = dout[t].reshape(n, kv_heads, group, ctx.d_v)
         dp = do @ v_sel.swapaxes(-1, -2)  # (n, H_kv, g, topk)
@@ -179,10 +187,20 @@ def sparse_attention_backward(
         dq[t] = (ctx.scale * (ds @ k_sel)).reshape(n, heads, -1)
         q_t = ctx.q[t].reshape(n, kv_heads, group, -1)
         rows, valid = ctx.rows[t], ctx.valid[t]
+        if dv is None:
+            # MLA: V is k's latent, so an entry's key and value gradients go to the same row of
+            # dk: one scatter of both, weights [scale dS; P] over vectors [q; dO | 0]
+            weights = np.concatenate([ctx.scale * ds, p], axis=2)  # (n, H_kv, 2g, topk)
+            vectors = np.zeros((n, kv_heads, 2 * group, ctx.q.shape[2]), compute)
+            vectors[:, :, :group] = q_t
+            vectors[:, :, group:, : ctx.d_v] = do
         for h in range(kv_heads):  # each key row gets the sum over every entry naming it
-            _scatter_products(dk[:, h], rows[:, h], valid[:, h], ds[:, h], q_t[:, h], ctx.scale)
-            values = dk[:, h, : ctx.d_v] if dv is None else dv[:, h]  # MLA: V is k's latent
-            _scatter_products(values, rows[:, h], valid[:, h], p[:, h], do[:, h], 1.0)
+            entries = rows[:, h], valid[:, h]
+            if dv is None:
+                _scatter_products(dk[:, h], *entries, weights[:, h], vectors[:, h], 1.0)
+            else:
+                _scatter_products(dk[:, h], *entries, ds[:, h], q_t[:, h], ctx.scale)
+                _scatter_products(dv[:, h], *entries, p[:, h], do[:, h], 1.0)
     dsinks = None
     if ctx.sinks is not None:
         # P_sink = exp(s_h - lse); a row with neither keys nor sink has lse = -inf and P_sink 0
@@ -333,12 +351,12 @@ def _gather_k(s: Sparse, t: slice) -> np.ndarray:
     return s.k[s.rows[t], np.arange(s.k.shape[1])[None, :, None]]
 
 
-def _gather_v(s: Sparse, t: slice) -> np.ndarray:
-    """(n, H_kv, topk, Dv): each entry's value row."""
-    heads = np.arange(s.k.shape[1])[None, :, None]
+def _gather_v(s: Sparse, t: slice, k_sel: np.ndarray) -> np.ndarray:
+    """(n, H_kv, topk, Dv): each entry's value row; with MLA's latent (v None) a view of the
+    gathered keys ``k_sel`` (n, H_kv, topk, D), whose first d_v columns they are."""
     if s.v is None:
-        return s.k[s.rows[t], heads, : s.d_v]
-    return s.v[s.rows[t], heads]
+        return k_sel[..., : s.d_v]
+    return s.v[s.rows[t], np.arange(s.v.shape[1])[None, :, None]]
 
 
 def _scores(s: Sparse, t: slice, k_sel: np.ndarray) -> np.ndarray:
@@ -349,11 +367,12 @@ def _scores(s: Sparse, t: slice, k_sel: np.ndarray) -> np.ndarray:
     return np.where(s.valid[t][:, :, None, :], scores, -np.inf)
 
 
-def _probabilities(s: Sparse, t: slice) -> tuple[np.ndarray, np.ndarray]:
-    """The weights (n, H_kv, g, topk) of a block's entries, the sink in their denominator, and
-    its lse (n, H): a shift by each row's max (the sink's logit included), then one division."""
+def _probabilities(s: Sparse, t: slice, k_sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The weights (n, H_kv, g, topk) of a block's entries (their keys ``k_sel``), the sink in
+    their denominator, and its lse (n, H): a shift by each row's max (the sink's logit
+    included), then one division."""
     n, kv_heads = t.stop - t.start, s.k.shape[1]
-    scores = _scores(s, t, _gather_k(s, t))
+    scores = _scores(s, t, k_sel)
     top = np.max(scores, axis=-1, initial=-np.inf)
     if s.sinks is not None:
         sink = s.sinks.reshape(1, kv_heads, -1)
@@ -395,26 +414,82 @@ def _scatter_products(
     """target[rows[t, j]] += factor * sum_g weights[t, g, j] * vectors[t, g] over the valid
     entries (t, j): the key (or value) gradient of one kv head, every repeat of a row added.
 
-    Rather than one vector per entry, scattered, the weights (scalars) are summed into a matrix
-    W (rows named, tokens x group) by ``np.bincount`` (repeats add there), and the rows' gradients
-    are one product W @ vectors; then each distinct row is written once. target (S_kv, W) may be
-    a view (a head of dk, or dk's first d_v columns). rows, valid (n, topk); weights (n, g,
-    topk); vectors (n, g, W)."""
+    Rather than one vector per entry, scattered, the weights (scalars) are summed per named row
+    and naming (token, head) by ``np.bincount`` (repeats add there), and the rows' gradients are
+    matrix products, each distinct row written once per chunk of tokens. Chunks of
+    ``_SCATTER_TOKENS`` tokens go by pattern (``_scatter_by_pattern``), so the products do the
+    entries' own work however much or little the tokens share; where a token's entries are too
+    little work to pay for a chunk's Python steps, a chunk of more tokens makes one product over
+    all of them (``_scatter_dense``). target (S_kv, W) may be a view (a head of dk). rows,
+    valid (n, topk); weights (n, g, topk); vectors (n, g, W) (g: the weights per entry, 2g when
+    MLA's key and value gradients go together)."""
     n, group, topk = weights.shape
-    s_kv = target.shape[0]
-    size = n  # tokens per product: W (rows, size * g) stays under _BLOCK_ENTRIES / 2 numbers
-    while size > 1 and size * group * min(s_kv, size * topk) > _BLOCK_ENTRIES // 2:
+    per_token = max(1, topk * group * vectors.shape[-1])  # multiply-adds of a token's entries
+    size = min(n, max(_SCATTER_TOKENS, -(-_SCATTER_WORK // per_token)))
+    by_pattern = size <= _SCATTER_TOKENS
+    # the sums (rows named x the chunk's tokens x g at most) stay under _BLOCK_ENTRIES / 2
+    while size > 1 and size * group * min(target.shape[0], size * topk) > _BLOCK_ENTRIES // 2:
         size = (size + 1) // 2
     for start in range(0, n, size):
         chunk = slice(start, min(start + size, n))
-        t_idx, j_idx = np.nonzero(valid[chunk])
+        t_idx, j_idx = np.nonzero(valid[chunk])  # the valid entries, token by token
         if t_idx.size == 0:
             continue
         named, inverse = np.unique(rows[chunk][t_idx, j_idx], return_inverse=True)
-        m = chunk.stop - chunk.start
-        cols = t_idx[:, None] * group + np.arange(group)  # (entries, g): W's column of (t, g)
-        flat = (inverse.reshape(-1, 1) * (m * group) + cols).ravel()
-        w = weights[chunk][t_idx, :, j_idx].ravel()  # (entries * g,), the same order
-        sums = np.bincount(flat, weights=w, minlength=named.size * m * group)
-        matrix = sums.reshape(named.size, m * group).astype(vectors.dtype, copy=False)
-        target[named] += factor * (matrix @ vectors[chunk].reshape(m * group, -1))
+        w = factor * weights[chunk][t_idx, :, j_idx]  # (entries, g)
+        scatter = _scatter_by_pattern if by_pattern else _scatter_dense
+        scatter(target, named, inverse, t_idx, w, vectors[chunk])
+
+
+def _scatter_dense(
+    target: np.ndarray,
+    named: np.ndarray,
+    inverse: np.ndarray,
+    t_idx: np.ndarray,
+    w: np.ndarray,
+    vectors: np.ndarray,
+) -> None:
+    """One chunk of ``_scatter_products`` as one product: W (rows named, m * g) @ vectors (m * g,
+    W), zero where a token does not name a row. named (rows,) the distinct rows; inverse,
+    t_idx (entries,) each entry's place in named and its token; w (entries, g); vectors (m, g,
+    W)."""
+    m, group, _ = vectors.shape
+    flat = (inverse[:, None] * (m * group) + t_idx[:, None] * group + np.arange(group)).ravel()
+    sums = np.bincount(flat, weights=w.ravel(), minlength=named.size * m * group)
+    matrix = sums.reshape(named.size, m * group).astype(vectors.dtype, copy=False)
+    target[named] += matrix @ vectors.reshape(m * group, -1)
+
+
+def _scatter_by_pattern(
+    target: np.ndarray,
+    named: np.ndarray,
+    inverse: np.ndarray,
+    t_idx: np.ndarray,
+    w: np.ndarray,
+    vectors: np.ndarray,
+) -> None:
+    """One chunk of ``_scatter_products`` by pattern: a row's pattern is the set of the chunk's
+    tokens that name it, and the rows of one pattern p make one product (rows of p, |p| * g) @
+    (|p| * g, W) with p's tokens' vectors only: the columns of W that would be zero are never
+    built, so the products cost at most entries * g * W multiply-adds, shared or not. Arguments as
+    ``_scatter_dense``; m <= 62 tokens (a pattern is an int64's bits)."""
+    m, group, _ = vectors.shape
+    naming = np.zeros((named.size, m), bool)  # naming[r, t]: token t names row named[r]
+    naming[inverse, t_idx] = True
+    pattern = naming @ (1 << np.arange(m))  # (rows,) the bits of the tokens naming a row
+    order = np.argsort(pattern, kind="stable")  # the rows grouped by pattern
+    place = np.empty_like(order)
+    place[order] = np.arange(order.size)  # a row's place in that order
+    # the sums: the rows in pattern order, each a run of (its tokens x g) columns
+    offset = np.zeros(named.size + 1, np.int64)
+    np.cumsum(naming[order].sum(axis=1) * group, out=offset[1:])
+    column = np.cumsum(naming, axis=1) - 1  # column[r, t]: t's place among the tokens naming r
+    first = offset[place[inverse]] + column[inverse, t_idx] * group  # (entries,)
+    flat = (first[:, None] + np.arange(group)).ravel()  # (entries * g,), w's order
+    sums = np.bincount(flat, weights=w.ravel(), minlength=offset[-1])
+    edges = np.flatnonzero(np.diff(pattern[order])) + 1
+    for lo, hi in zip([0, *edges], [*edges, named.size], strict=True):
+        tokens = np.flatnonzero(naming[order[lo]])  # the pattern's tokens
+        matrix = sums[offset[lo] : offset[hi]].reshape(hi - lo, tokens.size * group)
+        pattern_vectors = vectors[tokens].reshape(tokens.size * group, -1)
+        target[named[order[lo:hi]]] += matrix.astype(vectors.dtype) @ pattern_vectors

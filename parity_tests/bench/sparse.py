@@ -7,8 +7,11 @@ over one latent head (H_kv = 1) that is key and value at once (v None, d_v = 512
 S_q = S_kv = S for each S of ``SIZES``. Each query's indices are causal and overlap their
 neighbours' as DSA's indexer picks them: the last topk / 2 keys up to the query itself and
 topk / 2 others drawn at random, without repeats, from the earlier ones; a query with fewer than
-topk keys before it names all of them, then -1. The work is the same at every query (the
-invalid entries are gathered and masked too), so the sparse time per S * topk should stay flat.
+topk keys before it names all of them, then -1. The gathers, scores and weights run over all
+topk slots of every query (the invalid ones are gathered and masked too), the backward's
+scatter-add over the valid entries only: at S = topk half of the slots are -1. So the report
+gives the time per S * topk slots (the target: flat over S) and, as information, the number of
+valid entries and the time per valid entry.
 
 Dense: ``functional.attention_forward`` (its ``auto`` path: tiled at these sizes), causal,
 (1, H, S, D) queries over (1, 1, S, D) keys with ``k[..., :d_v]`` as the values, GQA 16:1 by
@@ -104,13 +107,16 @@ def _time(run: Callable[[], object], s: int, repeats: int) -> float:
 
 
 def sparse_rows(repeats: int) -> dict:
-    """{"sparse": {S: seconds}, "dense": {S: seconds, or None where skipped}} over SIZES."""
-    rows: dict = {"sparse": {}, "dense": {}}
+    """{"sparse": {S: seconds}, "valid": {S: valid entries}, "dense": {S: seconds, or None
+    where skipped}} over SIZES."""
+    rows: dict = {"sparse": {}, "valid": {}, "dense": {}}
     previous: tuple[int, float] | None = None
     for s in SIZES:
         rng = np.random.default_rng(s)
         q, k, dout = _inputs(s, rng)
-        rows["sparse"][s] = _time(sparse_run(q, k, dout, causal_indices(s, TOPK, rng)), s, repeats)
+        indices = causal_indices(s, TOPK, rng)
+        rows["valid"][s] = int(np.count_nonzero(indices >= 0))
+        rows["sparse"][s] = _time(sparse_run(q, k, dout, indices), s, repeats)
         expected = None if previous is None else previous[1] * (s / previous[0]) ** 2
         if expected is not None and expected > DENSE_BUDGET:
             rows["dense"][s] = None
@@ -125,8 +131,18 @@ def _per_entry(rows: dict) -> dict:
     return {s: t / (s * TOPK) for s, t in rows["sparse"].items()}
 
 
+def _per_valid(rows: dict) -> dict:
+    """Sparse seconds per valid entry (one in [0, S)), by S."""
+    return {s: t / rows["valid"][s] for s, t in rows["sparse"].items()}
+
+
+def _spread(per: dict) -> float:
+    """The largest time per entry over the smallest."""
+    return max(per.values()) / min(per.values())
+
+
 def sparse_lines(rows: dict, seconds: Callable[[float], str]) -> list[str]:
-    per_entry = _per_entry(rows)
+    per_entry, per_valid = _per_entry(rows), _per_valid(rows)
     lines = [
         "### Sparse attention by indices against dense causal attention on the CPU, float32",
         "",
@@ -135,16 +151,24 @@ def sparse_lines(rows: dict, seconds: Callable[[float], str]) -> list[str]:
         f"{TOPK - TOPK // 2} earlier ones at random (-1 where fewer exist). Dense: causal, GQA "
         f"{HEADS}:1, the same q, k and values. Forward+backward.",
         "",
-        "| S | sparse | per S * topk | dense | sparse / dense |",
-        "|---|---|---|---|---|",
+        "| S | sparse | per S * topk | valid entries | per valid entry | dense | sparse / dense |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s, sparse in rows["sparse"].items():
         dense = rows["dense"].get(s)
         dense_text = "not run" if dense is None else seconds(dense)
         ratio = "-" if dense is None else f"{sparse / dense:.2f}x"
         lines.append(
-            f"| {s} | {seconds(sparse)} | {per_entry[s] * 1e9:.1f} ns | {dense_text} | {ratio} |"
+            f"| {s} | {seconds(sparse)} | {per_entry[s] * 1e9:.1f} ns | {rows['valid'][s]} "
+            f"({rows['valid'][s] / (s * TOPK):.3f}) | {per_valid[s] * 1e9:.1f} ns | {dense_text} "
+            f"| {ratio} |"
         )
+    lines += [
+        "",
+        f"Spread over S (largest / smallest): per S * topk {_spread(per_entry):.2f}x, per valid "
+        f"entry {_spread(per_valid):.2f}x (the gathers and scores run over every slot, the "
+        "scatter-add over the valid entries).",
+    ]
     skipped = [s for s, t in rows["dense"].items() if t is None]
     if skipped:
         lines += [
@@ -159,7 +183,7 @@ def targets(rows: dict | None) -> list[str]:
     if not rows or not rows.get("sparse"):
         return []
     per_entry = _per_entry(rows)
-    spread = max(per_entry.values()) / min(per_entry.values())
+    spread = _spread(per_entry)
     sizes = ", ".join(f"{t * 1e9:.1f}" for t in per_entry.values())
     return [
         f"| NumPy sparse fwd+bwd time per S * topk flat over S = "

@@ -17,10 +17,15 @@ from parity_tests.bench.sparse import LINEAR_TARGET, sparse_lines, targets
 TOPK = bench_sparse.TOPK
 
 
+VALID = {2048: 2048 * TOPK // 2, 4096: 4096 * TOPK // 4 * 3, 8192: 8192 * TOPK // 8 * 7}
+
+
 def _rows(largest: float = 4.0 * 1.5, dense_last: float | None = None) -> dict:
-    """Sparse seconds at S = 2048, 4096, 8192: 1 s, 2 s (flat per S * topk), then ``largest``."""
+    """Sparse seconds at S = 2048, 4096, 8192: 1 s, 2 s (flat per S * topk), then ``largest``;
+    valid entries: 1/2, 3/4 and 7/8 of the slots, as the benchmark's causal lists."""
     return {
         "sparse": {2048: 1.0, 4096: 2.0, 8192: largest},
+        "valid": dict(VALID),
         "dense": {2048: 0.5, 4096: 4.0, 8192: dense_last},
     }
 
@@ -34,11 +39,18 @@ def test_sparse_lines_put_each_figure_in_its_row():
 
     per_entry = 1e9 / (2048 * TOPK)  # ns: 1 s over 2048 queries of topk entries
     assert lines[6:9] == [
-        f"| 2048 | 1 s | {per_entry:.1f} ns | 0.5 s | 2.00x |",
-        f"| 4096 | 2 s | {per_entry:.1f} ns | 4 s | 0.50x |",
-        f"| 8192 | 4 s | {per_entry:.1f} ns | not run | - |",
+        f"| 2048 | 1 s | {per_entry:.1f} ns | {VALID[2048]} (0.500) | {2 * per_entry:.1f} ns "
+        "| 0.5 s | 2.00x |",
+        f"| 4096 | 2 s | {per_entry:.1f} ns | {VALID[4096]} (0.750) | {per_entry / 0.75:.1f} ns "
+        "| 4 s | 0.50x |",
+        f"| 8192 | 4 s | {per_entry:.1f} ns | {VALID[8192]} (0.875) | {per_entry / 0.875:.1f} ns "
+        "| not run | - |",
     ]
-    assert lines[10] == (
+    assert lines[10] == (  # per valid entry: 2, 4/3 and 8/7 times per S * topk
+        "Spread over S (largest / smallest): per S * topk 1.00x, per valid entry 1.75x (the "
+        "gathers and scores run over every slot, the scatter-add over the valid entries)."
+    )
+    assert lines[12] == (
         f"Dense not run at S = 8192: expected over {bench_sparse.DENSE_BUDGET:.0f} s from the "
         "previous size times (S / S_prev)^2."
     )
@@ -140,6 +152,7 @@ def test_sparse_rows_time_each_size_and_skip_dense_past_its_budget(tiny, monkeyp
 
     assert rows == {
         "sparse": {8: 1.0, 16: 2.0, 32: 4.0},
+        "valid": {8: 36, 16: 36 + 8 * 8, 32: 36 + 24 * 8},  # 1 + ... + 8, then topk a query
         "dense": {8: 1.0, 16: 4.0, 32: None},
     }
     assert calls == [

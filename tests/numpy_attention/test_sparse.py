@@ -122,9 +122,17 @@ def _function(v_none, sinks_on, length, d_v=None):
     return forward, backward
 
 
+@pytest.fixture(params=["by pattern", "dense"])
+def scatter_path(request, monkeypatch):
+    """The backward's scatter-add both ways: chunks of ``_SCATTER_TOKENS`` tokens grouped by
+    which tokens name a row, or one product over a whole block (the way small problems go)."""
+    monkeypatch.setattr(sparse, "_SCATTER_WORK", 1 if request.param == "by pattern" else 1 << 40)
+    return request.param
+
+
 @pytest.mark.parametrize("v_none", [False, True])
 @pytest.mark.parametrize("sinks_on", [False, True])
-def test_gradcheck(rng, v_none, sinks_on):
+def test_gradcheck(rng, v_none, sinks_on, scatter_path):
     """Every gradient by central differences: repeats across queries (overlapping lists) and
     within a row, sentinels, topk_length, GQA, sinks, the shared latent."""
     q, k, v = inputs(rng, v_none)
@@ -181,6 +189,71 @@ def test_repeats_add_their_gradients(rng):
     expected = np.stack([dout[:, g * group : (g + 1) * group].sum((0, 1)) for g in range(H_KV)])
     assert_close(grads.dv[0], expected, name="dv")  # both entries of every query, added
     assert np.all(grads.dv[1:] == 0)
+
+
+def naive_scatter(s_kv, rows, valid, weights, vectors, factor):
+    """(S_kv, W) float64, one entry at a time: row rows[t, j] += factor * sum_g weights[t, g, j]
+    vectors[t, g] for every valid entry (t, j)."""
+    t_idx, j_idx = np.nonzero(valid)
+    per_entry = np.einsum("eg,egw->ew", weights[t_idx, :, j_idx], vectors[t_idx])
+    target = np.zeros((s_kv, vectors.shape[-1]))
+    np.add.at(target, rows[t_idx, j_idx], factor * per_entry)
+    return target
+
+
+def test_the_scatter_adds_every_entry_whatever_the_tokens_naming_its_row(rng, scatter_path):
+    """Five tokens, chunks of three and two by pattern: in the first chunk every non-empty set of
+    its tokens names some row (rows named by one token, by two, by all three), with repeats
+    within a token, every kind of sentinel and a topk_length that cuts a list; the sums go into a
+    view (as dk's first d_v columns) and equal a per-entry np.add.at, the rest of the array
+    untouched."""
+    s_kv, group, width = 14, 2, 5
+    indices = np.array(
+        [
+            [0, 1, 2, 2, 9, -1, 4, 12],  # 0 alone; 0 with 1; all three, 2 named twice here
+            [1, 2, 3, 3, 3, s_kv, 4, 10],  # 3 by token 1 alone, three times; 10 with token 2
+            [2, 5, 6, 2**31 - 1, 4, 7, 10, 12],  # 5, 6, 7 by token 2 alone; 12 with token 0
+            [4, 8, 13, 0, -1, 8, 1, 11],
+            [4, 8, 5, 2**31 - 1, 6, 6, 3, 9],
+        ]
+    )[:, None]  # (S_q, 1, topk)
+    length = np.array([8, 8, 8, 6, 8])  # token 3 does not read 1 and 11
+    valid = sparse.valid_entries(indices, s_kv, length)[:, 0]
+    rows = np.where(valid, indices[:, 0], 0)
+    first_chunk = [set(rows[t][valid[t]].tolist()) for t in range(3)]
+    patterns = {frozenset(t for t in range(3) if r in first_chunk[t]) for r in range(s_kv)}
+    assert len(patterns - {frozenset()}) == 7  # the coverage this test claims
+    weights = rng.standard_normal((5, group, 8))
+    vectors = rng.standard_normal((5, group, width))
+    latent = rng.standard_normal((s_kv, 2, width + 3))
+    before = latent.copy()
+
+    sparse._scatter_products(latent[:, 1, :width], rows, valid, weights, vectors, 0.7)
+
+    expected = naive_scatter(s_kv, rows, valid, weights, vectors, 0.7)
+    np.testing.assert_allclose(
+        latent[:, 1, :width] - before[:, 1, :width], expected, rtol=1e-12, atol=1e-12
+    )
+    assert np.array_equal(latent[:, 0], before[:, 0])
+    assert np.array_equal(latent[:, 1, width:], before[:, 1, width:])
+    unnamed = [r for r in range(s_kv) if not valid[rows == r].any()]
+    assert unnamed == [11] and np.array_equal(latent[11], before[11])  # named past the length
+
+
+def test_the_scatters_two_ways_agree_in_a_backward(rng, monkeypatch):
+    """The whole MLA backward (dk carries the values' gradient in its first columns) with the
+    scatter by pattern and with one product per block: equal up to summation order."""
+    q, k, _ = inputs(rng, v_none=True)
+    idx = overlapping_indices(rng)
+    length = rng.integers(0, TOPK + 1, S_Q)
+    dout = rng.standard_normal((S_Q, H, 4))
+    grads = {}
+    for path, work in (("by pattern", 1), ("dense", 1 << 40)):
+        monkeypatch.setattr(sparse, "_SCATTER_WORK", work)
+        res = sparse_attention_forward(q, k, None, idx, topk_length=length, d_v=4)
+        grads[path] = sparse_attention_backward(dout, res.ctx)
+    for name, a, b in zip("dq dk".split(), grads["by pattern"], grads["dense"], strict=False):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.max(np.abs(b)), err_msg=name)
 
 
 def test_dead_rows_and_the_sink(rng):
