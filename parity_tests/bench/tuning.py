@@ -149,15 +149,12 @@ def forward_breakdown(
     for bi in reversed(range(tiled._num_blocks(rules.n, blocks.block_q))):
         rows = tiled._span(bi, blocks.block_q, rules.n)
         for part in tiled._parts(rules, blocks):
-            lo, hi = scores.visible_cols(rules, rows)
             steps = []
-            for bj in tiled._block_range(lo, hi, blocks.block_k):
-                cols = tiled._span(bj, blocks.block_k, rules.m)
-                tile = scores.Tile(part.flat, rows, cols, transposed=True)
-                steps.append(tile)
+            for cols, pieces in tiled._key_tiles(rules, blocks, rows):
+                steps.append((scores.Tile(part.flat, rows, cols, transposed=True), pieces))
             tasks.append(steps)
     # Each thread's buffers, tile-sized: scores of a real tile (S^T - shift) to take exp of.
-    g = max(steps[0].groups.stop - steps[0].groups.start for steps in tasks if steps)
+    g = max(steps[0][0].groups.stop - steps[0][0].groups.start for steps in tasks if steps)
     bk, bq = blocks.block_k, blocks.block_q
     k_block = k.reshape(-1, rules.m, k.shape[-1])[:g, :bk]  # (g, bk, D)
     q_block = (q * rules.query_scale).reshape(-1, rules.n, q.shape[-1])[:g, :bq]  # (g, bq, D)
@@ -178,28 +175,28 @@ def forward_breakdown(
     def over_tiles(step: Callable[..., None]) -> Callable[[], None]:
         def task(steps: list) -> None:
             buf = free.get()
-            for tile in steps:
+            for tile, pieces in steps:
                 g_t = tile.groups.stop - tile.groups.start
                 bk_t, bq_t = tile.cols.stop - tile.cols.start, tile.rows.stop - tile.rows.start
-                step(buf, g_t, bk_t, bq_t, tile)
+                step(buf, g_t, bk_t, bq_t, tile, pieces)
             free.put(buf)
 
         return lambda: threads.run(tasks, task)
 
-    def pipeline(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile) -> None:
+    def pipeline(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile, pieces) -> None:
         scores_t = buf.scores[:g_t, :bk_t, :bq_t]
         scores.apply(rules, scores_t, tile, shift=shift)
         scores.flush_underflow(scores_t, scores.exp_floor(rules, tile))
 
-    def exp(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile) -> None:
+    def exp(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile, pieces) -> None:
         scores_t, source_t = buf.scores[:g_t, :bk_t, :bq_t], buf.source[:g_t, :bk_t, :bq_t]
-        np.exp(source_t, out=scores_t)
+        tiled._exp_visible(source_t, pieces, scores_t)  # over the parts of a cut tile seen
 
-    def row_sums(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile) -> None:
+    def row_sums(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile, pieces) -> None:
         ones = tiled._ones(bk_t, rules.compute)
         buf.row_sum[:g_t, :, :bq_t] += ones @ buf.scores[:g_t, :bk_t, :bq_t]
 
-    def accumulate(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile) -> None:
+    def accumulate(buf: Buffers, g_t: int, bk_t: int, bq_t: int, tile, pieces) -> None:
         buf.acc[:g_t, :bq_t] += buf.partial[:g_t, :bq_t]
 
     def before_tiles() -> None:

@@ -1,7 +1,9 @@
 """The tiled forward without a backward (numpy_attention.tiled under ``no_grad()``): each tile
 scales its own rows of q as it reads them, where a forward that keeps its ctx scales the whole of
 q once for the backward. Both give the same bits; the forward alone holds no scaled copy of q.
-Everything else about the tiled path: test_tiled.py.
+On a tile a band cuts (causal, windows, chunks) the forward takes exp only over the pieces of
+keys some query sees: every visible score lies in a piece, and the bits are exp over the whole
+tile's. Everything else about the tiled path: test_tiled.py.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from numpy_attention import no_grad, tiled
+from numpy_attention import functional, no_grad, scores, tiled
+from numpy_attention.rules import prepare
+
+from .test_tiled import make_qkv
 
 OPTIONS = {
     "plain": {},
@@ -54,3 +59,69 @@ def test_a_forward_alone_holds_no_scaled_copy_of_q(rng):
             tracemalloc.stop()
 
     assert peak < out.nbytes + q.nbytes // 2, peak
+
+
+CUT_TILES = [
+    {"causal": True},
+    {"causal": True, "align": "bottom-right"},
+    {"window": (40, 0)},
+    {"window": (24, 24)},
+    {"window": (None, 0), "align": "bottom-right"},
+    {"causal": True, "chunk_size": 40},
+]
+
+
+@pytest.mark.parametrize("kwargs", CUT_TILES)
+@pytest.mark.parametrize("lengths", [(203, 203), (113, 203), (203, 113)])
+def test_the_pieces_of_a_cut_tile_hold_every_visible_score(kwargs, lengths, monkeypatch):
+    """The forward takes exp only over the pieces of a tile a band cuts and writes 0 elsewhere:
+    every visible score, by brute force, lies in a piece, and the pieces leave some out."""
+    monkeypatch.setattr(tiled, "PIECE_KEYS", 8)
+    n, m = lengths
+    q, k, v = np.zeros((1, n, 1)), np.zeros((1, m, 1)), np.zeros((1, m, 1))
+    probs = functional.attention_forward(q, k, v, impl="dense", **kwargs).ctx.probs[0]
+    visible = probs > 0  # (N, M)
+    rules = prepare(q, k, v, **kwargs).rules
+    blocks = tiled._blocks(rules, 32, 32)
+    left_out = 0
+    for bi in range(-(-n // 32)):
+        rows = slice(bi * 32, min(bi * 32 + 32, n))
+        for cols, pieces in tiled._key_tiles(rules, blocks, rows):
+            covered = np.ones((cols.stop - cols.start, rows.stop - rows.start), bool)  # (bk, bq)
+            if pieces is not None:
+                covered[:] = False
+                for piece in pieces:
+                    covered[piece.keys, piece.queries] = True
+            assert not (visible[rows, cols].T & ~covered).any(), (rows, cols)
+            left_out += (~covered).sum()
+    assert left_out > 0
+
+
+@pytest.mark.parametrize("kwargs", CUT_TILES)
+@pytest.mark.parametrize("shift", ["bound", "running max"])
+def test_exp_over_the_pieces_gives_the_bits_of_exp_over_the_whole_tile(
+    rng, kwargs, shift, monkeypatch
+):
+    """The weights outside the pieces are exp(-inf) = 0 either way: out and lse are the same
+    bits as a forward that takes exp over every cut tile whole, under either shift."""
+    monkeypatch.setattr(tiled, "PIECE_KEYS", 8)
+    q, k, v = make_qkv(rng, (2, 3), 113, 203, np.float32)
+    sinks = rng.standard_normal(3).astype(np.float32)
+    options = dict(kwargs, alibi_slopes=rng.random(3), sinks=sinks, softcap=3.0)
+    bound = scores.fixed_shift(prepare(q, k, v, **options).rules)
+    if shift == "running max":
+        monkeypatch.setattr(scores, "fixed_shift", lambda rules: None)
+    else:
+        assert bound is not None
+
+    def forward():
+        return tiled.tiled_attention_forward(
+            q, k, v, block_q=32, block_k=48, return_lse=True, **options
+        )
+
+    pieces = forward()
+    monkeypatch.setattr(tiled, "_pieces", lambda rules, rows, cols: None)
+    whole = forward()
+
+    assert pieces.out.tobytes() == whole.out.tobytes()
+    assert pieces.lse.tobytes() == whole.lse.tobytes()
