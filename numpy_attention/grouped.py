@@ -8,17 +8,9 @@ M keys attended (N without a cache; the cache's length after this call with one)
 (``hidden_size``), D head width (``head_dim``), Dv value head width (``v_head_dim``, D by
 default).
 
-The layer's chain, and its backward walking it in reverse through the parts' own backwards:
-
-    q = rope(split_heads(q_norm(q_proj(x)), H))        (B, H, N, D)     q_norm: QK-norm only
-    k = rope(split_heads(k_norm(k_proj(x)), H_kv))     (B, H_kv, N, D)  (appended to the cache)
-    q = t(p) * q                                       (B, H, N, D)     query_temperature only
-    v = s_v * v_norm(split_heads(v_proj(x), H_kv))     (B, H_kv, N, Dv) v_norm: value_norm only
-    o = attention(q, k, v; causal, window, softcap, sinks, ALiBi, scale, GQA, dropout)
-    o = (1 - li) rmsnorm(o_h - lambda o_(h+H/2))       (B, H/2, N, 2D)  differential only
-    a = merge_heads(o) * act(g_proj(x))                (B, N, H*Dv)     gate: output_gate only
-    a = o_norm(a)                                      (B, N, H*Dv)     output_norm only
-    out = o_proj(a)                                    (B, N, C)
+The layer holds the parameters, checks a call's inputs and keeps the last forward's ctx; its
+chain, q, k and v through their projections, norms and RoPE into the attention and the merged
+heads out through o_proj, and the backward walking it in reverse, is ``grouped_chain.py``.
 
 The values may be narrower than the queries and keys (``v_head_dim``, MiMo-V2-Flash) and scaled
 by a constant s_v (``value_scale``, 1 by default: MiMo-V2-Flash's ``attention_value_scale``),
@@ -40,9 +32,8 @@ past ``original_max_positions``). The output gate (``gate.py``) scales each coor
 head, of the merged heads by act(x W_g), act a sigmoid or a softplus. Differential attention
 (``differential.py``, DiffLlama) attends over both halves of the value heads side by side (2D
 wide) and subtracts head h + H/2 from head h, lambda-weighted, before a weightless RMSNorm.
-x feeds the query, key and value paths (and the gate's), so dx = dxq + dxk + dxv (+ dxg).
-``rope_forward``, ``rope_backward``, ``RMSNorm`` and ``LayerNorm`` live on the layers floor
-(``rope.py``, ``norms.py``).
+``RMSNorm`` and ``LayerNorm`` (the QK-norm's, the output norm's) live on the layers floor
+(``norms.py``).
 
 A layer built with ``kv_shared`` computes no k or v: it attends with another layer's
 (``shared_kv.py``: Gemma 3n's and Gemma 4's last layers), and its backward leaves their
@@ -59,8 +50,9 @@ docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
 docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
 docs/derivations/value-scale.md, docs/derivations/differential.md,
 docs/derivations/shared-kv.md.
-Tests: tests/numpy_attention/test_grouped.py (gradcheck of every option, torch autograd, decode
-equals the full sequence, the cache, bad input); tests/numpy_attention/test_rope.py,
+Tests: tests/numpy_attention/test_grouped.py (decode equals the full sequence, the cache, the
+parameters' names and shapes, module files, bad input); the chain's gradients in
+tests/numpy_attention/test_grouped_chain.py; tests/numpy_attention/test_rope.py,
 tests/numpy_attention/test_norms.py, tests/numpy_attention/test_shared_kv.py.
 """
 
@@ -73,56 +65,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import grouped_options, validation
-from .clip import ClipCtx, clip_backward, clip_forward
 from .decode.cache import KVCache, PagedKVCache
-from .differential import (
-    LAMBDA_NAMES,
-    LAMBDA_STD,
-    DifferentialCtx,
-    differential_backward,
-    differential_forward,
-    differential_values_backward,
-    differential_values_forward,
-)
-from .functional import (
-    HeadsCtx,
-    attention_backward,
-    attention_forward,
-    merge_heads_backward,
-    merge_heads_forward,
-    split_heads_backward,
-    split_heads_forward,
-)
-from .gate import GateCtx, gate_width, output_gate_backward, output_gate_forward
+from .differential import LAMBDA_NAMES, LAMBDA_STD
+from .gate import gate_width
 from .grad_mode import no_grad
+from .grouped_chain import grouped_backward, grouped_forward
 from .layers import Linear, dropout_keep_mask
 from .module import Module
 from .norms import LayerNorm, RMSNorm, WeightlessRMSNorm
-from .rope import RopeCtx, check_positions, rope_backward, rope_forward, rope_inv_freq
+from .rope import check_positions, rope_inv_freq
 from .shared_kv import SharedKV, check_shared_grad, read_shared_kv
-from .temperature import (
-    TemperatureCtx,
-    query_temperature_backward,
-    query_temperature_forward,
-)
 
 __all__ = ["GroupedQueryAttention"]
 
 # -- the layer ----------------------------------------------------------------------------------
-
-
-class _GroupedCtx(NamedTuple):
-    q_heads: HeadsCtx
-    k_heads: HeadsCtx | None  # None for a KV-shared layer (no keys or values of its own)
-    v_heads: HeadsCtx | None
-    q_rope: RopeCtx
-    k_rope: RopeCtx | None
-    attn: Any  # attention_forward's ctx (dense or tiled)
-    out_heads: HeadsCtx
-    gate: GateCtx | None  # with an output gate
-    clips: tuple[ClipCtx, ClipCtx, ClipCtx] | None  # q, k, v's, with clip_qkv
-    temperature: TemperatureCtx | None  # with a query temperature
-    differential: DifferentialCtx | None  # with differential attention
 
 
 class _CachedForward(NamedTuple):
@@ -460,189 +416,17 @@ class GroupedQueryAttention(grouped_options.GroupedOptions, Module):
         # With a cache there is no backward: keep nothing (no probabilities, no projections' x).
         inference = cache is not None or from_cache
         with no_grad() if inference else contextlib.nullcontext():
-            out, ctx = self._chain(x, positions, padding, keep, cache, shared)
+            out, ctx = grouped_forward(self, x, positions, padding, keep, cache, shared)
         self._save_ctx(_CachedForward() if inference else ctx, out)
         return out
-
-    def _chain(
-        self,
-        x: np.ndarray,
-        positions: np.ndarray,
-        padding: np.ndarray | None,
-        keep: np.ndarray | None,
-        cache: KVCache | PagedKVCache | None,
-        shared: SharedKV | None = None,
-    ) -> tuple[np.ndarray, _GroupedCtx]:
-        """The forward chain (see the module docstring); inputs already checked. A KV-shared
-        layer's keys and values are ``shared``'s, taken as they are (normed and rotated by
-        their own layer)."""
-        rope: dict[str, Any] = {
-            "inv_freq": self._frequencies(positions),
-            "interleaved": self.rope_interleaved,
-            "attention_factor": self.rope_attention_factor,
-            "rotary_dim": self.rotary_dim,
-        }
-        own = shared is None  # a KV-shared layer's keys and values are another layer's
-        q = self.q_proj(x)  # (B, N, H*D)
-        if shared is None:
-            k = self.k_proj(x)  # (B, N, H_kv*D)
-            v = k if self.values_from_keys else self.v_proj(x)  # (B, N, H_kv*Dv)
-        else:
-            k, v = shared  # (B, H_kv, M, D) each, normed and rotated by their own layer
-        clip, clips = self.clip_qkv, None  # (refused with shared keys and values)
-        if clip is not None and not self.clip_after_norm:  # OLMo, DBRX
-            (q, k, v), clips = _clip_qkv(clip, q, k, v)
-        if self.qk_norm and self.qk_norm_position == "before_rope":  # per head or whole
-            q = self._norm_forward(self.q_norm, q, self.num_heads)
-            if own:
-                k = self._norm_forward(self.k_norm, k, self.num_kv_heads)
-        if clip is not None and self.clip_after_norm:  # OLMoE: q, k after their norm
-            (q, k, v), clips = _clip_qkv(clip, q, k, v)
-        q, q_heads = split_heads_forward(q, self.num_heads)  # -> (B, H, N, D)
-        k_heads = v_heads = k_rope = None
-        if own:
-            k, k_heads = split_heads_forward(k, self.num_kv_heads)  # -> (B, H_kv, N, D)
-            v, v_heads = split_heads_forward(v, self.num_kv_heads)  # -> (B, H_kv, N, Dv)
-            if self.value_norm:  # Gemma 3n, Gemma 4: v / rms over each head's Dv
-                v = self.v_norm(v)
-            if self.value_scale != 1.0:  # MiMo-V2-Flash: the values times a constant, cached
-                v = v * self.value_scale
-        q, q_rope = rope_forward(q, positions, **rope)
-        if own:
-            k, k_rope = rope_forward(k, positions, **rope)
-        if self.qk_norm and self.qk_norm_position == "after_rope":  # the rotated heads
-            q = self._norm_heads_forward(self.q_norm, q)
-            if own:
-                k = self._norm_heads_forward(self.k_norm, k)
-        if own:  # what a KV-shared layer reads: this call's keys and values (a cache's else)
-            self.kv = SharedKV(k, v) if cache is None else None
-        temperature = None
-        if self.query_temperature is not None:  # q * t(p), row by row
-            counted = _temperature_positions(self.query_temperature, positions, cache)
-            q, temperature = query_temperature_forward(q, counted, self.query_temperature)
-        # With a cache: k, v appended, q attending over everything cached (-> (B, H_kv, M, D),
-        # (B, H_kv, M, Dv))
-        attend = attention_forward if cache is None else cache.attend
-        values: dict[str, Any] = {}  # differential: each query head reads both value halves
-        if self.differential and cache is None:
-            v = differential_values_forward(v)  # (B, H_kv, N, D) -> (B, H_kv, N, 2D)
-        elif self.differential:  # the cache holds v; the values it reads are rearranged
-            values["value_map"] = differential_values_forward
-        attn = attend(
-            q,
-            k,
-            v,
-            causal=True,
-            window=self.window,
-            align="bottom-right",  # query i at key position M - N + i (i without a cache)
-            key_padding_mask=padding,
-            scale=self.scaling,
-            softcap=self.softcap,
-            sinks=self.sinks if self.has_sinks else None,
-            alibi_slopes=self.alibi_slopes,
-            enable_gqa=True,
-            dropout_p=self.dropout if keep is not None else 0.0,
-            dropout_mask=keep,
-            **values,
-            chunk_size=self.chunk_size,
-            chunk_start=None if self.chunk_size is None else _left_padding(padding),
-        )  # (B, H, N, Dv), (B, H, N, 2D) differential
-        heads, differential = attn.out, None
-        if self.lambda_init is not None:  # head h minus lambda times head h + H/2, normed
-            q1, k1, q2, k2 = (getattr(self, name) for name in LAMBDA_NAMES)
-            lambdas = (q1, k1, q2, k2)
-            heads, differential = differential_forward(
-                heads, lambdas, self.lambda_init, self.differential_eps
-            )  # (B, H, N, 2D) -> (B, H/2, N, 2D)
-        merged, out_heads = merge_heads_forward(heads)  # (B, H, N, Dv) -> (B, N, H*Dv)
-        gate = None
-        if self.output_gate is not None:  # (B, N, H*Dv) gated by (B, N, H*Dv) or (B, N, H)
-            merged, gate = output_gate_forward(merged, self.g_proj(x), self.gate_activation)
-        if self.output_norm:  # BitNet: an RMSNorm over all H*D coordinates of each token
-            merged = self.o_norm(merged)
-        out = self.o_proj(merged)  # (B, N, H*Dv) -> (B, N, C)
-        ctx = _GroupedCtx(
-            q_heads,
-            k_heads,
-            v_heads,
-            q_rope,
-            k_rope,
-            attn.ctx,
-            out_heads,
-            gate,
-            clips,
-            temperature,
-            differential,
-        )
-        return out, ctx
-
-    def _frequencies(self, positions: np.ndarray) -> np.ndarray:
-        """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
-        exceeds ``original_max_positions`` (Hugging Face's rule, per forward), else
-        ``inv_freq``."""
-        long, switch = self.long_inv_freq, self.original_max_positions
-        if long is None or switch is None or positions.size == 0:
-            return self.inv_freq
-        return long if positions.max() + 1 > switch else self.inv_freq
-
-    def _norm_forward(self, norm: Module, y: np.ndarray, heads: int) -> np.ndarray:
-        """QK-norm of a projection y (B, N, heads*D): per head on (B, N, heads, D), or over the
-        whole width (``qk_norm_shape="all"``)."""
-        if self.qk_norm_shape == "all":
-            return norm(y)
-        b, n, width = y.shape
-        return norm(y.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
-
-    def _norm_backward(self, norm: Module, dy: np.ndarray, heads: int) -> np.ndarray:
-        """``_norm_forward``'s backward: the same reshapes around the norm's own backward."""
-        if self.qk_norm_shape == "all":
-            return norm.backward(dy)
-        b, n, width = dy.shape
-        return norm.backward(dy.reshape(b, n, heads, self.head_dim)).reshape(b, n, width)
-
-    def _norm_heads_forward(self, norm: Module, y: np.ndarray) -> np.ndarray:
-        """QK-norm after RoPE: the rotated heads y (B, heads, N, D) seen as the projection
-        (B, N, heads*D) again and normed as ``_norm_forward`` norms it."""
-        b, heads, n, d = y.shape
-        flat = y.transpose(0, 2, 1, 3).reshape(b, n, heads * d)  # -> (B, N, heads*D)
-        out = self._norm_forward(norm, flat, heads)
-        return out.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
-
-    def _norm_heads_backward(self, norm: Module, dy: np.ndarray) -> np.ndarray:
-        """``_norm_heads_forward``'s backward: the same reshapes around ``_norm_backward``."""
-        b, heads, n, d = dy.shape
-        flat = dy.transpose(0, 2, 1, 3).reshape(b, n, heads * d)  # -> (B, N, heads*D)
-        dflat = self._norm_backward(norm, flat, heads)
-        return dflat.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
 
     def backward(
         self, dout: np.ndarray, *, dkv: SharedKV | tuple[Any, Any] | None = None
     ) -> np.ndarray:
-        """Gradient of x; adds the gradients of every parameter.
-
-        dA = o_proj^T(dY);  with the output norm dA = o_norm^T(dA) (RMSNorm's backward);
-        with a gate g = act(Z), Z = g_proj(x): dZ = act'(Z) * (dA * merged
-        o, summed per head when per head), dxg = g_proj^T(dZ), dA = dA * g;
-        dO = split(dA);  differential: dC = rmsnorm^T((1 - li) dO), dO_h = dC_h,
-        dO_(h+H/2) = -lambda dC_h, dlambda = -sum(dC * O_(h+H/2)) into the four lambdas,
-        and after the attention dv = the two value halves' gradients summed back;
-        dQr, dKr, dV, dsinks = attention_backward(dO)  (dKr and dV
-        summed over each group of H / H_kv query heads);  dV = s_v * dV (value_scale);
-        with a temperature dQr = t(p) * dQr;
-        after RoPE, dQr = q_norm^T(dQr);  dQh = rope^T(dQr) (rotate by -angle,
-        the coordinates past R pass through);  dQn = merge(dQh);  dQp = q_norm^T(dQn) (before
-        RoPE);  with clip_qkv, dQp (or dQn, after the norm) and dV zeroed where the clamp bit
-        (|x| > c);  dxq = q_proj^T(dQp), and likewise dxk, dxv; dx = dxq + dxk + dxv (+ dxg).
-        With a value norm, dVh = v_norm^T(dV) (the weightless RMSNorm's backward per head).
-        With values from the keys, dxk = k_proj^T(dKp + dVp) and there is no dxv.
-        Keys and values shared with other layers: dKr += dkv.k and dV += dkv.v (their other
-        uses) before the key and value chains; a KV-shared layer stops at dKr, dV and leaves
-        them in ``self.dkv`` (dx is then dxq (+ dxg)).
-        Derivation: docs/derivations/grouped.md, docs/derivations/shared-kv.md,
-        docs/derivations/output-gate.md,
-        docs/derivations/clip-qkv.md, docs/derivations/output-norm.md,
-        docs/derivations/qk-norm-after-rope.md, docs/derivations/query-temperature.md,
-        docs/derivations/value-scale.md, docs/derivations/differential.md.
+        """Gradient of x; adds the gradients of every parameter: ``grouped_backward``
+        (``grouped_chain.py``, whose docstring states the math) after the checks of a call. A
+        KV-shared layer leaves the gradient of the keys and values it read in ``self.dkv``.
+        Derivation: docs/derivations/grouped.md, docs/derivations/shared-kv.md.
 
         Args:
             dout: (B, N, C) gradient of the output of the last forward (one without a cache).
@@ -668,74 +452,7 @@ class GroupedQueryAttention(grouped_options.GroupedOptions, Module):
         if dkv is not None and saved is not None and self.kv is not None:
             shared_grad = check_shared_grad(dkv, self.kv)
         dout, ctx = self._pop_ctx(dout)
-        dmerged = self.o_proj.backward(dout)  # (B, N, C) -> (B, N, H*Dv)
-        if self.output_norm:  # forward: merged = o_norm(merged)
-            dmerged = self.o_norm.backward(dmerged)
-        dxg = None
-        if ctx.gate is not None:  # forward: merged = merged * act(g_proj(x))
-            dmerged, dpre = output_gate_backward(dmerged, ctx.gate)
-            dxg = self.g_proj.backward(dpre)  # (B, N, H*Dv) or (B, N, H) -> (B, N, C)
-        dattn = merge_heads_backward(dmerged, ctx.out_heads)  # -> (B, H, N, Dv)
-        if ctx.differential is not None:  # forward: Y = (1 - li) norm(O_h - lambda O_h+H/2)
-            dattn, dlambdas = differential_backward(dattn, ctx.differential)  # (B, H, N, 2D)
-            for name, dlambda in zip(LAMBDA_NAMES, dlambdas, strict=True):
-                self._accumulate(name, dlambda)
-        grads = attention_backward(dattn, ctx.attn)  # dk, dv (B, H_kv, N, D | Dv): group sums
-        if grads.dsinks is not None:  # with sinks
-            self._accumulate("sinks", grads.dsinks)
-        dq, dk, dv = grads.dq, grads.dk, grads.dv
-        if ctx.differential is not None:  # forward: V' = both halves of v side by side
-            dv = differential_values_backward(dv)  # (B, H_kv, N, 2D) -> (B, H_kv, N, D)
-        if self.value_scale != 1.0:  # forward: v = s_v * v
-            dv = dv * self.value_scale
-        if ctx.temperature is not None:  # forward: q = t(p) * q
-            dq = query_temperature_backward(dq, ctx.temperature)
-        if self.kv_shared:  # the keys and values were another layer's: their gradient goes back
-            self.dkv = SharedKV(dk, dv)
-            return self._query_backward(dq, ctx, dxg)
-        if shared_grad is not None:  # forward: k, v also attended by the KV-shared layers
-            dk, dv = dk + shared_grad.k, dv + shared_grad.v
-        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
-            dq = self._norm_heads_backward(self.q_norm, dq)
-            dk = self._norm_heads_backward(self.k_norm, dk)
-        if self.value_norm:  # forward: v = v_norm(v_h)
-            dv = self.v_norm.backward(dv)
-        assert ctx.k_rope is not None and ctx.k_heads is not None and ctx.v_heads is not None
-        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
-        dk = rope_backward(dk, ctx.k_rope)
-        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
-        dk = split_heads_backward(dk, ctx.k_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
-        dv = split_heads_backward(dv, ctx.v_heads)  # (B, H_kv, N, D) -> (B, N, H_kv*D)
-        if ctx.clips is not None and self.clip_after_norm:  # forward: q = clip(q_norm(q))
-            dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
-        if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))
-            dq = self._norm_backward(self.q_norm, dq, self.num_heads)
-            dk = self._norm_backward(self.k_norm, dk, self.num_kv_heads)
-        if ctx.clips is not None and not self.clip_after_norm:  # forward: q = clip(q_proj(x))
-            dq, dk, dv = _clip_qkv_backward(ctx.clips, dq, dk, dv)
-        dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
-        if self.values_from_keys:  # forward: v = k_proj(x) as well, so its gradients add
-            dxk = self.k_proj.backward(dk + dv)  # (B, N, H_kv*D) -> (B, N, C)
-            dx = dxq + dxk
-        else:
-            dxk = self.k_proj.backward(dk)  # (B, N, H_kv*D) -> (B, N, C)
-            dxv = self.v_proj.backward(dv)
-            dx = dxq + dxk + dxv
-        return dx if dxg is None else dx + dxg
-
-    def _query_backward(
-        self, dq: np.ndarray, ctx: _GroupedCtx, dxg: np.ndarray | None
-    ) -> np.ndarray:
-        """A KV-shared layer's dx: the query chain's alone (and the gate's): ``backward``'s
-        steps for q, from dQr (B, H, N, D) to dxq (B, N, C)."""
-        if self.qk_norm and self.qk_norm_position == "after_rope":  # forward: q = q_norm(q_r)
-            dq = self._norm_heads_backward(self.q_norm, dq)
-        dq = rope_backward(dq, ctx.q_rope)  # forward: q = rope(q_h)
-        dq = split_heads_backward(dq, ctx.q_heads)  # (B, H, N, D) -> (B, N, H*D)
-        if self.qk_norm and self.qk_norm_position == "before_rope":  # q_n = q_norm(q_proj(x))
-            dq = self._norm_backward(self.q_norm, dq, self.num_heads)
-        dxq = self.q_proj.backward(dq)  # (B, N, H*D) -> (B, N, C)
-        return dxq if dxg is None else dxq + dxg
+        return grouped_backward(self, dout, ctx, shared_grad)
 
 
 _NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
@@ -792,41 +509,6 @@ def _check_long_rope(
         raise ValueError("long_inv_freq needs RoPE: rotary_dim is 0")
     freqs = _check_inv_freq("long_inv_freq", long_inv_freq, rotary_dim, 1.0)
     return freqs, validation.positive_int("original_max_positions", original_max_positions)
-
-
-def _clip_qkv(
-    clip: float, q: np.ndarray, k: np.ndarray, v: np.ndarray
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[ClipCtx, ClipCtx, ClipCtx]]:
-    """q, k and v (B, N, width) each clamped to [-clip, clip], and their ctxs."""
-    (q, q_ctx), (k, k_ctx), (v, v_ctx) = (clip_forward(y, clip) for y in (q, k, v))
-    return (q, k, v), (q_ctx, k_ctx, v_ctx)
-
-
-def _clip_qkv_backward(
-    ctxs: tuple[ClipCtx, ClipCtx, ClipCtx], dq: np.ndarray, dk: np.ndarray, dv: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_clip_qkv``'s backward: each gradient zeroed where its clamp bit."""
-    q_ctx, k_ctx, v_ctx = ctxs
-    return clip_backward(dq, q_ctx), clip_backward(dk, k_ctx), clip_backward(dv, v_ctx)
-
-
-def _left_padding(padding: np.ndarray | None) -> np.ndarray | None:
-    """Each sequence's count of padded keys before its first real one, (B,), where its chunks
-    start (transformers' chunked mask counts them from the attention mask so); None without
-    padding."""
-    if padding is None:
-        return None
-    return (np.cumsum(~padding, axis=1) == 0).sum(axis=1)  # (B, M) -> (B,)
-
-
-def _temperature_positions(
-    spec: Mapping[str, Any], positions: np.ndarray, cache: KVCache | PagedKVCache | None
-) -> np.ndarray:
-    """The positions the query temperature counts: the RoPE positions, or with
-    ``"positions": "cache"`` the tokens' places on the cache, ``cache.length + arange(N)``."""
-    if spec.get("positions") != "cache":
-        return positions
-    return (0 if cache is None else cache.length) + np.arange(positions.shape[-1])
 
 
 def _key_padding(mask: Any, batch: int, m: int, cached: bool) -> np.ndarray | None:

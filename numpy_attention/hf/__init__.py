@@ -4,8 +4,9 @@
 ``MultiHeadLatentAttention`` (``latent.py``).
 
 - ``families.py``: what each family's attention reads from its config, one row per
-  ``model_type``, joined from ``rows/`` (``classic``, ``fused``, ``hybrids``, ``twists``: each
-  module's rows beside the rules they name: which layers slide, rotate, are attention);
+  ``model_type``, joined from ``rows/`` (``classic``, ``fused``, ``hybrids``, ``gated``,
+  ``twists``: each module's rows beside the rules they name: which layers slide, rotate, are
+  attention);
   ``family.py`` the machinery every row shares (the ``Family`` dataclass, the layer options),
   ``rules.py`` the few rules several row modules share,
   ``refused.py`` the model types refused by name with their reasons;

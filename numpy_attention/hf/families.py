@@ -22,7 +22,7 @@ from typing import Any
 from .. import validation
 from .family import Family, as_mapping, check_kind, kv_source, options
 from .refused import REFUSED
-from .rows import classic, fused, hybrids, twists
+from .rows import classic, fused, gated, hybrids, twists
 
 
 def join_rows(*modules: Any) -> dict[str, Family]:
@@ -37,7 +37,7 @@ def join_rows(*modules: Any) -> dict[str, Family]:
     return rows
 
 
-FAMILIES: dict[str, Family] = join_rows(classic, fused, hybrids, twists)
+FAMILIES: dict[str, Family] = join_rows(classic, fused, hybrids, gated, twists)
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 # Multimodal wrappers whose language model is a row: the wrapper's config is read through its
 # ``text_config`` (whose model_type must be one of the types named), and from a state dict that

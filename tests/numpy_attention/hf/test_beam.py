@@ -11,7 +11,7 @@ from numpy_attention.hf import grouped_from_hf, hf_attention_state_from_grouped
 from numpy_attention.hf.families import FAMILIES, layer_options
 from numpy_attention.hf.family import FULL, SLIDING, layer_kind
 from numpy_attention.hf.rope import rotary_dim
-from numpy_attention.hf.rows.twists import BEAM_TEMPERATURE
+from numpy_attention.hf.rows.gated import BEAM_TEMPERATURE
 
 transformers = pytest.importorskip("transformers")
 

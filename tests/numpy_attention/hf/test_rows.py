@@ -9,9 +9,9 @@ import pytest
 
 from numpy_attention.hf import families
 from numpy_attention.hf.family import Family
-from numpy_attention.hf.rows import classic, fused, hybrids, twists
+from numpy_attention.hf.rows import classic, fused, gated, hybrids, twists
 
-MODULES = (classic, fused, hybrids, twists)
+MODULES = (classic, fused, hybrids, gated, twists)
 
 
 def test_every_row_is_in_exactly_one_module() -> None:
