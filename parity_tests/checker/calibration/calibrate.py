@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...tolerances import BIAS_FACTOR, FLOOR, GRAD_FACTOR, OUTPUT_FACTOR
+from ..golden import forget
 from ..golden.decode import CACHES
 from ..pipeline import check_kernel
 from ..pitfalls import all_pitfalls
@@ -144,6 +145,7 @@ def calibrate(
                     strongest = max(_flag(row) for row in report.rows if row.dtype == dtype)
                     # _Worst keeps the largest; the weakest flag is the smallest, so negate.
                     weakest[name, dtype].see(-strongest, f"seed {seed}")
+            forget()  # this seed's cases are not asked for again: free their goldens
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated): keep what was measured
         progress.done()
         whole = f"seeds {first_seed}..{seed - 1} whole and " if seed > first_seed else ""

@@ -57,6 +57,25 @@ def test_progress_counts_the_checks_of_every_seed_with_the_time_left(monkeypatch
     assert "left" in lines[1] and "left" not in lines[-1]
 
 
+def test_each_seed_s_goldens_are_forgotten_once_the_seed_is_done(monkeypatch):
+    # the caches are bounded by count, not size: over many seeds they held ~10 GiB of past
+    # seeds' goldens, which no later check asks for
+    from parity_tests.checker.golden import attention as golden
+
+    sizes = []
+    forget = calibration.forget
+    monkeypatch.setattr(
+        calibration, "forget", lambda: sizes.append(golden.case_inputs.cache_info().currsize)
+        or forget()
+    )
+    pitfall = Pitfall(scale_by_d, "plain", "out")
+
+    _calibrate(monkeypatch, [SDPA], {"scale_by_d": pitfall}, seeds=2)
+
+    assert len(sizes) == 2 and all(size > 0 for size in sizes)  # once a seed, with something
+    assert golden.case_inputs.cache_info().currsize == 0
+
+
 def test_a_stopped_calibration_prints_what_it_measured_and_stops(monkeypatch):
     def stopped(*args, **kwargs):  # Ctrl-C, or SIGTERM (cli.Terminated), during the pitfall
         raise KeyboardInterrupt
