@@ -47,7 +47,7 @@ tests/numpy_attention/test_shared_kv.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -80,8 +80,9 @@ from .temperature import (
     query_temperature_forward,
 )
 
-if TYPE_CHECKING:  # the layer imports this module
-    from .grouped import GroupedQueryAttention
+# A GroupedQueryAttention (grouped.py), which imports this module: named by this alias rather
+# than imported, even for type checking, so that no import cycle forms (test_import_isolation).
+Layer = Any
 
 __all__ = ["GroupedCtx", "grouped_backward", "grouped_forward"]
 
@@ -104,7 +105,7 @@ class GroupedCtx(NamedTuple):
 
 
 def grouped_forward(
-    layer: GroupedQueryAttention,
+    layer: Layer,
     x: np.ndarray,
     positions: np.ndarray,
     padding: np.ndarray | None,
@@ -222,7 +223,7 @@ def grouped_forward(
 
 
 def grouped_backward(
-    layer: GroupedQueryAttention,
+    layer: Layer,
     dout: np.ndarray,
     ctx: GroupedCtx,
     shared_grad: SharedKV | None = None,
@@ -315,7 +316,7 @@ def grouped_backward(
 
 
 def _query_backward(
-    layer: GroupedQueryAttention, dq: np.ndarray, ctx: GroupedCtx, dxg: np.ndarray | None
+    layer: Layer, dq: np.ndarray, ctx: GroupedCtx, dxg: np.ndarray | None
 ) -> np.ndarray:
     """A KV-shared layer's dx: the query chain's alone (and the gate's): ``grouped_backward``'s
     steps for q, from dQr (B, H, N, D) to dxq (B, N, C)."""
@@ -329,7 +330,7 @@ def _query_backward(
     return dxq if dxg is None else dxq + dxg
 
 
-def _frequencies(layer: GroupedQueryAttention, positions: np.ndarray) -> np.ndarray:
+def _frequencies(layer: Layer, positions: np.ndarray) -> np.ndarray:
     """The call's RoPE frequencies: LongRoPE's long ones when the largest position + 1
     exceeds ``original_max_positions`` (Hugging Face's rule, per forward), else
     ``inv_freq``."""
@@ -339,9 +340,7 @@ def _frequencies(layer: GroupedQueryAttention, positions: np.ndarray) -> np.ndar
     return long if positions.max() + 1 > switch else layer.inv_freq
 
 
-def _norm_forward(
-    layer: GroupedQueryAttention, norm: Module, y: np.ndarray, heads: int
-) -> np.ndarray:
+def _norm_forward(layer: Layer, norm: Module, y: np.ndarray, heads: int) -> np.ndarray:
     """QK-norm of a projection y (B, N, heads*D): per head on (B, N, heads, D), or over the
     whole width (``qk_norm_shape="all"``)."""
     if layer.qk_norm_shape == "all":
@@ -350,9 +349,7 @@ def _norm_forward(
     return norm(y.reshape(b, n, heads, layer.head_dim)).reshape(b, n, width)
 
 
-def _norm_backward(
-    layer: GroupedQueryAttention, norm: Module, dy: np.ndarray, heads: int
-) -> np.ndarray:
+def _norm_backward(layer: Layer, norm: Module, dy: np.ndarray, heads: int) -> np.ndarray:
     """``_norm_forward``'s backward: the same reshapes around the norm's own backward."""
     if layer.qk_norm_shape == "all":
         return norm.backward(dy)
@@ -360,7 +357,7 @@ def _norm_backward(
     return norm.backward(dy.reshape(b, n, heads, layer.head_dim)).reshape(b, n, width)
 
 
-def _norm_heads_forward(layer: GroupedQueryAttention, norm: Module, y: np.ndarray) -> np.ndarray:
+def _norm_heads_forward(layer: Layer, norm: Module, y: np.ndarray) -> np.ndarray:
     """QK-norm after RoPE: the rotated heads y (B, heads, N, D) seen as the projection
     (B, N, heads*D) again and normed as ``_norm_forward`` norms it."""
     b, heads, n, d = y.shape
@@ -369,7 +366,7 @@ def _norm_heads_forward(layer: GroupedQueryAttention, norm: Module, y: np.ndarra
     return out.reshape(b, n, heads, d).transpose(0, 2, 1, 3)  # -> (B, heads, N, D)
 
 
-def _norm_heads_backward(layer: GroupedQueryAttention, norm: Module, dy: np.ndarray) -> np.ndarray:
+def _norm_heads_backward(layer: Layer, norm: Module, dy: np.ndarray) -> np.ndarray:
     """``_norm_heads_forward``'s backward: the same reshapes around ``_norm_backward``."""
     b, heads, n, d = dy.shape
     flat = dy.transpose(0, 2, 1, 3).reshape(b, n, heads * d)  # -> (B, N, heads*D)
