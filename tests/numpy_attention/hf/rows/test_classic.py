@@ -30,10 +30,20 @@ FALLBACKS = {  # model_type -> what its config class is given besides SIZES
     "gpt_oss": {},
 }
 
+PART_B_FALLBACKS = {  # model_type -> what its config class is given besides SIZES
+    "granite_swa": {},
+    "granitemoe_swa": {},
+    "olmo3": {},
+    "exaone4": {},
+    "exaone_moe": {},
+    "dots1": {"max_window_layers": 4},
+}
 
-@pytest.mark.parametrize("name", FALLBACKS)
+
+@pytest.mark.parametrize("name", [*FALLBACKS, *PART_B_FALLBACKS])
 def test_without_layer_types_the_family_slides_where_its_config_class_would(name):
-    config = transformers.AutoConfig.for_model(name, **SIZES, **FALLBACKS[name]).to_dict()
+    given = FALLBACKS[name] if name in FALLBACKS else PART_B_FALLBACKS[name]
+    config = transformers.AutoConfig.for_model(name, **SIZES, **given).to_dict()
     theirs = config.pop("layer_types")
 
     ours = [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)]
@@ -59,27 +69,6 @@ def test_granite_swa_reads_a_rope_base_per_layer_and_zero_as_nope():
         hf_inv_freq(config)
     with pytest.raises(ValueError, match="layer_rope_theta has 2 entries"):
         rotary_dim({**config, "layer_rope_theta": [0, 1e4]}, 2)
-
-
-PART_B_FALLBACKS = {  # model_type -> what its config class is given besides SIZES
-    "granite_swa": {},
-    "granitemoe_swa": {},
-    "olmo3": {},
-    "exaone4": {},
-    "exaone_moe": {},
-    "dots1": {"max_window_layers": 4},
-}
-
-
-@pytest.mark.parametrize("name", PART_B_FALLBACKS)
-def test_part_b_families_without_layer_types_slide_where_their_config_class_would(name):
-    config = transformers.AutoConfig.for_model(name, **SIZES, **PART_B_FALLBACKS[name]).to_dict()
-    theirs = config.pop("layer_types")
-
-    ours = [layer_kind(config, FAMILIES[name], i) for i in range(LAYERS)]
-
-    assert ours == theirs
-    assert SLIDING in ours and FULL in ours  # the case tells the rules apart
 
 
 def test_olmo3_gives_a_transformers_4_rope_theta_to_its_full_layers_only():
