@@ -175,8 +175,13 @@ def _split_name(name: str) -> tuple[str, str, str]:
 # the baseline happens to round luckily; its values were set by measurement over 60 seeds of the
 # default battery, every correct built-in target and every pitfall
 # (``python -m parity_tests --calibrate 60``, docs/kernel-verification.md has the tables).
+# GRAD_FACTOR was 3 until step 17's batteries were calibrated over 60 seeds: SDPA's CPU flash
+# backward, a correct kernel, made 3.19x the baseline's dk error on a row shifted by -1e5 in
+# float32 (seed 56; 1.16x at the median seed), where the scores are rounded at the shift's
+# magnitude in both passes; it needs c >= 3.17, and every pitfall flag measured at 3 is at least
+# 3/4 of itself at 4 (the weakest, 1.39, stays above 1): "GRAD_FACTOR 4" in that document.
 OUTPUT_FACTOR = 2.0
-GRAD_FACTOR = 3.0
+GRAD_FACTOR = 4.0
 FLOOR = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 # The bias statistic beside the max bound: rms(K - G) <= BIAS_FACTOR * max(rms(Bl - G), rms(rd(G) -
 # G)) + BIAS_FLOOR[dtype] * rms(G), rd(G) the golden stored in the kernel's dtype (the rounding no
